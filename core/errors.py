@@ -1,0 +1,58 @@
+"""Typed errors.
+
+Every kind of bad input has one exception class, so a caller can catch exactly
+what it expects and count it.  All of them derive from ``DtemuError``; the ones
+raised while decoding bytes from the network also derive from ``DecodeError``,
+so a listener can catch one class for any malformed packet, frame or message.
+"""
+
+
+class DtemuError(Exception):
+    """Base of every error dtemu raises on purpose."""
+
+
+class DecodeError(DtemuError, ValueError):
+    """Bytes that do not decode: truncated, wrong magic, sizes that disagree."""
+
+
+class CodecError(DecodeError):
+    """A malformed codec packet (fp32 / q8 / s4 / sq8)."""
+
+
+class MessageError(DecodeError):
+    """A malformed wire message (TrainCmd, ClientUpdate, ModelBlob, ...)."""
+
+
+class CheckpointError(DecodeError):
+    """A checkpoint that is corrupt, truncated or belongs to another scenario."""
+
+
+class ScenarioError(DtemuError, ValueError):
+    """A scenario file that is invalid or cannot work.
+
+    ``path`` is the dotted key path (``fl.codec``), ``msg`` what was wrong.
+    """
+
+    def __init__(self, path: str, msg: str):
+        self.path = path
+        self.msg = msg
+        super().__init__(f"{path}: {msg}" if path else msg)
+
+
+class DataError(DtemuError):
+    """A data set that is missing, corrupt or fails its checksum."""
+
+
+class RejectedUpdate(DtemuError):
+    """A decoded update that must not be aggregated (NaN / Inf, wrong size)."""
+
+
+class BarrierTimeout(DtemuError):
+    """Peers did not all show up before the barrier's timeout."""
+
+    def __init__(self, missing, waited_s: float):
+        self.missing = sorted(missing)
+        self.waited_s = waited_s
+        super().__init__(
+            f"barrier timed out after {waited_s:g}s; missing: {', '.join(self.missing)}"
+        )

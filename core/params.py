@@ -1,0 +1,63 @@
+"""A model's weights as one flat float32 vector: what codecs compress, what
+the server averages and what checkpoints and hashes cover.
+
+The vector holds every floating tensor of ``state_dict()`` (parameters and
+float buffers alike) in ``state_dict`` order; integer buffers such as a batch
+norm's ``num_batches_tracked`` are not part of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+from torch import nn
+
+from core.errors import RejectedUpdate
+
+
+def _float_tensors(model: nn.Module) -> list[torch.Tensor]:
+    # state_dict() tensors share storage with the model, so copy_ into them
+    # updates the model in place.
+    return [t for t in model.state_dict().values() if t.is_floating_point()]
+
+
+def num_params(model: nn.Module) -> int:
+    """Length of the flat vector of ``model``."""
+    return sum(t.numel() for t in _float_tensors(model))
+
+
+def flatten(model: nn.Module) -> np.ndarray:
+    """A float32 1-D copy of the model's floating state."""
+    tensors = _float_tensors(model)
+    if not tensors:
+        return np.zeros(0, dtype=np.float32)
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+    return flat.numpy()
+
+
+def load_flat(model: nn.Module, vec: np.ndarray) -> None:
+    """Write a flat vector back into ``model`` (the inverse of flatten)."""
+    vec = np.asarray(vec)
+    tensors = _float_tensors(model)
+    want = sum(t.numel() for t in tensors)
+    if vec.ndim != 1 or vec.size != want:
+        raise RejectedUpdate(f"flat vector has shape {vec.shape}, the model needs ({want},)")
+    if vec.dtype != np.float32 or not vec.flags.writeable or not vec.flags.c_contiguous:
+        # torch.from_numpy wants a writable, contiguous float32 array.
+        vec = np.array(vec, dtype=np.float32)
+    src = torch.from_numpy(vec)
+    off = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(src[off:off + n].view_as(t))
+            off += n
+
+
+def sha256_of(vec: np.ndarray) -> str:
+    """Hex SHA-256 of the vector as little-endian float32 bytes."""
+    data = np.ascontiguousarray(vec, dtype="<f4")
+    return hashlib.sha256(memoryview(data).cast("B")).hexdigest()

@@ -1,0 +1,103 @@
+"""The federated-learning client, written once for both runtimes.
+
+It keeps the newest model it has heard of and acts on the newest command:
+commands that were overtaken while it was busy (a straggler) are skipped, and a
+command whose base model has not arrived yet waits for it.  Training runs
+whole epochs over the round's subset; the update (new weights minus the base)
+goes back encoded with the scenario's codec.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import codecs, messages
+from ..errors import DecodeError
+from ..messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from ..runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send
+from ..scenario import CONTROLLER, Scenario
+from ..workload import Workload
+
+
+class _State:
+    def __init__(self):
+        self.model_round = -1
+        self.weights = None
+        self.cmd: TrainCmd | None = None
+        self.stop: Stop | None = None
+        self.done: set[tuple[int, int]] = set()  # (round, seed) already answered
+
+
+def client(ctx, scenario: Scenario, work: Workload, index: int):
+    """Client ``index`` (1-based); runs until the controller says Stop."""
+    fl = scenario.fl
+    params = codecs.CodecParams(fl.codec, chunk=fl.chunk, density=fl.density)
+    feedback = codecs.ErrorFeedback(params) if fl.error_feedback and fl.codec != "fp32" else None
+    state = _State()
+    while state.stop is None:
+        cmd = state.cmd
+        if cmd is not None and state.model_round == cmd.round - 1:
+            state.cmd = None
+            yield from _train_and_upload(ctx, work, index, cmd, state.weights, params, feedback)
+            state.done.add((cmd.round, cmd.seed))
+            continue
+        # Block for the next message, then take whatever else is queued, so
+        # that we act on the newest command and the newest model.
+        msg = yield Recv((TRAIN_CMD, MODEL_BLOB))
+        while msg is not None:
+            _handle(ctx, state, msg, work.dim)
+            msg = yield Recv((TRAIN_CMD, MODEL_BLOB), deadline=ctx.now())
+    ctx.emit("client_stop", round=state.stop.round, reason=state.stop.reason)
+    return state.model_round
+
+
+def _handle(ctx, state: _State, msg, dim: int) -> None:
+    try:
+        m = messages.decode(msg.data)
+        if isinstance(m, ModelBlob):
+            if m.round > state.model_round:
+                state.weights = codecs.decode(m.packet, expected_dim=dim).to_dense()
+                state.model_round = m.round
+        elif isinstance(m, TrainCmd):
+            if (m.round, m.seed) in state.done or m.round <= state.model_round:
+                pass  # answered already, or overtaken by a newer model
+            elif state.cmd is None or m.round >= state.cmd.round:
+                if state.cmd is not None:
+                    ctx.emit("cmd_skipped", round=state.cmd.round, newer=m.round)
+                state.cmd = m
+        elif isinstance(m, Stop):
+            state.stop = m
+        else:
+            raise DecodeError(f"unexpected {type(m).__name__} on {msg.topic}")
+    except DecodeError as err:
+        ctx.emit("message_rejected", topic=msg.topic, src=msg.src, error=str(err))
+    # A command the model we hold has overtaken can never run: drop it.
+    if state.cmd is not None and state.cmd.round <= state.model_round:
+        ctx.emit("cmd_skipped", round=state.cmd.round, model_round=state.model_round)
+        state.cmd = None
+
+
+def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, params, feedback):
+    samples = cmd.epochs * work.subset_size(index, cmd.subset)
+    ctx.emit("train_start", round=cmd.round, samples=samples)
+    new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
+    delta = new_weights - base
+    if not np.isfinite(delta).all():
+        # A diverged client: nothing a codec could carry; the round goes on without it.
+        ctx.emit("update_not_finite", round=cmd.round)
+        return
+    packet = feedback.encode(delta) if feedback is not None else codecs.encode(delta, params)
+    update = ClientUpdate(
+        round=cmd.round,
+        seed=cmd.seed,
+        client=ctx.node,
+        num_samples=result.samples,
+        kind="delta",
+        steps=result.steps,
+        loss=float(result.mean_loss),
+        packet=packet,
+    )
+    data = messages.encode(update)
+    ctx.emit("upload_start", round=cmd.round, bytes=len(data), steps=result.steps, loss=float(result.mean_loss))
+    yield Send(CLIENT_UPDATE, data, to=CONTROLLER)
+    ctx.emit("upload_done", round=cmd.round, bytes=len(data))

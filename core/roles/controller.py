@@ -1,0 +1,171 @@
+"""The federated-learning controller, written once for both runtimes.
+
+Per round: publish a TrainCmd, collect ClientUpdates until every expected
+client has answered or the round's timeout passes, aggregate if at least
+``min_clients`` arrived, checkpoint, publish the new ModelBlob, evaluate.
+Nothing a client sends can stop it: malformed, late, duplicate, unknown or
+non-finite updates are counted, logged and left out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import codecs, messages
+from ..aggregate import FedAvg, Update, check_update
+from ..checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from ..errors import BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
+from ..messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from ..params import sha256_of
+from ..runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send, WaitPeers
+from ..scenario import Scenario
+from ..workload import Workload, round_seed
+
+FP32 = codecs.CodecParams("fp32")
+
+
+@dataclass
+class ControllerResult:
+    weights: np.ndarray
+    rounds_completed: int = 0
+    rounds_failed: int = 0
+    final_accuracy: float | None = None
+    stop_reason: str = "done"
+    counts: Counter = field(default_factory=Counter)
+
+
+def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = None):
+    fl = scenario.fl
+    clients = tuple(scenario.client_names)
+    result = ControllerResult(weights=work.initial_weights)
+    start = 1
+    if init is not None:
+        ckpt = decode_checkpoint(init, expected_dim=work.dim)
+        if ckpt.scenario_digest != scenario.digest():
+            raise CheckpointError(
+                "checkpoint was written by a different scenario (its model, data or training "
+                "settings differ); resume with the scenario that wrote it"
+            )
+        result.weights, start = ckpt.weights, ckpt.round + 1
+        result.rounds_completed = ckpt.extra.get("rounds_completed", ckpt.round)
+        result.rounds_failed = ckpt.extra.get("rounds_failed", 0)
+        ctx.emit("resume", round=ckpt.round, model_sha256=sha256_of(result.weights))
+    ctx.emit("run_start", clients=list(clients), rounds=fl.rounds, first_round=start, dim=work.dim)
+
+    yield from _barrier(ctx, fl, clients)
+    yield Send(MODEL_BLOB, _blob(start - 1, result.weights))
+
+    strategy = FedAvg(server_lr=fl.server_lr)
+    round_, attempt = start, 0
+    while round_ <= fl.rounds:
+        cmd = TrainCmd(round_, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, round_, attempt))
+        ctx.emit("round_start", round=round_, attempt=attempt)
+        deadline = ctx.now() + fl.round_timeout_s  # the round's clock starts before the command leaves
+        yield Send(TRAIN_CMD, messages.encode(cmd))
+        updates = yield from _collect(ctx, scenario, work.dim, cmd, clients, deadline, result.counts)
+        ready = len(updates)
+        ctx.emit(
+            "round_close",
+            round=round_,
+            ready=ready,
+            expected=len(clients),
+            min=fl.min_clients,
+            clients=sorted(updates),
+            timed_out=ready < len(clients),
+            note=f"final-ready={ready}/{len(clients)} (min={fl.min_clients})",
+        )
+        if ready >= fl.min_clients:
+            result.weights = strategy.aggregate(result.weights, list(updates.values()))
+            result.rounds_completed += 1
+            ctx.emit("aggregated", round=round_, model_sha256=sha256_of(result.weights))
+        else:
+            result.rounds_failed += 1
+            ctx.emit("round_failed", round=round_, ready=ready, min=fl.min_clients, policy=fl.on_failed_round)
+            if fl.on_failed_round == "stop":
+                result.stop_reason = f"round {round_} got {ready} of the {fl.min_clients} updates it needs"
+                break
+            if fl.on_failed_round == "retry" and attempt < fl.max_retries:
+                attempt += 1
+                continue
+        extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed}
+        where = ctx.save_checkpoint(
+            encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra))
+        )
+        ctx.emit("checkpoint", round=round_, path=where)
+        yield Send(MODEL_BLOB, _blob(round_, result.weights))
+        if round_ % fl.eval_every == 0 or round_ == fl.rounds:
+            weights = result.weights
+            accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval")
+            result.final_accuracy = accuracy
+            ctx.emit("eval", round=round_, accuracy=accuracy)
+        round_, attempt = round_ + 1, 0
+
+    yield Send(TRAIN_CMD, messages.encode(Stop(min(round_, fl.rounds), result.stop_reason)))
+    ctx.emit("run_end", reason=result.stop_reason, rounds_completed=result.rounds_completed,
+             rounds_failed=result.rounds_failed, model_sha256=sha256_of(result.weights),
+             counts=dict(sorted(result.counts.items())))
+    return result
+
+
+def _blob(round_: int, weights: np.ndarray) -> bytes:
+    return messages.encode(ModelBlob.of(round_, codecs.encode(weights, FP32)))
+
+
+def _barrier(ctx, fl, clients):
+    """No command before every expected client is there (or enough, if allowed)."""
+    t0 = ctx.now()
+    matched = yield WaitPeers(clients, deadline=t0 + fl.barrier_timeout_s)
+    missing = sorted(set(clients) - set(matched))
+    ctx.emit("barrier", matched=sorted(matched), missing=missing, waited_s=ctx.now() - t0)
+    enough = len(matched) >= fl.min_clients and fl.barrier_require == "min_clients"
+    if missing and not enough:
+        raise BarrierTimeout(missing, fl.barrier_timeout_s)
+
+
+def _collect(ctx, scenario, dim, cmd, clients, deadline, counts):
+    """Updates for ``cmd`` until all are in or ``deadline``; everything else is counted."""
+    got: dict[str, Update] = {}
+    while len(got) < len(clients):
+        msg = yield Recv((CLIENT_UPDATE,), deadline)
+        if msg is None:
+            break
+        try:
+            up = messages.decode(msg.data)
+            if not isinstance(up, ClientUpdate):
+                raise DecodeError(f"expected a ClientUpdate, got a {type(up).__name__}")
+        except DecodeError as err:
+            counts["malformed"] += 1
+            ctx.emit("update_rejected", src=msg.src, reason="malformed", error=str(err))
+            continue
+        if (up.round, up.seed) != (cmd.round, cmd.seed):
+            counts["late"] += 1
+            ctx.emit("update_late", client=up.client, round=up.round, current=cmd.round)
+            continue
+        if up.client not in clients or up.client in got:
+            reason = "duplicate" if up.client in got else "unknown client"
+            counts[reason.replace(" ", "_")] += 1
+            ctx.emit("update_rejected", client=up.client, round=up.round, reason=reason)
+            continue
+        try:
+            payload = codecs.decode(up.packet, expected_dim=dim)
+            update = Update(up.client, up.num_samples, up.kind, payload)
+            check_update(update, dim, scenario.fl.max_update_norm)
+        except (DecodeError, RejectedUpdate) as err:
+            counts["rejected"] += 1
+            ctx.emit("update_rejected", client=up.client, round=up.round, reason="invalid", error=str(err))
+            continue
+        got[up.client] = update
+        counts["accepted"] += 1
+        ctx.emit(
+            "update_accepted",
+            client=up.client,
+            round=up.round,
+            bytes=len(msg.data),
+            num_samples=up.num_samples,
+            sent_at=msg.sent_at,
+            comm_s=msg.received_at - msg.sent_at,
+        )
+    return got

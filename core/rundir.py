@@ -1,0 +1,96 @@
+"""The run folder both runtimes write and every report reads.
+
+    events.jsonl     one JSON object per line: t, node, kind, then the event's fields
+    summary.json     final_accuracy, bytes_up, bytes_down, model_sha256, sim_time_s or wall_time_s, ...
+    scenario.json    the scenario as run (overrides applied)
+    checkpoint.dtck  the controller's latest checkpoint (core.checkpoint)
+
+Roles never touch this module: they call ``ctx.emit`` and ``ctx.save_checkpoint``
+and the runtime routes those here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+CHECKPOINT = "checkpoint.dtck"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` is always either the old or the new file.
+
+    Temp file in the same folder, flushed and fsynced, then renamed over the
+    target; a kill at any moment leaves the previous version intact.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy scalars and sets, as JSON understands them."""
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=_jsonable, separators=(",", ":"))
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._events = open(self.path / "events.jsonl", "w", encoding="utf-8")
+        self._observers: list[Callable[[dict], None]] = []
+
+    def observe(self, fn: Callable[[dict], None]) -> None:
+        """Also hand every event to ``fn`` (a dashboard)."""
+        self._observers.append(fn)
+
+    def event(self, event: dict) -> None:
+        self._events.write(dumps(event) + "\n")
+        for fn in self._observers:
+            fn(event)
+
+    def save_checkpoint(self, data: bytes) -> str:
+        atomic_write(self.path / CHECKPOINT, data)
+        return CHECKPOINT
+
+    def write_json(self, name: str, obj: Any) -> None:
+        atomic_write(self.path / name, (json.dumps(obj, default=_jsonable, indent=2, sort_keys=True) + "\n").encode())
+
+    def close(self) -> None:
+        self._events.close()
+
+
+def read_events(path: str | Path) -> list[dict]:
+    with open(Path(path) / "events.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_summary(path: str | Path) -> dict:
+    return json.loads((Path(path) / "summary.json").read_text())

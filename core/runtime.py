@@ -1,0 +1,126 @@
+"""What a role may ask of the runtime that drives it.
+
+A role (controller, client, worker) is a generator.  It yields one of the
+requests below and is resumed with the answer, so the same role code runs in
+SimPy's virtual time (``emu``) and for real over DDS (``real``): only the
+driver differs.  Instantaneous things that take no time in either world
+(reading the clock, logging an event, saving a checkpoint) are plain calls on
+the ``Context`` the role is given.
+
+    def client(ctx, ...):
+        msg = yield Recv((TRAIN_CMD,), deadline=None)
+        result = yield Compute(train, samples=6000)
+        yield Send(CLIENT_UPDATE, payload, to="controller")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+# Topics, as the original system named them.
+TRAIN_CMD = "train/train_cmd"  # controller -> clients
+CLIENT_UPDATE = "train/client_update"  # clients -> controller
+MODEL_BLOB = "train/model_blob"  # controller -> clients; the latest one is durable
+
+# A late joiner gets the latest sample of these topics (DDS TRANSIENT_LOCAL).
+DURABLE_TOPICS = frozenset({MODEL_BLOB})
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``data`` on ``topic``; to one node, or to every subscriber if ``to`` is None.
+
+    Returns when the bytes have left the sender (in emu: when its flows ended).
+    """
+
+    topic: str
+    data: bytes
+    to: str | None = None
+
+
+@dataclass(frozen=True)
+class Recv:
+    """Take the oldest message on one of ``topics``; wait until ``deadline`` at most.
+
+    ``deadline`` is an absolute time on the runtime's clock; None waits forever,
+    a deadline in the past only polls.  Returns a ``Message`` or None on timeout.
+    """
+
+    topics: tuple[str, ...]
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Run ``fn()`` and return its result.
+
+    In emu the call runs for real but virtual time advances by the modelled
+    duration of ``samples`` samples of work of ``kind`` on this node (``eval``
+    work is free by default: evaluation is the experimenter's instrument, not
+    part of the system).  In real mode the wall clock is what it is.
+    """
+
+    fn: Callable[[], Any]
+    samples: int = 0
+    kind: str = "train"
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WaitPeers:
+    """Wait until ``peers`` are all matched (reachable), or until ``deadline``.
+
+    Returns the frozenset of peers matched by then.
+    """
+
+    peers: tuple[str, ...]
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    src: str
+    data: bytes
+    sent_at: float = 0.0
+    received_at: float = 0.0
+
+
+class Context(Protocol):
+    """What the runtime lends a role for instantaneous things."""
+
+    node: str
+
+    def now(self) -> float:
+        """Seconds on the runtime's clock (virtual in emu, monotonic in real)."""
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Record an event (events.jsonl, the dashboard); t and node are added."""
+
+    def save_checkpoint(self, data: bytes) -> str:
+        """Store a checkpoint atomically; returns where it went."""
+
+
+@dataclass
+class RecordingContext:
+    """A Context for tests and tools: a fixed or advancing clock, events in a list."""
+
+    node: str = "test"
+    time: float = 0.0
+    events: list[dict] = field(default_factory=list)
+    checkpoints: list[bytes] = field(default_factory=list)
+
+    def now(self) -> float:
+        return self.time
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.events.append({"t": self.time, "node": self.node, "kind": kind, **fields})
+
+    def save_checkpoint(self, data: bytes) -> str:
+        self.checkpoints.append(data)
+        return f"memory:{len(self.checkpoints) - 1}"

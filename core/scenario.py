@@ -1,0 +1,261 @@
+"""The scenario: one YAML file, typed and validated, that both runtimes run unchanged.
+
+``load_scenario(path, overrides)`` reads the YAML, applies ``--set key.path=value``
+overrides, builds the dataclasses below (see ``core.schema`` for the error
+format) and then checks what only makes sense across fields (a quorum larger
+than the clients, a node name that does not exist, ...), so a scenario that
+cannot work is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ScenarioError
+from .schema import build, check, fraction, non_negative, positive, probability
+
+CODEC_NAMES = ("fp32", "q8", "s4", "sq8")
+CONTROLLER = "controller"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset: Literal["mnist", "fashion_mnist"] = "mnist"
+    # Where the IDX archives live; else $DTEMU_DATA; else the user cache.
+    root: str | None = None
+    # A user data set: "package.module:factory" returning (x_train, y_train, x_test, y_test).
+    factory: str | None = None
+    partition: Literal["iid", "shards", "dirichlet"] = "iid"
+    alpha: float = field(default=0.5, metadata=check(positive))
+    shards_per_client: int = field(default=2, metadata=check(positive))
+    # Evaluate on the first N test samples (None: the whole test set).
+    test_samples: int | None = field(default=None, metadata=check(positive))
+
+
+@dataclass(frozen=True)
+class FLSpec:
+    clients: int = field(default=2, metadata=check(positive))
+    rounds: int = field(default=10, metadata=check(positive))
+    epochs: int = field(default=1, metadata=check(positive))
+    # Samples drawn from each client's partition per round (None: all of it).
+    subset: int | None = field(default=None, metadata=check(positive))
+    batch_size: int = field(default=64, metadata=check(positive))
+    lr: float = field(default=0.05, metadata=check(positive))
+    momentum: float = field(default=0.0, metadata=check(non_negative))
+    weight_decay: float = field(default=0.0, metadata=check(non_negative))
+    codec: Literal["fp32", "q8", "s4", "sq8"] = "fp32"
+    chunk: int = field(default=8192, metadata=check(positive))
+    density: float = field(default=0.1, metadata=check(fraction))
+    # Clients add the unsent residual of a lossy codec to their next update.
+    error_feedback: bool = False
+    server_lr: float = field(default=1.0, metadata=check(positive))
+    min_clients: int = field(default=1, metadata=check(positive))
+    round_timeout_s: float = field(default=600.0, metadata=check(positive))
+    barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
+    # Start round 1 without every client when at least min_clients matched?
+    barrier_require: Literal["all", "min_clients"] = "all"
+    # A round with fewer than min_clients updates: keep the model and go on,
+    # run the same round again (at most max_retries times), or stop the run.
+    on_failed_round: Literal["continue", "retry", "stop"] = "continue"
+    max_retries: int = field(default=3, metadata=check(non_negative))
+    # Updates whose L2 norm exceeds this are rejected (None: no bound).
+    max_update_norm: float | None = field(default=None, metadata=check(positive))
+    eval_every: int = field(default=1, metadata=check(positive))
+    # Resume from this checkpoint (written by an earlier run of this scenario).
+    init_path: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    up_mbps: float = field(default=1000.0, metadata=check(positive))
+    down_mbps: float = field(default=1000.0, metadata=check(positive))
+    latency_ms: float = field(default=0.5, metadata=check(non_negative))
+    loss: float = field(default=0.0, metadata=check(probability))
+
+
+@dataclass(frozen=True)
+class LinkOverride:
+    up_mbps: float | None = field(default=None, metadata=check(positive))
+    down_mbps: float | None = field(default=None, metadata=check(positive))
+    latency_ms: float | None = field(default=None, metadata=check(non_negative))
+    loss: float | None = field(default=None, metadata=check(probability))
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    default: LinkSpec = field(default_factory=LinkSpec)
+    nodes: dict[str, LinkOverride] = field(default_factory=dict)
+    mtu: int = field(default=1500, metadata=check(positive))
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    # Modelled training cost per sample; None: the model's reference cost.
+    train_s_per_sample: float | None = field(default=None, metadata=check(positive))
+    slowdown: float = field(default=1.0, metadata=check(positive))
+    # Each compute step takes slowdown * cost * (1 + U(-jitter, +jitter)), from the seed.
+    jitter: float = field(default=0.0, metadata=check(probability))
+
+
+@dataclass(frozen=True)
+class ComputeOverride:
+    train_s_per_sample: float | None = field(default=None, metadata=check(positive))
+    slowdown: float | None = field(default=None, metadata=check(positive))
+    jitter: float | None = field(default=None, metadata=check(probability))
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    default: ComputeSpec = field(default_factory=ComputeSpec)
+    nodes: dict[str, ComputeOverride] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OfflineWindow:
+    node: str
+    start_s: float = field(metadata=check(non_negative))
+    # None: the node never comes back.
+    end_s: float | None = None
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    # Each client sits out each round with this probability (decided from the seed).
+    dropout_p: float = field(default=0.0, metadata=check(probability))
+    # Crashes: the node loses its state, misses what is sent meanwhile, and
+    # (if end_s is set) restarts from scratch.
+    offline: list[OfflineWindow] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    mode: Literal["fl"] = "fl"
+    seed: int = 0
+    model: str = "mnist_cnn"
+    threads: int = field(default=2, metadata=check(positive))
+    data: DataSpec = field(default_factory=DataSpec)
+    fl: FLSpec = field(default_factory=FLSpec)
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+    compute: ComputeModel = field(default_factory=ComputeModel)
+    faults: FaultSpec = field(default_factory=FaultSpec)
+
+    # --- derived -------------------------------------------------------
+    @property
+    def client_names(self) -> list[str]:
+        return [f"client{i}" for i in range(1, self.fl.clients + 1)]
+
+    @property
+    def node_names(self) -> list[str]:
+        """Every node, in rank order (rank 0 is the controller)."""
+        return [CONTROLLER] + self.client_names
+
+    def link(self, node: str) -> LinkSpec:
+        return _merge(self.network.default, self.network.nodes.get(node))
+
+    def compute_for(self, node: str) -> ComputeSpec:
+        return _merge(self.compute.default, self.compute.nodes.get(node))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self) -> str:
+        """A hash of what determines training, to match checkpoints to scenarios.
+
+        init_path is left out (resuming is the point of a checkpoint) and so is
+        the number of rounds (a run may be resumed to go on for longer).
+        """
+        d = self.to_dict()
+        d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _merge(default, override):
+    if override is None:
+        return default
+    values = asdict(default)
+    values.update({k: v for k, v in asdict(override).items() if v is not None})
+    return type(default)(**values)
+
+
+# --- loading -----------------------------------------------------------
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one ``key.path=value`` to the raw YAML mapping (value parsed as YAML)."""
+    if "=" not in assignment:
+        raise ScenarioError("--set", f"expected key.path=value, got {assignment!r}")
+    key, text = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ScenarioError("--set", f"bad key path {key!r}")
+    value = yaml.safe_load(text) if text.strip() else None
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ScenarioError(".".join(parts[: i + 1]), f"cannot set a key inside {child!r}")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_scenario(raw: Any, overrides: list[str] = ()) -> Scenario:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ScenarioError("", f"a scenario must be a mapping, got {type(raw).__name__}")
+    raw = json.loads(json.dumps(raw))  # a deep copy that we may modify
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    scenario = build(Scenario, raw)
+    validate(scenario)
+    return scenario
+
+
+def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ScenarioError("", f"cannot read scenario {path}: {err.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ScenarioError("", f"{path} is not valid YAML: {err}") from None
+    return parse_scenario(raw, overrides)
+
+
+def validate(s: Scenario) -> None:
+    """Checks across fields: refuse what cannot work, before anything starts."""
+    fl = s.fl
+    if fl.min_clients > fl.clients:
+        raise ScenarioError(
+            "fl.min_clients", f"{fl.min_clients} is more than fl.clients ({fl.clients})"
+        )
+    known = set(s.node_names)
+    for section, names in (("network.nodes", s.network.nodes), ("compute.nodes", s.compute.nodes)):
+        for name in names:
+            if name not in known:
+                raise ScenarioError(
+                    f"{section}.{name}", f"no such node (nodes are {', '.join(s.node_names)})"
+                )
+    for i, window in enumerate(s.faults.offline):
+        path = f"faults.offline[{i}]"
+        if window.node not in known:
+            raise ScenarioError(
+                f"{path}.node", f"no such node {window.node!r} (nodes are {', '.join(s.node_names)})"
+            )
+        if window.node == CONTROLLER:
+            raise ScenarioError(
+                f"{path}.node", "the controller cannot be taken offline in emu (restart it with init_path)"
+            )
+        if window.end_s is not None and window.end_s <= window.start_s:
+            raise ScenarioError(f"{path}.end_s", f"must be after start_s ({window.start_s})")

@@ -1,0 +1,77 @@
+"""Local training and evaluation loops, shared by emulated and real clients.
+
+The data are preloaded tensors indexed directly (``x[idx]``): a DataLoader
+costs more per step than a small model's forward and backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: int  # optimizer steps taken
+    samples: int  # samples processed, counting each epoch
+    mean_loss: float  # per-sample mean training loss over all steps (0.0 if none)
+
+
+def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
+                epochs: int, batch_size: int, lr: float, momentum: float = 0.0,
+                weight_decay: float = 0.0, seed: int) -> TrainResult:
+    """SGD on ``x[indices], y[indices]`` for whole epochs, in place.
+
+    Mini-batches follow an order shuffled from (seed, epoch); the last partial
+    batch is kept.  A fresh optimizer each call: momentum does not carry over
+    rounds, as in FedAvg.  Dropout draws from a torch RNG seeded with ``seed``
+    inside fork_rng, so the same inputs give a bit-identical model and the
+    caller's RNG state is untouched.
+    """
+    if epochs < 0 or batch_size < 1:
+        raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
+    indices = np.asarray(indices, dtype=np.int64)
+    n = len(indices)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                          weight_decay=weight_decay)
+    model.train()
+    steps = 0
+    loss_sum = torch.zeros((), dtype=torch.float64)  # summed as a tensor: no sync per step
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        torch.manual_seed(seed)
+        for epoch in range(epochs):
+            order = torch.from_numpy(indices[np.random.default_rng([seed, epoch]).permutation(n)])
+            for start in range(0, n, batch_size):
+                idx = order[start:start + batch_size]
+                opt.zero_grad(set_to_none=True)
+                # cross_entropy is right for logits and log-probabilities alike
+                # (log_softmax of log-probabilities is a no-op), so a factory
+                # model may return either.
+                loss = F.cross_entropy(model(x[idx]), y[idx])
+                loss.backward()
+                opt.step()
+                loss_sum += loss.detach() * len(idx)
+                steps += 1
+    samples = epochs * n
+    return TrainResult(steps, samples, float(loss_sum) / samples if samples else 0.0)
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+             batch_size: int = 1000) -> tuple[int, int]:
+    """(correct, total) of argmax predictions, in eval mode without gradients;
+    the model's previous train/eval mode is restored."""
+    was_training = model.training
+    model.eval()
+    correct = torch.zeros((), dtype=torch.int64)
+    try:
+        with torch.no_grad():
+            for start in range(0, len(x), batch_size):
+                pred = model(x[start:start + batch_size]).argmax(dim=1)
+                correct += (pred == y[start:start + batch_size]).sum()
+    finally:
+        model.train(was_training)
+    return int(correct), len(x)

@@ -1,0 +1,106 @@
+"""The learning task of a scenario: its model, its data split, and how to train and test.
+
+Roles see weights only as flat float32 vectors; this class turns those into
+PyTorch work.  One instance serves every emulated node of a process (emu runs
+them all in one), so the data set is loaded once and the partition is computed
+once, deterministically from the scenario's seed.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+
+from . import data as datasets
+from .models import build_model, model_cost
+from .params import flatten, load_flat
+from .scenario import Scenario
+from .train import evaluate, train_local
+
+
+def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
+    """The seed of one round's TrainCmd (a retried round gets a fresh one)."""
+    return int(np.random.SeedSequence([seed, round_, attempt]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class Workload:
+    def __init__(self, scenario: Scenario):
+        self.scenario = scenario
+        self._model = build_model(scenario.model, seed=scenario.seed)
+
+    # --- data ----------------------------------------------------------
+    @cached_property
+    def dataset(self):
+        spec = self.scenario.data
+        if spec.factory:
+            return datasets.load_dataset_factory(spec.factory)
+        return datasets.load_dataset(spec.dataset, datasets.resolve_root(spec.root))
+
+    @cached_property
+    def partitions(self) -> list[np.ndarray]:
+        spec = self.scenario.data
+        labels = self.dataset.y_train.numpy()
+        return datasets.partition(
+            spec.partition,
+            labels,
+            self.scenario.fl.clients,
+            seed=self.scenario.seed,
+            alpha=spec.alpha,
+            shards_per_client=spec.shards_per_client,
+        )
+
+    def client_indices(self, client: int, cmd) -> np.ndarray:
+        """The samples client ``client`` (1-based) trains on for ``cmd``."""
+        part = self.partitions[client - 1]
+        return datasets.round_subset(part, cmd.subset or None, cmd.seed, cmd.round, client)
+
+    def subset_size(self, client: int, subset: int) -> int:
+        n = len(self.partitions[client - 1])
+        return n if not subset else min(subset, n)
+
+    @property
+    def test_size(self) -> int:
+        n = len(self.dataset.y_test)
+        limit = self.scenario.data.test_samples
+        return n if limit is None else min(n, limit)
+
+    # --- model ---------------------------------------------------------
+    @cached_property
+    def initial_weights(self) -> np.ndarray:
+        return flatten(build_model(self.scenario.model, seed=self.scenario.seed))
+
+    @property
+    def dim(self) -> int:
+        return self.initial_weights.size
+
+    @property
+    def reference_cost(self) -> float | None:
+        """Modelled training seconds per sample of the scenario's model, if known."""
+        return model_cost(self.scenario.model)
+
+    # --- work ----------------------------------------------------------
+    def train(self, weights: np.ndarray, cmd, client: int):
+        """Train from ``weights`` as ``cmd`` says; returns (new weights, TrainResult)."""
+        fl = self.scenario.fl
+        load_flat(self._model, weights)
+        idx = self.client_indices(client, cmd)
+        result = train_local(
+            self._model,
+            self.dataset.x_train,
+            self.dataset.y_train,
+            idx,
+            epochs=cmd.epochs,
+            batch_size=fl.batch_size,
+            lr=cmd.lr,
+            momentum=fl.momentum,
+            weight_decay=fl.weight_decay,
+            seed=int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0]),
+        )
+        return flatten(self._model), result
+
+    def evaluate(self, weights: np.ndarray) -> float:
+        load_flat(self._model, weights)
+        n = self.test_size
+        correct, total = evaluate(self._model, self.dataset.x_test[:n], self.dataset.y_test[:n])
+        return correct / total

@@ -1,0 +1,71 @@
+"""Faults of an emulated run: crashes with restarts, and per-round dropouts.
+
+Both are decided from the scenario's seed, so a run is repeatable.
+
+- ``faults.offline``: at ``start_s`` the node crashes (state, inbox and flows
+  lost); at ``end_s`` it restarts from scratch and gets the latest model.
+- ``faults.dropout_p``: each client sits out each round with this probability:
+  the round's TrainCmd does not reach it (it is busy, asleep, out of battery),
+  so it neither trains nor answers in that round.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core import messages
+from core.errors import DecodeError
+from core.messages import TrainCmd
+from core.runtime import TRAIN_CMD, Message
+from core.scenario import Scenario
+
+_DROPOUT_STREAM = 0x0D0B  # keeps the dropout draws apart from other uses of the seed
+
+
+def schedule_offline(world, scenario: Scenario) -> set[str]:
+    """Schedule the crash windows; returns the nodes that are down from the start."""
+    down_at_start = set()
+    for window in scenario.faults.offline:
+        if window.start_s == 0:
+            down_at_start.add(window.node)
+        world.env.process(_offline(world, window.node, window.start_s, window.end_s))
+    return down_at_start
+
+
+def _offline(world, node: str, start_s: float, end_s: float | None):
+    if start_s > 0:
+        yield world.env.timeout(start_s)
+        world.crash(node)
+    else:
+        world.crash(node)  # never started: this marks it down and logs it
+    if end_s is not None:
+        yield world.env.timeout(end_s - start_s)
+        world.restart(node)
+
+
+def drops_round(seed: int, rank: int, round_: int, p: float) -> bool:
+    if p <= 0:
+        return False
+    return bool(np.random.default_rng([seed, _DROPOUT_STREAM, rank, round_]).random() < p)
+
+
+class DropoutFilter:
+    """A delivery hook: swallows the TrainCmd of a round a client sits out."""
+
+    def __init__(self, scenario: Scenario, emit):
+        self.seed = scenario.seed
+        self.p = scenario.faults.dropout_p
+        self.ranks = {name: rank for rank, name in enumerate(scenario.node_names)}
+        self.emit = emit
+
+    def __call__(self, msg: Message, dst: str) -> bool:
+        if self.p <= 0 or msg.topic != TRAIN_CMD:
+            return True
+        try:
+            cmd = messages.decode(msg.data)
+        except DecodeError:
+            return True  # not ours to judge: the client will count it
+        if isinstance(cmd, TrainCmd) and drops_round(self.seed, self.ranks[dst], cmd.round, self.p):
+            self.emit(dst, "dropout", round=cmd.round)
+            return False
+        return True

@@ -1,0 +1,400 @@
+"""The emulated network: a star of access links with max-min fair flows.
+
+Topology.  Every node has one access link to a central switch: an uplink and
+a downlink (bits/s), a one-way latency and a packet-loss probability.  The
+switch itself never limits anything.  A message from A to B is one *flow*
+that crosses A's uplink and B's downlink.
+
+Sharing.  Flows are a fluid.  Whenever the set of active flows changes, every
+flow's rate is recomputed by progressive filling (max-min fairness): the link
+whose capacity divided by its unfixed flows is smallest fixes those flows at
+that share, its capacity is taken from their other links, and so on.  Between
+changes the rates are constant, so the next completion is known exactly and
+a single timer is armed for it; nothing is time-stepped.
+
+Timing of one message of ``n`` payload bytes from A to B:
+
+* the flow starts at ``send`` and ends when its wire bytes have gone through;
+  the sender's event fires then ("done sending");
+* the receiver's ``on_deliver`` runs ``latency(A) + latency(B)`` later.
+
+Loss (reliable delivery, as over TCP or reliable DDS) -- the model's stated
+simplification: the path loss is ``p = 1 - (1-loss(A)) (1-loss(B))``; the
+message is ``ceil(n / mtu)`` packets, and ``lost ~ Binomial(packets, p)`` is
+drawn once, at send time.  Each lost packet is sent once more as a full
+``mtu`` (all packets lost costs exactly ``n`` more bytes) and retransmissions
+are never lost themselves.  The extra bytes lengthen the flow, and delivery
+is delayed by a further ``lost * 2 * (latency(A) + latency(B))``: every loss
+costs one round trip to detect and resend, one after another.  The draws come
+from the Network's own ``np.random.default_rng(seed)`` in event order, so a
+run is deterministic for a seed.
+
+Edge cases: a zero-byte message uses no bandwidth but still pays latency; a
+message to oneself is delivered at once (zero delay, no links, no loss).
+
+Failures: ``fail_node`` aborts every active flow from or to the node (the
+bytes already sent stay counted as wire bytes), cancels deliveries still
+pending *to* it, and drops every later send from or to it until
+``restore_node``.  Messages whose flow already ended are in the network, so a
+sender failing afterwards does not stop their delivery.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+import simpy
+
+
+@dataclass(frozen=True)
+class Link:
+    """One node's access link to the switch."""
+
+    up_bps: float
+    down_bps: float
+    latency_s: float = 0.0
+    loss: float = 0.0
+
+    def __post_init__(self):
+        for name in ("up_bps", "down_bps"):
+            bps = getattr(self, name)
+            # Zero capacity would stall flows forever; infinity breaks the rate arithmetic.
+            if not (0 < bps < math.inf):
+                raise ValueError(f"{name} must be positive and finite, got {bps!r}")
+        if not (0 <= self.latency_s < math.inf):
+            raise ValueError(f"latency_s must be >= 0 and finite, got {self.latency_s!r}")
+        # loss == 1 would mean a message never gets through.
+        if not (0 <= self.loss < 1):
+            raise ValueError(f"loss must be in [0, 1), got {self.loss!r}")
+
+
+def link_from_spec(up_mbps: float, down_mbps: float, latency_ms: float = 0.0,
+                   loss: float = 0.0) -> Link:
+    """A Link from scenario units: Mbit/s (1e6 bit/s) and milliseconds."""
+    return Link(up_bps=up_mbps * 1e6, down_bps=down_mbps * 1e6,
+                latency_s=latency_ms / 1e3, loss=loss)
+
+
+@dataclass
+class FlowResult:
+    """What happened to one message; the value of the event ``send`` returns.
+
+    ``delivered_at`` is the delivery time scheduled when the flow ended; it is
+    None when the message will never be delivered (aborted, dropped, or its
+    delivery cancelled later because the receiver failed -- this object is
+    updated in place then).
+    """
+
+    src: str
+    dst: str
+    nbytes: int
+    start: float
+    end: float
+    delivered_at: float | None
+    lost_packets: int
+    wire_bytes: int
+    aborted: bool = False
+
+
+@dataclass
+class NodeStats:
+    """Per-node counters.
+
+    Sender side: ``messages_sent`` counts every send (dropped ones too),
+    ``bytes_sent`` the payload of flows that finished, ``wire_bytes_sent``
+    everything put on the wire (retransmits and aborted partial flows too),
+    ``messages_lost_to_failure`` the sent messages that will never arrive.
+    Receiver side: ``messages_delivered`` and ``bytes_received`` (payload).
+    """
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    wire_bytes_sent: int = 0
+    messages_sent: int = 0
+    messages_delivered: int = 0
+    messages_lost_to_failure: int = 0
+
+
+class FlowInfo(NamedTuple):
+    """A snapshot of one active flow, for dashboards and tests."""
+
+    src: str
+    dst: str
+    total: int          # wire bytes, retransmits included
+    remaining: float    # wire bytes still to go
+    rate: float         # bytes/s
+
+
+class _Flow:
+    """An active flow; ``remaining`` is exact as of ``Network._synced_at``."""
+
+    __slots__ = ("src", "dst", "up", "down", "nbytes", "total", "remaining", "rate",
+                 "start", "lost", "event", "on_deliver")
+
+    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver):
+        self.src, self.dst = src, dst
+        self.up, self.down = (src, "up"), (dst, "down")
+        self.nbytes, self.total, self.remaining = nbytes, total, float(total)
+        self.rate = 0.0
+        self.start, self.lost = start, lost
+        self.event, self.on_deliver = event, on_deliver
+
+
+class _Delivery:
+    """A message in propagation; ``cancelled`` stops it when the receiver fails."""
+
+    __slots__ = ("result", "on_deliver", "cancelled")
+
+    def __init__(self, result, on_deliver):
+        self.result, self.on_deliver, self.cancelled = result, on_deliver, False
+
+
+class Network:
+    def __init__(self, env: simpy.Environment, links: dict[str, Link], seed: int = 0,
+                 mtu: int = 1500):
+        if mtu <= 0:
+            raise ValueError(f"mtu must be positive, got {mtu!r}")
+        self.env = env
+        self.links = dict(links)
+        self.mtu = mtu
+        self.rng = np.random.default_rng(seed)
+        self.stats: dict[str, NodeStats] = {node: NodeStats() for node in self.links}
+        # Called with env.now after every rate recomputation (dashboards, tests).
+        self.on_rates_changed: Callable[[float], None] | None = None
+        # Capacity in bytes/s of each directed port, keyed (node, "up"|"down").
+        self._capacity = {}
+        for node, link in self.links.items():
+            self._capacity[(node, "up")] = link.up_bps / 8
+            self._capacity[(node, "down")] = link.down_bps / 8
+        self._down_nodes: set[str] = set()
+        self._active: dict[int, _Flow] = {}     # insertion order keeps runs reproducible
+        self._next_flow_id = 0
+        self._synced_at = env.now               # when every flow's `remaining` was exact
+        self._pending: dict[str, set[_Delivery]] = defaultdict(set)  # by receiver
+        # Bumped whenever rates may change, so an armed completion timer goes stale.
+        self._generation = 0
+        self._update_scheduled = False
+
+    # -- public API -----------------------------------------------------------
+
+    def send(self, src: str, dst: str, nbytes: int,
+             on_deliver: Callable[[], None]) -> simpy.Event:
+        """Start a flow of ``nbytes`` payload from src to dst.
+
+        Returns an event that succeeds with a FlowResult when the sender is
+        done (flow ended, aborted or dropped); ``on_deliver()`` runs at the
+        receiver at delivery time unless the message is lost to a failure.
+        """
+        self._check_node(src)
+        self._check_node(dst)
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+        nbytes = int(nbytes)
+        now = self.env.now
+        event = self.env.event()
+        self.stats[src].messages_sent += 1
+
+        if src in self._down_nodes or dst in self._down_nodes:
+            self.stats[src].messages_lost_to_failure += 1
+            event.succeed(FlowResult(src, dst, nbytes, now, now, None, 0, 0, aborted=True))
+            return event
+
+        if src == dst:
+            # Loopback: no links, no loss, no latency.
+            self._flow_done(src, dst, nbytes, 0, now, 0, event, on_deliver, delay=0.0)
+            return event
+
+        lost = self._draw_lost_packets(src, dst, nbytes)
+        total = nbytes + min(lost * self.mtu, nbytes)
+        if total == 0:
+            self._flow_done(src, dst, nbytes, 0, now, 0, event, on_deliver,
+                            delay=self._path_latency(src, dst))
+            return event
+
+        self._sync()
+        flow = _Flow(src, dst, nbytes, total, now, lost, event, on_deliver)
+        self._active[self._next_flow_id] = flow
+        self._next_flow_id += 1
+        self._schedule_update()
+        return event
+
+    def fail_node(self, node: str) -> None:
+        """The node went offline: abort its flows, cancel deliveries to it."""
+        self._check_node(node)
+        if node in self._down_nodes:
+            return
+        self._down_nodes.add(node)
+        # Flows finishing exactly now are finished first, not aborted.
+        self._sync()
+        now = self.env.now
+        for flow_id, flow in list(self._active.items()):
+            if flow.src != node and flow.dst != node:
+                continue
+            del self._active[flow_id]
+            wire = round(flow.total - flow.remaining)
+            stats = self.stats[flow.src]
+            stats.wire_bytes_sent += wire
+            stats.messages_lost_to_failure += 1
+            flow.event.succeed(FlowResult(flow.src, flow.dst, flow.nbytes, flow.start, now,
+                                          None, flow.lost, wire, aborted=True))
+        for delivery in self._pending.pop(node, ()):
+            delivery.cancelled = True
+            delivery.result.delivered_at = None
+            self.stats[delivery.result.src].messages_lost_to_failure += 1
+        self._schedule_update()
+
+    def restore_node(self, node: str) -> None:
+        """The node is back: sends from and to it go through again."""
+        self._check_node(node)
+        self._down_nodes.discard(node)
+
+    def is_up(self, node: str) -> bool:
+        self._check_node(node)
+        return node not in self._down_nodes
+
+    def active_flows(self) -> list[FlowInfo]:
+        """Every flow on the wire now, with its remaining bytes as of env.now."""
+        elapsed = self.env.now - self._synced_at
+        return [FlowInfo(f.src, f.dst, f.total, max(0.0, f.remaining - f.rate * elapsed), f.rate)
+                for f in self._active.values()]
+
+    # -- timing of one message ------------------------------------------------
+
+    def _path_latency(self, src: str, dst: str) -> float:
+        return self.links[src].latency_s + self.links[dst].latency_s
+
+    def _draw_lost_packets(self, src: str, dst: str, nbytes: int) -> int:
+        p = 1 - (1 - self.links[src].loss) * (1 - self.links[dst].loss)
+        packets = -(-nbytes // self.mtu)
+        if p == 0 or packets == 0:
+            return 0    # no draw: a lossless path must not shift the RNG stream
+        return int(self.rng.binomial(packets, p))
+
+    def _flow_done(self, src, dst, nbytes, wire, start, lost, event, on_deliver, delay):
+        """The sender is done: fire its event and put the message in propagation."""
+        now = self.env.now
+        stats = self.stats[src]
+        stats.bytes_sent += nbytes
+        stats.wire_bytes_sent += wire
+        result = FlowResult(src, dst, nbytes, start, now, now + delay, lost, wire)
+        delivery = _Delivery(result, on_deliver)
+        self._pending[dst].add(delivery)
+        timer = self.env.timeout(delay)
+        timer.callbacks.append(lambda _ev: self._deliver(delivery))
+        event.succeed(result)
+
+    def _deliver(self, delivery: _Delivery) -> None:
+        if delivery.cancelled:
+            return
+        result = delivery.result
+        self._pending[result.dst].discard(delivery)
+        stats = self.stats[result.dst]
+        stats.messages_delivered += 1
+        stats.bytes_received += result.nbytes
+        delivery.on_deliver()
+
+    # -- the fluid model ------------------------------------------------------
+
+    def _sync(self) -> None:
+        """Bring every flow's `remaining` to env.now and finish the flows that are done.
+
+        Callers reallocate afterwards: a finished flow frees capacity.
+        """
+        now = self.env.now
+        elapsed = now - self._synced_at
+        self._synced_at = now
+        if not self._active:
+            return
+        # A flow due "now" can be left with float dust (elapsed is rounded to
+        # the resolution of env.now); anything within that slack is done.
+        slack = 4 * math.ulp(max(now, 1.0))
+        finished = []
+        for flow_id, flow in self._active.items():
+            if elapsed > 0:
+                flow.remaining -= flow.rate * elapsed
+            if flow.remaining <= flow.rate * slack + 1e-12 * flow.total:
+                finished.append(flow_id)
+        for flow_id in finished:
+            f = self._active.pop(flow_id)
+            self._flow_done(f.src, f.dst, f.nbytes, f.total, f.start, f.lost, f.event,
+                            f.on_deliver,
+                            delay=(1 + 2 * f.lost) * self._path_latency(f.src, f.dst))
+
+    def _schedule_update(self) -> None:
+        """Recompute rates once, later in this instant, for any number of changes now."""
+        self._generation += 1      # the armed timer assumed the old rates
+        if self._update_scheduled:
+            return
+        self._update_scheduled = True
+        self.env.timeout(0).callbacks.append(self._on_update)
+
+    def _on_update(self, _event) -> None:
+        self._update_scheduled = False
+        self._update()
+
+    def _on_timer(self, generation: int, _event) -> None:
+        if generation == self._generation:
+            self._update()
+
+    def _update(self) -> None:
+        self._sync()
+        self._allocate()
+        self._generation += 1
+        if self.on_rates_changed is not None:
+            self.on_rates_changed(self.env.now)
+        self._arm_timer()
+
+    def _allocate(self) -> None:
+        """Max-min fair rates by progressive filling over the ports in use.
+
+        The port with the smallest fair share (capacity left / unfixed flows)
+        fixes its flows at that share.  Fixing flows at the smallest share can
+        only raise other ports' shares, so a heap holding one possibly
+        outdated (too low) share per port finds the next bottleneck: a popped
+        port whose share has grown goes back in with the new value.
+        """
+        flows_on_port = defaultdict(list)
+        for flow in self._active.values():
+            flow.rate = -1.0          # not yet fixed
+            flows_on_port[flow.up].append(flow)
+            flows_on_port[flow.down].append(flow)
+        capacity_left = {port: self._capacity[port] for port in flows_on_port}
+        unfixed = {port: len(flows) for port, flows in flows_on_port.items()}
+        heap = [(capacity_left[port] / count, port) for port, count in unfixed.items()]
+        heapq.heapify(heap)
+        while heap:
+            share, port = heapq.heappop(heap)
+            count = unfixed[port]
+            if count == 0:
+                continue              # all its flows were fixed at other bottlenecks
+            current = max(capacity_left[port], 0.0) / count
+            if current > share:
+                heapq.heappush(heap, (current, port))
+                continue
+            for flow in flows_on_port[port]:
+                if flow.rate >= 0:
+                    continue
+                flow.rate = current
+                capacity_left[flow.up] -= current
+                unfixed[flow.up] -= 1
+                capacity_left[flow.down] -= current
+                unfixed[flow.down] -= 1
+
+    def _arm_timer(self) -> None:
+        """One timeout for the earliest completion; later changes make it stale."""
+        time_left = min((f.remaining / f.rate for f in self._active.values() if f.rate > 0),
+                        default=None)
+        if time_left is None:
+            return
+        generation = self._generation
+        self.env.timeout(max(time_left, 0.0)).callbacks.append(
+            lambda ev: self._on_timer(generation, ev))
+
+    def _check_node(self, node: str) -> None:
+        if node not in self.links:
+            raise KeyError(f"unknown node {node!r}")

@@ -1,0 +1,346 @@
+"""A live terminal view of a run, fed by the same events that go to events.jsonl.
+
+``DashboardState`` folds events into what is worth showing (pure, testable
+without a terminal); ``render`` turns a state into a rich renderable;
+``Dashboard`` ties both to a ``rich.live.Live`` and is what a runtime hands to
+``RunDir.observe``.  Both runtimes feed it, so nothing here knows whether ``t``
+is virtual (emu) or wall-clock (real).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from rich.console import Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+CONTROLLER = "controller"
+RECENT_EVENTS = 8
+# A flood of made-up client names must not turn the table into a scroll.
+MAX_ROWS = 40
+
+# Client states.
+WAITING = "waiting"  # up, waiting for a command (or for the model it needs)
+TRAINING = "training"
+UPLOADING = "uploading"
+IDLE = "idle"  # its update is sent; nothing to do until the next command
+DROPPED = "dropped"  # sits out the current round (the dropout fault)
+OFFLINE = "offline"  # crashed or switched off
+STOPPED = "stopped"  # told to stop: the run is over for it
+# Controller states.
+COLLECTING = "collecting"  # a round is open, updates are coming in
+AGGREGATING = "aggregating"  # the round is closed: aggregate, checkpoint, evaluate
+DONE = "done"
+
+STATE_STYLES = {
+    WAITING: "dim",
+    TRAINING: "bold yellow",
+    UPLOADING: "bold cyan",
+    IDLE: "green",
+    DROPPED: "magenta",
+    OFFLINE: "bold red",
+    STOPPED: "dim",
+    COLLECTING: "bold cyan",
+    AGGREGATING: "bold yellow",
+    DONE: "green",
+}
+
+# Client-side events that set the node's state outright.
+_CLIENT_STATES = {
+    "train_start": TRAINING,
+    "upload_start": UPLOADING,
+    "upload_done": IDLE,
+    "update_not_finite": IDLE,  # diverged: nothing to send until the next command
+    "client_stop": STOPPED,
+    "dropout": DROPPED,
+    "node_down": OFFLINE,
+    "node_up": WAITING,
+}
+# Too frequent to be news; they show up as bytes in the table instead.
+_QUIET_KINDS = frozenset({"deliver"})
+_UPDATE_TOPIC = "train/client_update"
+
+
+@dataclass
+class NodeView:
+    name: str
+    state: str = WAITING
+    round: int | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    loss: float | None = None
+    # Clients report their own uploads (upload_done); for them the
+    # controller-side delivery of the same update must not count twice.
+    reports_uploads: bool = False
+
+
+class DashboardState:
+    """Everything the dashboard shows, folded from events one at a time."""
+
+    def __init__(self, node_names: Iterable[str], rounds_total: int | None = None):
+        self.nodes: dict[str, NodeView] = {}
+        for name in node_names:
+            self._node(name)
+        self.rounds_total = rounds_total
+        self.round: int | None = None
+        self.attempt = 0
+        self.t = 0.0
+        self.accuracy: float | None = None
+        self.accuracy_round: int | None = None
+        self.rounds_failed = 0
+        self.accepted = 0
+        self.late = 0
+        self.rejected = 0
+        self.end_reason: str | None = None
+        self.events_seen = 0
+        # Events that could not be folded in (a malformed field): counted, never raised.
+        self.bad_events = 0
+        self.recent: deque[dict] = deque(maxlen=RECENT_EVENTS)
+        self._dropped: set[str] = set()
+
+    @classmethod
+    def from_scenario(cls, scenario) -> DashboardState:
+        return cls(scenario.node_names, scenario.fl.rounds)
+
+    # --- folding events -------------------------------------------------
+    def observe(self, event: dict) -> None:
+        """Fold one event in; O(1), and a malformed event never raises."""
+        try:
+            self._apply(event)
+        except Exception:
+            self.bad_events += 1
+
+    def _node(self, name: Any) -> NodeView:
+        name = str(name)
+        view = self.nodes.get(name)
+        if view is None:
+            view = self.nodes[name] = NodeView(name)
+        return view
+
+    def _apply(self, ev: dict) -> None:
+        self.events_seen += 1
+        kind = ev.get("kind")
+        t = ev.get("t")
+        if isinstance(t, (int, float)):
+            self.t = float(t)
+        node = self._node(ev.get("node", "?"))
+        if kind not in _QUIET_KINDS:
+            self.recent.append(ev)
+
+        if kind == "deliver":
+            size = int(ev.get("bytes") or 0)
+            node.bytes_down += size
+            src = self._node(ev.get("src", "?"))
+            if not (ev.get("topic") == _UPDATE_TOPIC and src.reports_uploads):
+                src.bytes_up += size
+            return
+
+        if kind in _CLIENT_STATES:
+            node.state = _CLIENT_STATES[kind]
+            if node.state == DROPPED:
+                self._dropped.add(node.name)
+            else:
+                self._dropped.discard(node.name)
+            if "round" in ev:
+                node.round = ev["round"]
+            if kind == "upload_start":
+                node.reports_uploads = True
+                if ev.get("loss") is not None:
+                    node.loss = float(ev["loss"])
+            elif kind == "upload_done":
+                node.reports_uploads = True
+                node.bytes_up += int(ev.get("bytes") or 0)
+            return
+
+        handler = _CONTROLLER_HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, node, ev)
+
+    # Controller events, one small method each.
+    def _run_start(self, node: NodeView, ev: dict) -> None:
+        for name in ev.get("clients") or ():
+            self._node(name)
+        if ev.get("rounds"):
+            self.rounds_total = ev["rounds"]
+
+    def _round_start(self, node: NodeView, ev: dict) -> None:
+        self.round = ev.get("round")
+        self.attempt = ev.get("attempt") or 0
+        node.state, node.round = COLLECTING, self.round
+        # "Dropped" holds for one round only: a new round starts them afresh.
+        # Only the dropped are visited, so observe stays cheap with many nodes.
+        for name in list(self._dropped):
+            view = self.nodes[name]
+            if view.round is None or self.round is None or view.round < self.round:
+                view.state = WAITING
+                self._dropped.discard(name)
+
+    def _round_close(self, node: NodeView, ev: dict) -> None:
+        node.state = AGGREGATING
+
+    def _round_failed(self, node: NodeView, ev: dict) -> None:
+        self.rounds_failed += 1
+
+    def _eval(self, node: NodeView, ev: dict) -> None:
+        self.accuracy = float(ev["accuracy"])
+        self.accuracy_round = ev.get("round")
+
+    def _run_end(self, node: NodeView, ev: dict) -> None:
+        node.state = DONE
+        self.end_reason = str(ev.get("reason", ""))
+        # The controller's own count survives a resume; ours starts at zero.
+        if isinstance(ev.get("rounds_failed"), int):
+            self.rounds_failed = ev["rounds_failed"]
+
+    def _update_accepted(self, node: NodeView, ev: dict) -> None:
+        self.accepted += 1
+        self._node(ev.get("client", "?"))
+
+    def _update_late(self, node: NodeView, ev: dict) -> None:
+        self.late += 1
+        self._node(ev.get("client", "?"))
+
+    def _update_rejected(self, node: NodeView, ev: dict) -> None:
+        self.rejected += 1
+        self._node(ev.get("client", ev.get("src", "?")))
+
+    def _node_event(self, node: NodeView, ev: dict) -> None:
+        """Client events that name another node (message_rejected's src)."""
+        if "src" in ev:
+            self._node(ev["src"])
+
+
+_CONTROLLER_HANDLERS = {
+    "run_start": DashboardState._run_start,
+    "round_start": DashboardState._round_start,
+    "round_close": DashboardState._round_close,
+    "round_failed": DashboardState._round_failed,
+    "eval": DashboardState._eval,
+    "run_end": DashboardState._run_end,
+    "update_accepted": DashboardState._update_accepted,
+    "update_late": DashboardState._update_late,
+    "update_rejected": DashboardState._update_rejected,
+    "message_rejected": DashboardState._node_event,
+}
+
+
+# --- rendering ------------------------------------------------------------
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _short(value: Any, width: int = 40) -> str:
+    if isinstance(value, float):
+        text = f"{value:.4g}"
+    elif isinstance(value, (list, tuple)) and len(value) > 4:
+        text = f"[{len(value)} items]"
+    else:
+        text = str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def event_line(ev: dict) -> str:
+    """One event as one line: time, node, kind, then its fields."""
+    fields = " ".join(f"{k}={_short(v)}" for k, v in ev.items() if k not in ("t", "node", "kind"))
+    t = ev.get("t")
+    stamp = f"{t:10.3f}" if isinstance(t, (int, float)) else f"{'?':>10}"
+    return f"{stamp}  {_short(ev.get('node', '?'), 12):<12} {ev.get('kind', '?')}  {fields}"
+
+
+def _header(state: DashboardState, title: str, elapsed_s: float | None) -> Panel:
+    total = state.rounds_total if state.rounds_total is not None else "?"
+    round_ = state.round if state.round is not None else "-"
+    parts = [f"round {round_}/{total}"]
+    if state.attempt:
+        parts.append(f"attempt {state.attempt}")
+    parts.append(f"t {state.t:.3f} s")
+    if elapsed_s is not None:
+        parts.append(f"wall {elapsed_s:.1f} s")
+    acc = "-" if state.accuracy is None else f"{state.accuracy:.4f} (round {state.accuracy_round})"
+    parts.append(f"accuracy {acc}")
+    parts.append(f"failed rounds {state.rounds_failed}")
+    parts.append(f"updates accepted {state.accepted} / late {state.late} / rejected {state.rejected}")
+    body = Text("   ".join(parts))
+    if state.end_reason is not None:
+        body.append(f"\nfinished: {state.end_reason}", style="bold green")
+    if state.bad_events:
+        body.append(f"\n{state.bad_events} malformed events ignored", style="red")
+    return Panel(body, title=title, title_align="left")
+
+
+def _node_table(state: DashboardState) -> Table:
+    table = Table(expand=False, show_edge=False, pad_edge=False)
+    for name, justify in (("node", "left"), ("state", "left"), ("round", "right"),
+                          ("up", "right"), ("down", "right"), ("loss", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    views = list(state.nodes.values())
+    for v in views[:MAX_ROWS]:
+        table.add_row(
+            v.name,
+            Text(v.state, style=STATE_STYLES.get(v.state, "")),
+            "-" if v.round is None else str(v.round),
+            human_bytes(v.bytes_up),
+            human_bytes(v.bytes_down),
+            "-" if v.loss is None else f"{v.loss:.4f}",
+        )
+    if len(views) > MAX_ROWS:
+        table.add_row(f"… {len(views) - MAX_ROWS} more", "", "", "", "", "")
+    return table
+
+
+def render(state: DashboardState, title: str = "dtemu", elapsed_s: float | None = None):
+    """The whole dashboard as one rich renderable."""
+    recent = Text("\n".join(event_line(ev) for ev in list(state.recent)) or "(no events yet)",
+                  no_wrap=True, overflow="ellipsis")
+    return Group(
+        _header(state, title, elapsed_s),
+        _node_table(state),
+        Panel(recent, title="recent events", title_align="left"),
+    )
+
+
+class Dashboard:
+    """A live dashboard; ``observe`` is what the runtime calls for every event."""
+
+    def __init__(self, scenario, title: str, enabled: bool = True):
+        self.state = DashboardState.from_scenario(scenario)
+        self.title = title
+        self.enabled = enabled
+        # Live redraws from its own thread while observe runs in the runtime's.
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._started: float | None = None
+
+    def observe(self, event: dict) -> None:
+        with self._lock:
+            self.state.observe(event)
+
+    def renderable(self):
+        elapsed = None if self._started is None else time.monotonic() - self._started
+        with self._lock:
+            return render(self.state, self.title, elapsed)
+
+    def __enter__(self) -> Dashboard:
+        self._started = time.monotonic()
+        if self.enabled:
+            self._live = Live(get_renderable=self.renderable, refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.__exit__(*exc)
