@@ -51,7 +51,6 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
     """
     wall_start = time.perf_counter()
     torch.set_num_threads(scenario.threads)
-    torch.use_deterministic_algorithms(True)
     run = RunDir(out_dir)
     for fn in observers:
         run.observe(fn)

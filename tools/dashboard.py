@@ -34,6 +34,7 @@ IDLE = "idle"  # its update is sent; nothing to do until the next command
 DROPPED = "dropped"  # sits out the current round (the dropout fault)
 OFFLINE = "offline"  # crashed or switched off
 STOPPED = "stopped"  # told to stop: the run is over for it
+UNKNOWN = "unknown"  # only named by others (a client the controller heard from)
 # Controller states.
 COLLECTING = "collecting"  # a round is open, updates are coming in
 AGGREGATING = "aggregating"  # the round is closed: aggregate, checkpoint, evaluate
@@ -47,6 +48,7 @@ STATE_STYLES = {
     DROPPED: "magenta",
     OFFLINE: "bold red",
     STOPPED: "dim",
+    UNKNOWN: "dim italic",
     COLLECTING: "bold cyan",
     AGGREGATING: "bold yellow",
     DONE: "green",
@@ -117,12 +119,16 @@ class DashboardState:
         except Exception:
             self.bad_events += 1
 
-    def _node(self, name: Any) -> NodeView:
+    def _node(self, name: Any, state: str = WAITING) -> NodeView:
         name = str(name)
         view = self.nodes.get(name)
         if view is None:
-            view = self.nodes[name] = NodeView(name)
+            view = self.nodes[name] = NodeView(name, state)
         return view
+
+    def _named(self, name: Any) -> NodeView:
+        """A node another node's event names: we know it exists, not what it does."""
+        return self._node(name, UNKNOWN)
 
     def _apply(self, ev: dict) -> None:
         self.events_seen += 1
@@ -131,13 +137,15 @@ class DashboardState:
         if isinstance(t, (int, float)):
             self.t = float(t)
         node = self._node(ev.get("node", "?"))
+        if node.state == UNKNOWN:
+            node.state = WAITING  # it speaks for itself now
         if kind not in _QUIET_KINDS:
             self.recent.append(ev)
 
         if kind == "deliver":
             size = int(ev.get("bytes") or 0)
             node.bytes_down += size
-            src = self._node(ev.get("src", "?"))
+            src = self._named(ev.get("src", "?"))
             if not (ev.get("topic") == _UPDATE_TOPIC and src.reports_uploads):
                 src.bytes_up += size
             return
@@ -201,20 +209,20 @@ class DashboardState:
 
     def _update_accepted(self, node: NodeView, ev: dict) -> None:
         self.accepted += 1
-        self._node(ev.get("client", "?"))
+        self._named(ev.get("client", "?"))
 
     def _update_late(self, node: NodeView, ev: dict) -> None:
         self.late += 1
-        self._node(ev.get("client", "?"))
+        self._named(ev.get("client", "?"))
 
     def _update_rejected(self, node: NodeView, ev: dict) -> None:
         self.rejected += 1
-        self._node(ev.get("client", ev.get("src", "?")))
+        self._named(ev.get("client", ev.get("src", "?")))
 
     def _node_event(self, node: NodeView, ev: dict) -> None:
         """Client events that name another node (message_rejected's src)."""
         if "src" in ev:
-            self._node(ev["src"])
+            self._named(ev["src"])
 
 
 _CONTROLLER_HANDLERS = {
@@ -271,9 +279,9 @@ def _header(state: DashboardState, title: str, elapsed_s: float | None) -> Panel
         parts.append(f"wall {elapsed_s:.1f} s")
     acc = "-" if state.accuracy is None else f"{state.accuracy:.4f} (round {state.accuracy_round})"
     parts.append(f"accuracy {acc}")
-    parts.append(f"failed rounds {state.rounds_failed}")
-    parts.append(f"updates accepted {state.accepted} / late {state.late} / rejected {state.rejected}")
-    body = Text("   ".join(parts))
+    counts = (f"failed rounds {state.rounds_failed}   updates accepted {state.accepted}"
+              f" / late {state.late} / rejected {state.rejected}")
+    body = Text("   ".join(parts) + "\n" + counts)
     if state.end_reason is not None:
         body.append(f"\nfinished: {state.end_reason}", style="bold green")
     if state.bad_events:

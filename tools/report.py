@@ -26,6 +26,7 @@ from typing import Callable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 MODEL_BLOB = "train/model_blob"
 
@@ -126,7 +127,7 @@ def run_labels(runs: list[Run]) -> list[str]:
     labels = [r.codec for r in runs]
     if len({r.name for r in runs}) > 1:
         labels = [f"{r.name} {label}" for r, label in zip(runs, labels)]
-    if len(set(labels)) < len(labels) and len({r.runtime for r in runs}) > 1:
+    if len({r.runtime for r in runs}) > 1:
         labels = [f"{label} ({r.runtime})" for r, label in zip(runs, labels)]
     if len(set(labels)) < len(labels):
         labels = [f"{label} [{r.path.name}]" for r, label in zip(runs, labels)]
@@ -337,6 +338,7 @@ def plot_fl_round_time(runs: list[Run]) -> Figure:
         ax.plot([r for r, _, _ in times], [s for _, _, s in times], marker="o", markersize=3,
                 label=label, color=color)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("seconds (round_start → round_close)")
     ax.set_title("round time")
     ax.legend(fontsize=8)
@@ -356,6 +358,7 @@ def plot_fl_accuracy(runs: list[Run]) -> Figure:
         right.plot([r for r, _ in curve], [a for _, a in curve], marker="o", markersize=3,
                    label=label, color=color)
     right.set_xlabel("round")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylabel("accuracy")
     right.set_title("accuracy over rounds")
     right.legend(fontsize=8)
