@@ -1,0 +1,113 @@
+"""Real MNIST, real PyTorch, in the emulator: determinism, resume, the CLI.
+
+Small enough for the default run: small_cnn, 2 clients, a few hundred samples
+per round, 500 test samples.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from core.data import resolve_root
+from core.rundir import read_summary
+from core.scenario import load_scenario, parse_scenario
+from emu.cli import main as emu_main
+from emu.run import run_emulation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _have_mnist() -> bool:
+    root = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
+    return (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").exists()
+
+
+pytestmark = pytest.mark.skipif(not _have_mnist(), reason="MNIST archives not found (set DTEMU_DATA)")
+
+
+@pytest.fixture(autouse=True)
+def data_root(monkeypatch):
+    if not os.environ.get("DTEMU_DATA"):
+        monkeypatch.setenv("DTEMU_DATA", str(ROOT.parent / "shared" / "data"))
+
+
+TINY = {
+    "name": "tiny",
+    "seed": 3,
+    "model": "small_cnn",
+    "data": {"partition": "shards", "test_samples": 500},
+    "fl": {"clients": 2, "rounds": 3, "subset": 256, "batch_size": 32, "lr": 0.05, "codec": "sq8",
+           "error_feedback": True, "min_clients": 1},
+    "network": {"default": {"up_mbps": 20, "down_mbps": 50, "latency_ms": 5, "loss": 0.01}},
+    "compute": {"default": {"jitter": 0.2}},
+}
+
+
+def tiny(*overrides):
+    return parse_scenario(TINY, list(overrides))
+
+
+def test_same_seed_same_run_files(tmp_path):
+    run_emulation(tiny(), tmp_path / "a")
+    run_emulation(tiny(), tmp_path / "b")
+    assert (tmp_path / "a/events.jsonl").read_bytes() == (tmp_path / "b/events.jsonl").read_bytes()
+    a, b = read_summary(tmp_path / "a"), read_summary(tmp_path / "b")
+    assert a.pop("wall_time_s") >= 0 and b.pop("wall_time_s") >= 0
+    assert a == b
+    assert a["rounds"] == 3 and a["final_accuracy"] > 0.3  # it learns, even from 3 x 256 samples
+
+
+def test_other_seed_other_model(tmp_path):
+    a = run_emulation(tiny(), tmp_path / "a")
+    b = run_emulation(tiny("seed=4"), tmp_path / "b")
+    assert a["model_sha256"] != b["model_sha256"]
+
+
+def test_resume_gives_the_uninterrupted_model(tmp_path):
+    full = run_emulation(tiny("fl.error_feedback=false"), tmp_path / "full")
+    run_emulation(tiny("fl.error_feedback=false", "fl.rounds=1"), tmp_path / "part")
+    init = (tmp_path / "part" / "checkpoint.dtck").read_bytes()
+    resumed = run_emulation(tiny("fl.error_feedback=false"), tmp_path / "resumed", init=init)
+    assert resumed["model_sha256"] == full["model_sha256"]
+    assert resumed["rounds"] == full["rounds"] == 3
+
+
+def test_cli_writes_the_run_folder(tmp_path, capsys):
+    scenario = tmp_path / "s.json"  # JSON is YAML
+    scenario.write_text(json.dumps(TINY))
+    out = tmp_path / "run"
+    assert emu_main(["run", str(scenario), "--no-tui", "--out", str(out), "--set", "fl.rounds=1"]) == 0
+    summary = read_summary(out)
+    for key in ("final_accuracy", "bytes_up", "bytes_down", "model_sha256", "sim_time_s", "wall_time_s", "rounds"):
+        assert key in summary
+    assert (out / "checkpoint.dtck").exists() and (out / "scenario.json").exists()
+    assert "tiny: 1 rounds" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_bad_scenario(tmp_path, capsys):
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps(TINY))
+    assert emu_main(["run", str(scenario), "--no-tui", "--set", "fl.codec=int8"]) == 2
+    assert "fl.codec: expected one of fp32, q8, s4, sq8, got 'int8'" in capsys.readouterr().err
+
+
+def test_cli_reports_a_bad_checkpoint(tmp_path, capsys):
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps(TINY))
+    bad = tmp_path / "bad.dtck"
+    bad.write_bytes(b"DTCK\x01\x00\x00\x00garbage")
+    rc = emu_main(["run", str(scenario), "--no-tui", "--out", str(tmp_path / "r"), "--set", f"fl.init_path={bad}"])
+    assert rc == 3 and "CheckpointError" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fl_straggler"])
+def test_shipped_scenario_runs(tmp_path, name):
+    summary = run_emulation(load_scenario(ROOT / "scenarios" / f"{name}.yaml"), tmp_path / name)
+    assert summary["rounds"] > 0 and summary["final_accuracy"] > 0.8
+
+
+def test_data_root_comes_from_the_environment():
+    assert resolve_root(None) == Path(os.environ["DTEMU_DATA"])
