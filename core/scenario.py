@@ -72,6 +72,38 @@ class FLSpec:
 
 
 @dataclass(frozen=True)
+class DDPSpec:
+    workers: int = field(default=2, metadata=check(positive))
+    epochs: int = field(default=1, metadata=check(positive))
+    # Stop after this many steps in all (None: run every epoch to the end).
+    max_steps: int | None = field(default=None, metadata=check(positive))
+    batch_size: int = field(default=64, metadata=check(positive))
+    lr: float = field(default=0.01, metadata=check(positive))
+    momentum: float = field(default=0.9, metadata=check(non_negative))
+    nesterov: bool = False
+    weight_decay: float = field(default=0.0, metadata=check(non_negative))
+    # none: dense gradients by allreduce; dgc: Deep Gradient Compression by allgather.
+    compression: Literal["none", "dgc"] = "none"
+    # Dense allreduce: everyone sends everything to everyone (gather) or a ring.
+    allreduce: Literal["gather", "ring"] = "gather"
+    density: float = field(default=0.001, metadata=check(fraction))
+    sample_ratio: float = field(default=0.01, metadata=check(fraction))
+    clip_norm: float | None = field(default=None, metadata=check(positive))
+    warmup_densities: list[float] = field(default_factory=lambda: [0.25, 0.0625, 0.015625, 0.004])
+    # Steps per warm-up stage (None: one epoch per stage; 0: no warm-up).
+    warmup_steps_per_stage: int | None = field(default=None, metadata=check(non_negative))
+    # Tensors smaller than this travel dense (biases).
+    dense_below: int = field(default=1024, metadata=check(non_negative))
+    fp16_values: bool = False
+    frame_bytes: int = field(default=1 << 20, metadata=check(positive))
+    step_timeout_s: float = field(default=60.0, metadata=check(positive))
+    barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
+    # Steps per profiling window (mean and max of each number).
+    window: int = field(default=20, metadata=check(positive))
+    eval_every_epochs: int = field(default=1, metadata=check(positive))
+
+
+@dataclass(frozen=True)
 class LinkSpec:
     up_mbps: float = field(default=1000.0, metadata=check(positive))
     down_mbps: float = field(default=1000.0, metadata=check(positive))
@@ -136,12 +168,13 @@ class FaultSpec:
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    mode: Literal["fl"] = "fl"
+    mode: Literal["fl", "ddp"] = "fl"
     seed: int = 0
     model: str = "mnist_cnn"
     threads: int = field(default=2, metadata=check(positive))
     data: DataSpec = field(default_factory=DataSpec)
     fl: FLSpec = field(default_factory=FLSpec)
+    ddp: DDPSpec = field(default_factory=DDPSpec)
     network: NetworkSpec = field(default_factory=NetworkSpec)
     compute: ComputeModel = field(default_factory=ComputeModel)
     faults: FaultSpec = field(default_factory=FaultSpec)
@@ -152,9 +185,20 @@ class Scenario:
         return [f"client{i}" for i in range(1, self.fl.clients + 1)]
 
     @property
+    def worker_names(self) -> list[str]:
+        return [f"worker{i}" for i in range(self.ddp.workers)]
+
+    @property
     def node_names(self) -> list[str]:
-        """Every node, in rank order (rank 0 is the controller)."""
+        """Every node, in rank order (FL: rank 0 is the controller; DDP: worker<rank>)."""
+        if self.mode == "ddp":
+            return self.worker_names
         return [CONTROLLER] + self.client_names
+
+    @property
+    def training_nodes(self) -> list[str]:
+        """The nodes whose traffic counts as bytes_up / bytes_down."""
+        return self.worker_names if self.mode == "ddp" else self.client_names
 
     def link(self, node: str) -> LinkSpec:
         return _merge(self.network.default, self.network.nodes.get(node))
@@ -173,6 +217,7 @@ class Scenario:
         """
         d = self.to_dict()
         d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
+        d.pop("ddp" if self.mode == "fl" else "fl")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
@@ -236,6 +281,10 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
 def validate(s: Scenario) -> None:
     """Checks across fields: refuse what cannot work, before anything starts."""
     fl = s.fl
+    if s.mode == "ddp":
+        for i, d in enumerate(s.ddp.warmup_densities):
+            if not 0 < d <= 1:
+                raise ScenarioError(f"ddp.warmup_densities[{i}]", f"expected a fraction in (0, 1], got {d!r}")
     if fl.min_clients > fl.clients:
         raise ScenarioError(
             "fl.min_clients", f"{fl.min_clients} is more than fl.clients ({fl.clients})"

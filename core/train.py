@@ -75,3 +75,19 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     finally:
         model.train(was_training)
     return int(correct), len(x)
+
+
+def compute_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx, *, seed: int) -> float:
+    """One forward and backward pass on ``x[idx]``: fills every ``p.grad``, returns the loss.
+
+    The data-parallel worker's compute step; the optimizer step comes after
+    the gradients were exchanged.  Dropout draws from ``seed`` (see train_local).
+    """
+    model.train()
+    model.zero_grad(set_to_none=False)
+    idx = torch.as_tensor(idx)
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        torch.manual_seed(seed)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+    return float(loss.detach())

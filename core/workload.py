@@ -16,7 +16,7 @@ from . import data as datasets
 from .models import build_model, model_cost
 from .params import flatten, load_flat
 from .scenario import Scenario
-from .train import evaluate, train_local
+from .train import compute_gradients, evaluate, train_local
 
 
 def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
@@ -41,10 +41,11 @@ class Workload:
     def partitions(self) -> list[np.ndarray]:
         spec = self.scenario.data
         labels = self.dataset.y_train.numpy()
+        parties = self.scenario.ddp.workers if self.scenario.mode == "ddp" else self.scenario.fl.clients
         return datasets.partition(
             spec.partition,
             labels,
-            self.scenario.fl.clients,
+            parties,
             seed=self.scenario.seed,
             alpha=spec.alpha,
             shards_per_client=spec.shards_per_client,
@@ -78,6 +79,32 @@ class Workload:
     def reference_cost(self) -> float | None:
         """Modelled training seconds per sample of the scenario's model, if known."""
         return model_cost(self.scenario.model)
+
+    def new_model(self):
+        """A fresh model with the scenario's initial weights (every rank gets the same)."""
+        return build_model(self.scenario.model, seed=self.scenario.seed)
+
+    # --- data-parallel -------------------------------------------------
+    @cached_property
+    def steps_per_epoch(self) -> int:
+        """Full batches per epoch, the same on every rank so that they stay in step."""
+        return min(len(p) for p in self.partitions) // self.scenario.ddp.batch_size
+
+    def worker_batches(self, rank: int, epoch: int) -> list[np.ndarray]:
+        shard = self.partitions[rank]
+        order = shard[np.random.default_rng([self.scenario.seed, rank, epoch]).permutation(len(shard))]
+        b = self.scenario.ddp.batch_size
+        return [order[i * b : (i + 1) * b] for i in range(self.steps_per_epoch)]
+
+    def gradients(self, model, batch: np.ndarray, rank: int, step: int) -> float:
+        seed = int(np.random.SeedSequence([self.scenario.seed, rank, step]).generate_state(1)[0])
+        return compute_gradients(model, self.dataset.x_train, self.dataset.y_train, batch, seed=seed)
+
+    def evaluate_shard(self, model, rank: int, world: int) -> tuple[int, int]:
+        """(correct, total) on this rank's share of the test set (every world-th sample)."""
+        n = self.test_size
+        x, y = self.dataset.x_test[:n][rank::world], self.dataset.y_test[:n][rank::world]
+        return evaluate(model, x, y)
 
     # --- work ----------------------------------------------------------
     def train(self, weights: np.ndarray, cmd, client: int):

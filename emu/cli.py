@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emu: {type(err).__name__}: {err}", file=sys.stderr)
         return 3
     acc = summary["final_accuracy"]
+    progress = (f"{summary['steps']} steps" if scenario.mode == "ddp"
+                else f"{summary['rounds']} rounds ({summary['rounds_failed']} failed)")
     print(
-        f"{scenario.name}: {summary['rounds']} rounds ({summary['rounds_failed']} failed), "
+        f"{scenario.name}: {progress}, "
         f"accuracy {'n/a' if acc is None else f'{acc:.4f}'}, "
         f"up {summary['bytes_up'] / 1e6:.2f} MB, down {summary['bytes_down'] / 1e6:.2f} MB, "
         f"sim {summary['sim_time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s -> {out}"

@@ -11,7 +11,9 @@ import torch
 
 from core.params import sha256_of
 from core.roles.client import client
+from core.collectives import COLL_FRAMES
 from core.roles.controller import controller
+from core.roles.worker import worker
 from core.rundir import RunDir
 from core.runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from core.scenario import CONTROLLER, Scenario
@@ -35,7 +37,9 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
     world.delivery_filter = DropoutFilter(scenario, world.emit)
     for rank, name in enumerate(scenario.node_names):
         timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
-        if name == CONTROLLER:
+        if scenario.mode == "ddp":
+            make, topics = (lambda ctx, r=rank: worker(ctx, scenario, work, r)), (COLL_FRAMES,)
+        elif name == CONTROLLER:
             make, topics = (lambda ctx: controller(ctx, scenario, work, init)), (CLIENT_UPDATE,)
         else:
             make, topics = (lambda ctx, i=rank: client(ctx, scenario, work, i)), (TRAIN_CMD, MODEL_BLOB)
@@ -63,19 +67,53 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         for name in scenario.node_names:
             if name not in down:
                 world.start(name)
-        ctrl = world.nodes[CONTROLLER].process
-        env.run(until=ctrl)
-        result = ctrl.value
-        summary = _summary(scenario, world, result, env.now, time.perf_counter() - wall_start)
+        if scenario.mode == "ddp":
+            procs = [world.nodes[n].process for n in scenario.node_names]
+            env.run(until=env.all_of(procs))
+            summary = _ddp_summary(scenario, world, [p.value for p in procs], env.now,
+                                   time.perf_counter() - wall_start)
+        else:
+            ctrl = world.nodes[CONTROLLER].process
+            env.run(until=ctrl)
+            summary = _summary(scenario, world, ctrl.value, env.now, time.perf_counter() - wall_start)
         run.write_json("summary.json", summary)
         return summary
     finally:
         run.close()
 
 
-def _summary(scenario: Scenario, world: World, result, sim_time: float, wall_time: float) -> dict:
+def _traffic(scenario: Scenario, world: World) -> dict:
     stats = world.network.stats
-    clients = scenario.client_names
+    nodes = scenario.training_nodes
+    return {
+        "bytes_up": sum(stats[n].bytes_sent for n in nodes),
+        "bytes_down": sum(stats[n].bytes_received for n in nodes),
+        "wire_bytes": sum(s.wire_bytes_sent for s in stats.values()),
+    }
+
+
+def _ddp_summary(scenario: Scenario, world: World, results, sim_time: float, wall_time: float) -> dict:
+    hashes = sorted({sha256_of(r.weights) for r in results})
+    steps = results[0].steps
+    return {
+        "scenario": scenario.name,
+        "runtime": "emu",
+        "mode": "ddp",
+        "compression": scenario.ddp.compression,
+        "workers": scenario.ddp.workers,
+        "seed": scenario.seed,
+        "final_accuracy": results[0].final_accuracy,
+        "steps": steps,
+        **_traffic(scenario, world),
+        "bytes_per_step": round(sum(r.bytes_sent for r in results) / max(steps, 1) / len(results), 3),
+        "model_sha256": hashes[0],
+        "models_agree": len(hashes) == 1,
+        "sim_time_s": round(sim_time, 9),
+        "wall_time_s": round(wall_time, 3),
+    }
+
+
+def _summary(scenario: Scenario, world: World, result, sim_time: float, wall_time: float) -> dict:
     return {
         "scenario": scenario.name,
         "runtime": "emu",
@@ -86,9 +124,7 @@ def _summary(scenario: Scenario, world: World, result, sim_time: float, wall_tim
         "rounds": result.rounds_completed,
         "rounds_failed": result.rounds_failed,
         "stop_reason": result.stop_reason,
-        "bytes_up": sum(stats[c].bytes_sent for c in clients),
-        "bytes_down": sum(stats[c].bytes_received for c in clients),
-        "wire_bytes": sum(s.wire_bytes_sent for s in stats.values()),
+        **_traffic(scenario, world),
         "updates": dict(sorted(result.counts.items())),
         "model_sha256": sha256_of(result.weights),
         "sim_time_s": round(sim_time, 9),

@@ -1,0 +1,158 @@
+"""Collectives: frames in any order, interleaved, malformed; allgather, allreduce, barrier in emu."""
+
+import random
+import struct
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given, settings, strategies as st
+
+from core.collectives import (
+    COLL_FRAMES, Collective, CollectiveTimeout, Frame, FrameError, decode_frame, encode_frame, split_payload,
+)
+from core.runtime import Message, Recv, RecordingContext, Send
+from emu.compute import ComputeTimer
+from emu.network import Network, link_from_spec
+from emu.runtime import EmuNode, World
+from core.scenario import ComputeSpec
+
+
+def frames_of(rank, world, round_, name, payload, frame_bytes, part=0):
+    chunks = split_payload(payload, frame_bytes)
+    return [encode_frame(Frame(0, round_, name, part, rank, world, i, len(chunks), len(payload), c))
+            for i, c in enumerate(chunks)]
+
+
+def drive(gen, inbox):
+    """Run a generator that only Recv's (and Send's), answering from ``inbox``."""
+    value = None
+    while True:
+        try:
+            req = gen.send(value)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(req, Recv):
+            value = Message(COLL_FRAMES, "peer", inbox.pop(0)) if inbox else None
+        elif isinstance(req, Send):
+            value = 1
+        else:
+            raise AssertionError(req)
+
+
+def test_frames_in_any_order_and_interleaved_reassemble():
+    world, rng = 3, random.Random(5)
+    payloads = {(r, name, rank): bytes(rng.getrandbits(8) for _ in range(1000 + 37 * rank))
+                for r in (7, 8) for name in ("grad", "eval") for rank in (1, 2)}
+    frames = [f for (r, name, rank), p in payloads.items() for f in frames_of(rank, world, r, name, p, 100)]
+    rng.shuffle(frames)
+    coll = Collective(RecordingContext(), 0, ["w0", "w1", "w2"], frame_bytes=100)
+    handle = drive(coll.start_allgather(8, "grad", b"mine"), [])
+    drive(coll.wait(handle, deadline=None), frames)
+    got = coll.collect(handle)
+    assert got == [b"mine", payloads[(8, "grad", 1)], payloads[(8, "grad", 2)]]
+    # the other collectives' frames were kept, not lost (and the rest are still to come)
+    other = drive(coll.start_allgather(7, "eval", b"x"), [])
+    drive(coll.wait(other, deadline=None), frames)
+    assert coll.collect(other)[2] == payloads[(7, "eval", 2)]
+
+
+def test_malformed_and_stale_frames_are_counted_not_fatal():
+    ctx = RecordingContext()
+    coll = Collective(ctx, 0, ["w0", "w1"], frame_bytes=64)
+    good = frames_of(1, 2, 1, "grad", b"a" * 100, 64)
+    bad = [b"junk", good[0][:10], encode_frame(Frame(0, 1, "grad", 0, 5, 2, 0, 1, 3, b"abc")),
+           encode_frame(Frame(0, 1, "grad", 0, 1, 2, 3, 2, 100, b"x"))]
+    handle = drive(coll.start_allgather(1, "grad", b"b" * 100), [])
+    drive(coll.wait(handle, None), bad + good)
+    assert coll.collect(handle)[1] == b"a" * 100
+    assert coll.counts["malformed"] == 4
+    assert len([e for e in ctx.events if e["kind"] == "frame_rejected"]) == 4
+    coll._file(Message(COLL_FRAMES, "w1", good[0]))  # a late duplicate of a finished round
+    assert coll.counts["stale"] == 1
+
+
+def test_declared_sizes_are_bounded_before_allocation():
+    huge = encode_frame(Frame(0, 1, "grad", 0, 1, 2, 0, 1, 2**40, b""))
+    with pytest.raises(FrameError, match="more than"):
+        decode_frame(huge, world=2, max_total=1 << 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=120), st.integers(0, 80), st.integers(0, 255))
+def test_decode_frame_only_raises_frame_error(noise, pos, value):
+    frame = bytearray(encode_frame(Frame(0, 3, "grad", 0, 1, 4, 0, 1, 5, b"hello")))
+    frame[pos % len(frame)] = value
+    for data in (noise, bytes(frame)):
+        try:
+            decode_frame(data, world=4, max_total=1 << 20)
+        except FrameError:
+            pass
+
+
+def test_wait_times_out_naming_missing_ranks():
+    coll = Collective(RecordingContext(), 0, ["w0", "w1", "w2"])
+    handle = drive(coll.start_allgather(1, "grad", b"x"), [])
+    with pytest.raises(CollectiveTimeout) as info:
+        drive(coll.wait(handle, deadline=5.0), frames_of(2, 3, 1, "grad", b"y", 10))
+    assert info.value.missing == [1]
+
+
+# --- in the emulator --------------------------------------------------------
+
+def emu_world(names, role, up_mbps=100.0, down=()):
+    env = simpy.Environment()
+    net = Network(env, {n: link_from_spec(up_mbps, up_mbps, 1.0, 0.0) for n in names})
+    events = []
+    world = World(env, net, events.append, lambda data: "none")
+    timer = ComputeTimer(ComputeSpec(train_s_per_sample=0.001), None, seed=0)
+    for rank, name in enumerate(names):
+        world.add(EmuNode(world, name, (COLL_FRAMES,), lambda ctx, r=rank: role(ctx, r), timer))
+    procs = {}
+    for name in names:
+        if name in down:
+            net.fail_node(name)
+        else:
+            procs[name] = world.start(name)
+    return env, procs, events
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_ring_and_gather_allreduce_agree(world_size):
+    names = [f"w{i}" for i in range(world_size)]
+    vecs = [np.random.default_rng(i).standard_normal(1001).astype(np.float32) for i in range(world_size)]
+    results = {}
+
+    def role(ctx, rank):
+        coll = Collective(ctx, rank, names, frame_bytes=1 << 16)
+        yield from coll.barrier(deadline=10)
+        gather, g_sent = yield from coll.allreduce_mean(1, vecs[rank], 10.0, "gather")
+        ring, r_sent = yield from coll.allreduce_mean(2, vecs[rank], 20.0, "ring")
+        results[rank] = (gather, ring, g_sent, r_sent)
+
+    env, procs, _ = emu_world(names, role)
+    env.run(until=env.all_of(list(procs.values())))
+    expected = np.mean(vecs, axis=0)
+    for rank, (gather, ring, g_sent, r_sent) in results.items():
+        np.testing.assert_allclose(gather, expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ring, expected, rtol=1e-5, atol=1e-6)
+        assert gather.tobytes() == results[0][0].tobytes() and ring.tobytes() == results[0][1].tobytes()
+        # gather sends the vector to W-1 peers, the ring 2(W-1)/W of it
+        assert g_sent == pytest.approx(4004 * (world_size - 1), rel=0.05)
+        assert r_sent == pytest.approx(4004 * 2 * (world_size - 1) / world_size, rel=0.1)
+
+
+def test_barrier_reports_the_missing_rank():
+    names = ["w0", "w1", "w2"]
+    errors = {}
+
+    def role(ctx, rank):
+        coll = Collective(ctx, rank, names)
+        try:
+            yield from coll.barrier(deadline=3.0)
+        except CollectiveTimeout as err:
+            errors[rank] = (err.missing, ctx.now())
+
+    env, procs, _ = emu_world(names, role, down=("w2",))
+    env.run(until=env.all_of(list(procs.values())))
+    assert errors == {0: ([2], 3.0), 1: ([2], 3.0)}
