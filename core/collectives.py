@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DecodeError, DtemuError
+from .errors import DtemuError, FrameError
 from .runtime import Recv, Send, WaitPeers
 
 COLL_FRAMES = "coll/frames"
@@ -36,10 +36,6 @@ VERSION = 1
 BARRIER_ROUND = 0xFFFFFFFF  # reserved round id of the barrier
 _HEADER = struct.Struct("<4sBBHIHHIIIQB")
 MAX_NAME = 32
-
-
-class FrameError(DecodeError):
-    """A malformed collective frame."""
 
 
 class CollectiveTimeout(DtemuError):

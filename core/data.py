@@ -118,9 +118,14 @@ def _http_get(url: str) -> bytes:
         return resp.read()
 
 
+def _md5(blob: bytes = b""):
+    # An integrity check, not security: allowed on FIPS-restricted builds too.
+    return hashlib.md5(blob, usedforsecurity=False)
+
+
 def _md5_file(path: Path) -> str:
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "md5").hexdigest()
+        return hashlib.file_digest(f, _md5).hexdigest()
 
 
 def _check_present(path: Path, want: str) -> None:
@@ -152,7 +157,7 @@ def _download(path: Path, mirrors: Sequence[str], want: str,
         except (OSError, http.client.HTTPException, ValueError) as e:
             problems.append(f"{url}: {e}")
             continue
-        got = hashlib.md5(blob).hexdigest()
+        got = _md5(blob).hexdigest()
         if got != want:
             # A mirror serving an error page or a changed file: try the next.
             problems.append(f"{url}: MD5 {got} != expected {want}")
@@ -175,6 +180,7 @@ def _write_atomically(path: Path, blob: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a data cache is for everyone
         os.replace(tmp, path)
     except OSError as e:
         raise DataError(f"{path}: cannot write the archive: {e}") from e
@@ -302,7 +308,8 @@ def _as_images(a, spec: str) -> torch.Tensor:
 def _as_labels(a, spec: str) -> torch.Tensor:
     y = torch.as_tensor(np.asarray(a) if not torch.is_tensor(a) else a)
     if y.is_floating_point() or y.ndim != 1:
-        raise DataError(f"{spec}: labels must be a 1-D integer array, got {y.dtype} {tuple(y.shape)}")
+        raise DataError(f"{spec}: labels must be a 1-D integer array, "
+                        f"got {y.dtype} {tuple(y.shape)}")
     return y.to(torch.int64)
 
 
@@ -363,8 +370,10 @@ def partition_shards(labels, clients: int, seed: int,
     labels = _labels(labels)
     if shards_per_client < 1:
         raise ValueError(f"shards_per_client must be >= 1, got {shards_per_client}")
+    _check_clients(len(labels), clients)
     n_shards = clients * shards_per_client
-    _check_clients(len(labels), n_shards)
+    if len(labels) < n_shards:
+        raise DataError(f"cannot cut {len(labels)} samples into {n_shards} shards")
     order = np.argsort(labels, kind="stable")
     shards = np.array_split(order, n_shards)
     deal = np.random.default_rng(seed).permutation(n_shards).reshape(clients, shards_per_client)

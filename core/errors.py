@@ -23,6 +23,10 @@ class MessageError(DecodeError):
     """A malformed wire message (TrainCmd, ClientUpdate, ModelBlob, ...)."""
 
 
+class FrameError(DecodeError):
+    """A malformed collective frame or gradient bucket (DDP)."""
+
+
 class CheckpointError(DecodeError):
     """A checkpoint that is corrupt, truncated or belongs to another scenario."""
 

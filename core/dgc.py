@@ -1,0 +1,416 @@
+"""Deep Gradient Compression (Lin et al., ICLR 2018) for data-parallel SGD.
+
+Each rank turns one step's gradients into a ``Bucket`` (``core/bucket.py``);
+every rank averages all ranks' buckets and applies the result with ``DGCSGD``.
+The six parts of the paper, and where they live:
+
+- sparsification by a sampled threshold: ``select_indices``;
+- momentum correction and local gradient accumulation: ``DGCCompressor``
+  keeps per tensor a momentum u and an accumulated velocity v,
+  u = m·u + g; v = v + u (Nesterov: u = m·(u + g); v = v + u + g), and sends
+  the largest entries of v;
+- momentum-factor masking: u and v are zeroed where sent;
+- local gradient clipping: the rank's whole gradient (all tensors, one norm)
+  is clipped to clip_norm · N^(-1/2) before it is accumulated;
+- warm-up: ``DGCConfig.density_at``, density 25%, 6.25%, 1.5625%, 0.4%, then
+  the final density, one stage per ``warmup_steps_per_stage`` steps;
+- small tensors (numel < ``dense_below``, e.g. biases) are sent dense.
+
+Decisions where the paper leaves room (they follow the reference code,
+synxlin/deep-gradient-compression, unless said otherwise):
+
+- Dense tensors are sent as the plain clipped gradient; the momentum is
+  applied after averaging, by ``DGCSGD``, identically on every rank.  Running
+  them through u and v with masking would zero u at every send, i.e. drop
+  momentum altogether.
+- Weight decay is not compressed: ``DGCSGD`` applies wd·w with its own
+  momentum buffer.  The weights are identical on every rank, so this term
+  needs no communication, and adding it to the gradient would spend the tiny
+  top-k budget on a dense, smooth term.
+- At most k entries are sent (the reference truncates too), but where the
+  reference keeps the first k candidates by position we keep the k largest.
+  So a bucket never exceeds its k-entry budget.
+- fp16 values: the rounding error of a sent value stays in v (error feedback),
+  so nothing is lost; dense tensors lose their fp16 rounding, as in the
+  reference.
+- ``density >= 1`` is the dense baseline: every tensor sent dense, and
+  ``DGCSGD`` is then plain momentum SGD on the averaged gradient.
+
+Everything random (the threshold's sample) is drawn from a generator seeded
+with (seed, rank, step), so a run repeats bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from core.bucket import DENSE, SPARSE, Bucket, Shapes, TensorPayload, numels
+from core.codecs import topk_count
+from core.errors import RejectedUpdate
+
+# Adaptation of the sampled threshold (the reference's defaults).  The
+# reference's upper bound (exact top-k above 1.3·k candidates) is subsumed:
+# any excess over k is cut to the exact top-k.
+LOWER_BOUND = 0.8  # below 0.8·k: lower the threshold by this factor, select again
+MAX_ADAPTATIONS = 10
+
+PAPER_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
+
+
+def param_shapes(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every parameter, in ``named_parameters`` order."""
+    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+
+@dataclass(frozen=True)
+class DGCConfig:
+    density: float = 0.001  # final fraction of each sparse tensor sent per step
+    sample_ratio: float = 0.01  # fraction of |v| sampled to estimate the threshold
+    momentum: float = 0.9
+    nesterov: bool = False
+    clip_norm: float | None = None  # global max norm; each rank clips to clip_norm/sqrt(N)
+    weight_decay: float = 0.0
+    warmup_densities: tuple[float, ...] = PAPER_WARMUP
+    warmup_steps_per_stage: int = 0  # 0 = no warm-up; e.g. steps per epoch
+    dense_below: int = 1024  # tensors with fewer elements are sent dense
+    fp16_values: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        def fraction(name, x):
+            if isinstance(x, bool) or not (isinstance(x, numbers.Real) and 0.0 < x <= 1.0):
+                raise ValueError(f"{name} must be in (0, 1], got {x!r}")
+
+        def count(name, x):
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {x!r}")
+
+        fraction("density", self.density)
+        fraction("sample_ratio", self.sample_ratio)
+        for d in self.warmup_densities:
+            fraction("warmup density", d)
+        if not (isinstance(self.momentum, numbers.Real) and 0.0 <= self.momentum < 1.0):
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("Nesterov momentum needs momentum > 0")
+        if self.clip_norm is not None and not (
+            isinstance(self.clip_norm, numbers.Real) and math.isfinite(self.clip_norm) and self.clip_norm > 0
+        ):
+            raise ValueError(f"clip_norm must be None or > 0, got {self.clip_norm!r}")
+        if not (isinstance(self.weight_decay, numbers.Real) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        count("warmup_steps_per_stage", self.warmup_steps_per_stage)
+        count("dense_below", self.dense_below)
+        count("seed", self.seed)
+
+    @property
+    def compresses(self) -> bool:
+        """False for the dense baseline (density 1)."""
+        return self.density < 1.0
+
+    def density_at(self, step: int) -> float:
+        """Density of step ``step`` (from 0): warm-up stage, or the final density.
+
+        A warm-up stage never compresses harder than the final density.
+        """
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        if self.warmup_steps_per_stage:
+            stage = step // self.warmup_steps_per_stage
+            if stage < len(self.warmup_densities):
+                return max(self.warmup_densities[stage], self.density)
+        return self.density
+
+    def kinds(self, shapes: Shapes) -> list[int]:
+        """DENSE or SPARSE per tensor; fixed for the whole run."""
+        return [
+            SPARSE if self.compresses and n >= self.dense_below else DENSE
+            for n in numels(shapes)
+        ]
+
+
+# ---------------------------------------------------------------- selection
+#
+# The per-step work is done in numpy on views of the tensors: numpy's
+# compare-and-nonzero is several times faster than torch's on CPU, and its
+# single-threaded ufuncs neither fight the training threads for the cores nor
+# make a reduction's rounding depend on the thread count.
+
+
+def sample_count(numel: int, density: float, sample_ratio: float) -> int:
+    """How many |v| entries to sample; ``numel`` means select exactly.
+
+    At least 2/density samples, so the sample's top holds about two entries
+    (the reference's rule); a tensor no larger than that is selected exactly.
+    """
+    n = max(math.ceil(numel * sample_ratio), math.ceil(2.0 / density))
+    return min(n, numel)
+
+
+def _top(mag: np.ndarray, k: int) -> np.ndarray:
+    """Positions (unordered) of the k largest entries of mag."""
+    return np.argpartition(mag, mag.shape[0] - k)[mag.shape[0] - k:]
+
+
+def select_indices(mag: np.ndarray, k: int, density: float, sample_ratio: float,
+                   rng: np.random.Generator, *, mask: np.ndarray | None = None) -> np.ndarray:
+    """Ascending int64 positions of at most k large entries of ``mag`` (= |v|).
+
+    The threshold is the smallest of the top ceil(density·s) of s sampled
+    magnitudes.  Below 0.8·k candidates the threshold is lowered ×0.8 and the
+    selection redone, at most 10 times; above k (the reference: above 1.3·k)
+    the exact top-k of the candidates is kept.  Fewer than 0.8·k come back
+    only when the tensor has fewer large entries than that (e.g. zeros).
+    ``mask``, a bool buffer as long as ``mag``, saves allocating one per pass.
+    """
+    numel = mag.shape[0]
+    if k >= numel:
+        return np.arange(numel, dtype=np.int64)
+    s = sample_count(numel, density, sample_ratio)
+    if s >= numel:
+        return np.sort(_top(mag, k)).astype(np.int64, copy=False)
+    sample = mag[rng.integers(0, numel, s)]
+    t = topk_count(s, density)
+    threshold = np.partition(sample, s - t)[s - t]
+    if mask is None:
+        mask = np.empty(numel, dtype=bool)
+    candidates = np.flatnonzero(np.greater_equal(mag, threshold, out=mask))
+    for _ in range(MAX_ADAPTATIONS):
+        if candidates.shape[0] >= LOWER_BOUND * k:
+            break
+        threshold = threshold * np.float32(LOWER_BOUND)
+        candidates = np.flatnonzero(np.greater_equal(mag, threshold, out=mask))
+    # Between k and 1.3·k candidates the reference truncates by position; we
+    # keep the largest, so a tensor never sends more than k entries.
+    if candidates.shape[0] > k:
+        candidates = np.sort(candidates[_top(mag[candidates], k)])
+    return candidates.astype(np.int64, copy=False)
+
+
+# ---------------------------------------------------------------- compressor
+
+
+def _clip_coefficient(flat: list[np.ndarray], clip_norm: float | None, world_size: int) -> float:
+    """Scale for the rank's gradient; ValueError if it is not finite.
+
+    The norm is computed even without clipping: a NaN or Inf must not get
+    into the accumulated velocity, which would then poison every later step.
+    einsum rather than np.dot: BLAS may thread, and its rounding with it.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = math.sqrt(sum(float(np.einsum("i,i->", f, f)) for f in flat))
+    if not math.isfinite(total):
+        raise ValueError("gradient has NaN or Inf entries")
+    if clip_norm is None:
+        return 1.0
+    return min(clip_norm / math.sqrt(world_size) / (total + 1e-6), 1.0)
+
+
+class DGCCompressor:
+    """One rank's DGC state: momentum u and velocity v of each sparse tensor."""
+
+    def __init__(self, shapes: Shapes, config: DGCConfig, world_size: int, rank: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank {rank}, world size {world_size}")
+        self.shapes = [(name, tuple(shape)) for name, shape in shapes]
+        self.config = config
+        self.world_size = world_size
+        self.rank = rank
+        self.numels = numels(self.shapes)
+        self.kinds = config.kinds(self.shapes)
+        sparse = [kd == SPARSE for kd in self.kinds]
+        self._u = [np.zeros(n, np.float32) if sp else None for n, sp in zip(self.numels, sparse)]
+        self._v = [np.zeros(n, np.float32) if sp else None for n, sp in zip(self.numels, sparse)]
+        # Scratch for |v| (and the clipped gradient before it) and the
+        # threshold mask, reused every step: a fresh multi-MB array each time
+        # costs more in page faults than the arithmetic.
+        largest = max((n for n, sp in zip(self.numels, sparse) if sp), default=0)
+        self._scratch = np.empty(largest, np.float32)
+        self._mask = np.empty(largest, dtype=bool)
+
+    def density_at(self, step: int) -> float:
+        return self.config.density_at(step)
+
+    def momentum(self, i: int) -> torch.Tensor | None:
+        """Flat momentum u of tensor i (None for a dense tensor); a live view."""
+        return None if self._u[i] is None else torch.from_numpy(self._u[i])
+
+    def velocity(self, i: int) -> torch.Tensor | None:
+        """Flat accumulated velocity v of tensor i, what is not sent yet; a live view."""
+        return None if self._v[i] is None else torch.from_numpy(self._v[i])
+
+    def _flatten(self, grads: Sequence[torch.Tensor]) -> list[np.ndarray]:
+        if len(grads) != len(self.numels):
+            raise ValueError(f"{len(grads)} gradients for {len(self.numels)} tensors")
+        flat = []
+        for (name, _), n, g in zip(self.shapes, self.numels, grads):
+            if g.numel() != n:
+                raise ValueError(f"gradient of {name} has {g.numel()} elements, expected {n}")
+            # A view where possible; never written to.
+            flat.append(g.detach().reshape(-1).to(torch.float32).numpy())
+        return flat
+
+    def _accumulate(self, i: int, g: np.ndarray, coef: float) -> np.ndarray:
+        """Momentum correction and local accumulation of coef·g; returns v."""
+        u, v, m = self._u[i], self._v[i], np.float32(self.config.momentum)
+        if coef != 1.0:
+            g = np.multiply(g, np.float32(coef), out=self._scratch[: g.shape[0]])
+        if self.config.nesterov:
+            u += g
+            u *= m
+            v += u
+            v += g
+        else:
+            u *= m
+            u += g
+            v += u
+        return v
+
+    def _send_sparse(self, i: int, v: np.ndarray, k: int, density: float,
+                     rng: np.random.Generator) -> TensorPayload:
+        n = v.shape[0]
+        mag = np.abs(v, out=self._scratch[:n])
+        idx = select_indices(mag, k, density, self.config.sample_ratio, rng, mask=self._mask[:n])
+        values = v[idx]
+        if self.config.fp16_values:
+            sent = values.astype(np.float16).astype(np.float32)
+            # Keep the rounding error for a later step (not an overflow to Inf).
+            with np.errstate(invalid="ignore"):
+                v[idx] = np.where(np.isfinite(sent), values - sent, np.float32(0))
+        else:
+            sent = values
+            v[idx] = 0
+        self._u[i][idx] = 0  # momentum-factor masking
+        return TensorPayload(v.shape[0], torch.from_numpy(sent), torch.from_numpy(idx))
+
+    def _send_dense(self, g: np.ndarray, coef: float) -> TensorPayload:
+        values = g * np.float32(coef) if coef != 1.0 else g.copy()
+        if self.config.fp16_values:
+            values = values.astype(np.float16).astype(np.float32)
+        return TensorPayload(values.shape[0], torch.from_numpy(values))
+
+    def compress(self, grads: Sequence[torch.Tensor], step: int) -> Bucket:
+        """This rank's bucket for ``step``; grads in the order of ``shapes``.
+
+        ValueError (and no state change) for a wrong count, size or a
+        non-finite gradient.
+        """
+        flat = self._flatten(grads)
+        coef = _clip_coefficient(flat, self.config.clip_norm, self.world_size)
+        density = self.density_at(step)
+        rng = np.random.default_rng([self.config.seed, self.rank, step])
+        payloads = []
+        for i, g in enumerate(flat):
+            if self.kinds[i] == DENSE:
+                payloads.append(self._send_dense(g, coef))
+            else:
+                v = self._accumulate(i, g, coef)
+                k = topk_count(self.numels[i], density)
+                payloads.append(self._send_sparse(i, v, k, density, rng))
+        return Bucket(self.rank, step, self.world_size, self.config.fp16_values, payloads)
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def check_bucket(bucket: Bucket, shapes: Shapes, world_size: int) -> None:
+    """RejectedUpdate if ``bucket`` must not be averaged into this model's step."""
+    who = f"bucket from rank {bucket.rank}"
+    if bucket.world_size != world_size or not 0 <= bucket.rank < world_size:
+        raise RejectedUpdate(f"{who}: world size {bucket.world_size}, expected {world_size}")
+    expected = numels(shapes)
+    if len(bucket.payloads) != len(expected):
+        raise RejectedUpdate(f"{who}: {len(bucket.payloads)} tensors, the model has {len(expected)}")
+    for i, (p, n) in enumerate(zip(bucket.payloads, expected)):
+        if p.numel != n:
+            raise RejectedUpdate(f"{who}: tensor {i} has numel {p.numel}, expected {n}")
+        if p.indices is None:
+            if p.values.shape != (n,):
+                raise RejectedUpdate(f"{who}: dense tensor {i} has {tuple(p.values.shape)} values for {n}")
+        elif p.indices.shape != p.values.shape or p.values.dim() != 1:
+            raise RejectedUpdate(f"{who}: tensor {i} has {tuple(p.indices.shape)} indices, "
+                                 f"{tuple(p.values.shape)} values")
+        elif p.indices.numel() and (int(p.indices.min()) < 0 or int(p.indices.max()) >= n):
+            raise RejectedUpdate(f"{who}: tensor {i} index out of range [0, {n})")
+    if not bucket.is_finite():
+        raise RejectedUpdate(f"{who}: values are not finite")
+
+
+def average_buckets(buckets: Sequence[Bucket], shapes: Shapes, world_size: int) -> list[torch.Tensor]:
+    """Sum of every bucket's payloads divided by the world size, shaped per tensor.
+
+    Summed in float32 in rank order, whatever order the buckets arrived in, so
+    two runtimes get bit-identical results.  A missing rank counts as zeros.
+    All buckets are checked before any is summed (RejectedUpdate otherwise).
+    """
+    ordered = sorted(buckets, key=lambda b: b.rank)
+    for a, b in zip(ordered, ordered[1:]):
+        if a.rank == b.rank:
+            raise RejectedUpdate(f"two buckets from rank {a.rank}")
+    if len({b.step for b in ordered}) > 1:
+        raise RejectedUpdate(f"buckets of different steps {sorted({b.step for b in ordered})}")
+    for b in ordered:
+        check_bucket(b, shapes, world_size)
+    sums = [torch.zeros(n) for n in numels(shapes)]
+    for b in ordered:
+        for total, p in zip(sums, b.payloads):
+            if p.indices is None:
+                total.add_(p.values)
+            else:
+                # Indices are distinct within a payload, so index_add_ has no
+                # order of its own to depend on.
+                total.index_add_(0, p.indices, p.values)
+    return [total.div_(world_size).view(shape) for total, (_, shape) in zip(sums, shapes)]
+
+
+# ---------------------------------------------------------------- optimizer
+
+
+class DGCSGD:
+    """Applies the averaged step: w -= lr · (update + momentum(wd · w)).
+
+    Sparse tensors' updates are already momentum-corrected (by the ranks'
+    compressors), so no second momentum is applied to them; dense tensors get
+    their momentum here, on the averaged gradient.  Weight decay has its own
+    momentum buffer (as in the reference's DGCSGD): the weights are the same on
+    every rank, so it needs no communication.
+    """
+
+    def __init__(self, shapes: Shapes, config: DGCConfig):
+        self.shapes = [(name, tuple(shape)) for name, shape in shapes]
+        self.config = config
+        self.kinds = config.kinds(self.shapes)
+        self._grad_momentum: list[torch.Tensor | None] = [None] * len(self.shapes)
+        self._decay_momentum: list[torch.Tensor | None] = [None] * len(self.shapes)
+
+    def _momentum(self, buffers: list, i: int, d: torch.Tensor) -> torch.Tensor:
+        """Heavy-ball or Nesterov momentum of d, with buffer ``buffers[i]``."""
+        m = self.config.momentum
+        if m == 0:
+            return d
+        if buffers[i] is None:
+            buffers[i] = torch.zeros_like(d)
+        buf = buffers[i]
+        buf.mul_(m).add_(d)
+        return d.add(buf, alpha=m) if self.config.nesterov else buf.clone()
+
+    @torch.no_grad()
+    def step(self, params: Sequence[torch.Tensor], averaged: Sequence[torch.Tensor], lr: float) -> None:
+        if len(params) != len(self.shapes) or len(averaged) != len(self.shapes):
+            raise ValueError(f"{len(params)} params and {len(averaged)} updates "
+                             f"for {len(self.shapes)} tensors")
+        wd = self.config.weight_decay
+        for i, (p, a) in enumerate(zip(params, averaged)):
+            d = a.reshape(p.shape)
+            if self.kinds[i] == DENSE:
+                d = self._momentum(self._grad_momentum, i, d)
+            if wd:
+                d = d + self._momentum(self._decay_momentum, i, p * wd)
+            p.add_(d, alpha=-lr)
