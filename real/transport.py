@@ -1,0 +1,734 @@
+"""Message transport of real mode over CycloneDDS.
+
+::
+
+    from real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
+
+    with DdsTransport("server", profile="loopback", domain_id=7) as t:
+        t.subscribe([CLIENT_UPDATE])
+        missing = t.wait_peers(["client1", "client2"], timeout_s=30)     # presence, by name
+        missing = t.wait_matched({TRAIN_CMD: ["client1", "client2"]}, timeout_s=30)
+        t.send(MODEL_BLOB, model_bytes)                # to everyone (late joiners get it too)
+        t.send(TRAIN_CMD, cmd_bytes, to="client1")     # addressed
+        msg = t.recv([CLIENT_UPDATE], timeout_s=60)    # Message or None on timeout
+
+Design
+------
+* One DomainParticipant per transport, in a ``cyclonedds.domain.Domain``
+  created from ``real.config.config_xml(profile)`` (one Domain per domain id
+  and process, shared by the transports of the process, deleted with the last).
+* Every topic carries ``real.wire.Frame`` samples.  A message is cut into
+  frames of ``frame_bytes`` (1 MiB: the best throughput measured); the frames
+  of one message are written back to back (a lock per topic), so with
+  reliable in-order delivery per writer they arrive in order, possibly
+  interleaved with frames of other senders.  The receiver reassembles per
+  (topic, src, msg_id).  Because ``Frame`` is keyed (below), ``take`` returns
+  samples grouped by instance rather than in arrival order, so the receiver
+  takes the whole reader cache at once and sorts it by (src, msg_id, part):
+  with per-writer in-order delivery that restores each sender's order.
+* QoS: reliable, KEEP_ALL, reader resource limits; ``train/model_blob`` is
+  TRANSIENT_LOCAL with a durability-service history of KEEP_LAST 1 *per
+  instance*.  ``Frame`` is keyed on ``part``, so the writer keeps exactly one
+  frame per part index: the frames of its last message (plus higher parts of
+  an older, larger message, which a late joiner drops as orphans because their
+  part 0 is gone).  A late-joining reader thus gets the latest model and only
+  that.
+* Presence: topic ``ctl/hello`` (keyed on the node name, TRANSIENT_LOCAL)
+  carries ``Hello(node, guid, pid, host)``; ``peers()`` lists the live ones,
+  and ``matched_peers()`` maps matched endpoints (GUIDs) to node names.
+* Receiving: one daemon thread waits on a WaitSet (read conditions + a guard
+  condition), takes samples, decodes them with the zero-copy fast path and
+  reassembles; it never dies on bad input (malformed frames are counted in
+  ``stats["malformed"]`` and dropped; any unexpected exception is counted in
+  ``stats["errors"]``).  Incomplete messages are bounded (count, bytes, age).
+* No Python DDS Listener is used: cyclonedds-python's ``DataWriter.write``
+  holds the GIL while ``dds_write`` may block on flow control, and a listener
+  needs the GIL from a CycloneDDS thread.  Writes go through ``dds_write``
+  via ctypes, which releases the GIL, so this process's receiver keeps
+  running while a send blocks.
+* Frames from this node itself and messages addressed to another node are
+  ignored (``dst`` is filtered at the receiver: DDS still ships addressed
+  messages to every reader of the topic).
+
+Caveats: messages are ordered per (sender, topic), not across topics;
+complete messages wait in memory until ``recv``; a send to a reader whose
+process died can block until the peer's lease expires (10 s by default),
+bounded by ``write_timeout_s`` after which ``send`` raises DDSException.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional
+
+from cyclonedds.core import DDSException, GuardCondition, InstanceState, Qos, Policy, ReadCondition, \
+    SampleState, ViewState, WaitSet
+from cyclonedds.domain import Domain, DomainParticipant
+from cyclonedds.pub import DataWriter
+from cyclonedds.sub import DataReader
+from cyclonedds.topic import Topic
+from cyclonedds.util import duration
+
+from real.config import config_xml
+from real.wire import Frame, Hello, WireError, decode_frame, encode_frame
+
+try:  # the raw take the stock DataReader.take uses, without its per-batch deserialization
+    from cyclonedds._clayer import ddspy_take as _ddspy_take
+except Exception:  # pragma: no cover - only if cyclonedds changes its internals
+    _ddspy_take = None
+
+log = logging.getLogger(__name__)
+
+TRAIN_CMD = "train/train_cmd"
+CLIENT_UPDATE = "train/client_update"
+MODEL_BLOB = "train/model_blob"
+COLL_FRAMES = "coll/frames"
+HELLO = "ctl/hello"
+TOPICS = (TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB, COLL_FRAMES)
+DURABLE_TOPICS = frozenset({MODEL_BLOB})
+
+FRAME_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 1 << 30
+
+_ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
+
+
+@dataclass
+class Message:
+    """A reassembled message.  Times are on this process's ``time.monotonic()`` clock:
+    ``sent_at`` is the DDS source timestamp of the first frame (sender's wall clock,
+    moved to this clock; 0.0 if unknown), ``received_at`` when the last frame arrived."""
+    topic: str
+    src: str
+    data: bytes
+    sent_at: float
+    received_at: float
+    dst: str = ""
+    tag: str = ""
+    msg_id: int = 0
+
+
+@dataclass
+class _Pending:
+    topic: str
+    src: str
+    msg_id: int
+    parts: int
+    total: int
+    tag: str
+    dst: str
+    source_ts: int
+    chunks: list = field(default_factory=list)
+    got: int = 0
+    next_part: int = 1
+    touched: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Domains: one cyclonedds Domain (= configuration) per domain id and process
+
+_domains_lock = threading.Lock()
+_domains: dict[int, list] = {}  # domain_id -> [Domain, xml, refcount]
+
+
+def _acquire_domain(domain_id: int, xml: str) -> None:
+    with _domains_lock:
+        ent = _domains.get(domain_id)
+        if ent is not None:
+            if ent[1] != xml:
+                raise RuntimeError(f"DDS domain {domain_id} is already open in this process with another configuration")
+            ent[2] += 1
+            return
+        try:
+            dom = Domain(domain_id, xml)
+        except DDSException as exc:
+            raise RuntimeError(f"cannot create DDS domain {domain_id} (already created in this process "
+                               f"without real.config, or a bad configuration?): {exc}") from exc
+        _domains[domain_id] = [dom, xml, 1]
+
+
+def _release_domain(domain_id: int) -> None:
+    with _domains_lock:
+        ent = _domains.get(domain_id)
+        if ent is None:
+            return
+        ent[2] -= 1
+        if ent[2] <= 0:
+            del _domains[domain_id]
+            _delete_entity(ent[0])
+
+
+def _delete_entity(e) -> None:
+    """dds_delete now (Entity.__del__ also unregisters it, so the later GC call is a no-op)."""
+    if e is None:
+        return
+    try:
+        e.__del__()
+    except Exception:  # already gone
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# dds_write through ctypes (releases the GIL while CycloneDDS blocks)
+
+class _SampleContainer(ct.Structure):  # cyclonedds-python's ddspy_sample_container_t
+    _fields_ = [("usample", ct.c_void_p), ("usample_size", ct.c_size_t)]
+
+
+def _load_dds_write():
+    try:
+        from cyclonedds.internal import DDS
+        proto = ct.CFUNCTYPE(ct.c_int32, ct.c_int32, ct.POINTER(_SampleContainer))
+        return proto(("dds_write", DDS._dll_handle))
+    except Exception:  # pragma: no cover
+        return None
+
+
+_dds_write = _load_dds_write()
+
+
+def _default_domain_id() -> int:
+    return int(os.environ.get("DTEMU_DDS_DOMAIN", "0"))
+
+
+class DdsTransport:
+    """Named node on a DDS domain; see the module docstring."""
+
+    def __init__(self, node: str, profile: str = "loopback", domain_id: Optional[int] = None, *,
+                 peers: Optional[Iterable[str] | str] = None,
+                 subscribe: Iterable[str] = (),
+                 frame_bytes: int = FRAME_BYTES,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 max_pending_messages: int = 64,
+                 max_pending_bytes: int = 2 * MAX_MESSAGE_BYTES,
+                 pending_timeout_s: float = 120.0,
+                 reader_max_samples: int = 4096,
+                 write_timeout_s: float = 15.0):
+        if not node or not isinstance(node, str):
+            raise ValueError("node must be a non-empty name")
+        if frame_bytes < 1 or max_message_bytes < 1:
+            raise ValueError("frame_bytes and max_message_bytes must be positive")
+        self.node = node
+        self.profile = profile
+        self.domain_id = _default_domain_id() if domain_id is None else int(domain_id)
+        self.frame_bytes = int(frame_bytes)
+        self.max_message_bytes = int(max_message_bytes)
+        self.max_pending_messages = int(max_pending_messages)
+        self.max_pending_bytes = int(max_pending_bytes)
+        self.pending_timeout_s = float(pending_timeout_s)
+        self.write_timeout_s = float(write_timeout_s)
+        self._reader_max_samples = int(reader_max_samples)
+        self.stats: dict[str, int] = dict.fromkeys((
+            "sent_msgs", "sent_bytes", "sent_frames", "recv_msgs", "recv_bytes", "recv_frames",
+            "malformed", "orphan_frames", "incomplete_dropped", "own_frames", "not_for_me", "errors"), 0)
+        self.last_error: str = ""
+
+        self._lock = threading.RLock()       # entities and readers map
+        self._cv = threading.Condition()      # delivered messages
+        self._queues: dict[str, deque] = {}
+        self._seq = itertools.count()
+        self._msg_ids = itertools.count(time.time_ns() // 1000)  # grows across restarts of a node
+        self._send_locks: dict[str, threading.Lock] = {}
+        self._pending: dict[tuple, _Pending] = {}
+        self._current: dict[tuple, tuple] = {}  # (topic, src) -> key of its pending message
+        self._pending_bytes = 0
+        self._closing = False
+        self._closed = False
+        self._entities: list = []  # in creation order, deleted in reverse
+
+        xml = config_xml(profile, peers)
+        _acquire_domain(self.domain_id, xml)
+        try:
+            self._dp = DomainParticipant(self.domain_id)
+            self.guid = str(self._dp.guid)
+            self._topics: dict[str, Topic] = {}
+            self._writers: dict[str, DataWriter] = {}
+            self._readers: dict[str, DataReader] = {}
+            self._ws = WaitSet(self._dp)
+            self._guard = GuardCondition(self._dp)
+            self._entities += [self._ws, self._guard]
+            self._ws.attach(self._guard)
+            # presence
+            hello_topic = Topic(self._dp, HELLO, Hello)
+            hq = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.Durability.TransientLocal,
+                     Policy.History.KeepLast(1))
+            self._hello_writer = DataWriter(self._dp, hello_topic, qos=hq)
+            self._hello_reader = DataReader(self._dp, hello_topic, qos=hq)
+            self._hello_alive = ReadCondition(self._hello_reader,
+                                              SampleState.Any | ViewState.Any | InstanceState.Alive)
+            self._entities += [hello_topic, self._hello_writer, self._hello_reader, self._hello_alive]
+            for t in TOPICS:
+                self._writer(t)
+            self._hello_writer.write(Hello(node=node, guid=self.guid, pid=os.getpid(), host=socket.gethostname()))
+            self._thread = threading.Thread(target=self._run, name=f"dds-recv-{node}", daemon=True)
+            self._thread.start()
+            if subscribe:
+                self.subscribe(subscribe)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- entities --------------------------------------------------------------------------
+    def _topic(self, name: str) -> Topic:
+        t = self._topics.get(name)
+        if t is None:
+            t = Topic(self._dp, name, Frame)
+            self._topics[name] = t
+            self._entities.append(t)
+        return t
+
+    def _writer(self, name: str) -> DataWriter:
+        with self._lock:
+            w = self._writers.get(name)
+            if w is not None:
+                return w
+            if self._closing:
+                raise RuntimeError("transport is closed")
+            policies = [Policy.Reliability.Reliable(duration(seconds=self.write_timeout_s)),
+                        Policy.History.KeepAll]
+            if name in DURABLE_TOPICS:
+                policies += [Policy.Durability.TransientLocal,
+                             Policy.DurabilityService(cleanup_delay=0, history=Policy.History.KeepLast(1),
+                                                      max_samples=-1, max_instances=-1,
+                                                      max_samples_per_instance=-1)]
+            w = DataWriter(self._dp, self._topic(name), qos=Qos(*policies))
+            self._writers[name] = w
+            self._send_locks[name] = threading.Lock()
+            self._entities.append(w)
+            return w
+
+    def subscribe(self, topics: Iterable[str] | str) -> None:
+        """Create readers for ``topics`` (idempotent).  Only ``train/model_blob`` delivers
+        what was sent before the subscription (its latest message)."""
+        if isinstance(topics, str):
+            topics = [topics]
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("transport is closed")
+            for name in topics:
+                if name in self._readers:
+                    continue
+                if name == HELLO:
+                    raise ValueError(f"{HELLO} is internal")
+                n = self._reader_max_samples
+                policies = [Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
+                            Policy.ResourceLimits(max_samples=n, max_instances=-1, max_samples_per_instance=n)]
+                if name in DURABLE_TOPICS:
+                    policies.append(Policy.Durability.TransientLocal)
+                r = DataReader(self._dp, self._topic(name), qos=Qos(*policies))
+                cond = ReadCondition(r, _ANY_STATE)
+                self._entities += [r, cond]
+                with self._cv:
+                    self._queues.setdefault(name, deque())
+                self._readers[name] = r
+                self._ws.attach(cond)
+            self._guard.set(True)  # wake the receiver so it sees the new readers
+
+    @property
+    def subscribed(self) -> list[str]:
+        return sorted(self._readers)
+
+    # --- sending -----------------------------------------------------------------------------
+    def _write(self, w: DataWriter, ser: bytes) -> None:
+        pad = (-len(ser)) % 4
+        if pad:
+            ser += b"\0" * pad
+        if _dds_write is not None:
+            c = _SampleContainer(ct.cast(ct.c_char_p(ser), ct.c_void_p), len(ser))
+            ret = _dds_write(w._ref, ct.byref(c))
+        else:  # pragma: no cover
+            from cyclonedds._clayer import ddspy_write
+            ret = ddspy_write(w._ref, ser)
+        if ret < 0:
+            raise DDSException(ret, f"writing a frame on {w.topic.name}")
+
+    def send(self, topic: str, data, to: Optional[str] = None, *, tag: Optional[str] = None,
+             ack_timeout_s: Optional[float] = None) -> bool:
+        """Send ``data`` (bytes-like) on ``topic`` to everyone, or to node ``to``.
+
+        Blocks until every frame is written (flow control may make that wait for
+        readers).  With ``ack_timeout_s`` it then waits until all matched readers
+        acknowledged, and returns False if they did not in time; otherwise True.
+        ``tag`` (default: the topic) travels in ``Frame.topic`` and comes back as
+        ``Message.tag``."""
+        if self._closing:
+            raise RuntimeError("transport is closed")
+        mv = memoryview(data)
+        if mv.ndim != 1 or mv.itemsize != 1 or not mv.contiguous:
+            mv = mv.cast("B") if mv.contiguous else memoryview(mv.tobytes())
+        total = len(mv)
+        if total > self.max_message_bytes:
+            raise ValueError(f"message of {total} bytes exceeds max_message_bytes={self.max_message_bytes}")
+        w = self._writer(topic)
+        fb = self.frame_bytes
+        parts = max(1, -(-total // fb))
+        with self._send_locks[topic]:
+            msg_id = next(self._msg_ids)
+            for i in range(parts):
+                chunk = mv[i * fb:(i + 1) * fb]
+                f = Frame(src=self.node, dst=to or "", topic=tag or topic, msg_id=msg_id, part=i,
+                          parts=parts, total=total, payload=chunk)
+                self._write(w, encode_frame(f, pad4=True))
+            self.stats["sent_frames"] += parts
+            self.stats["sent_msgs"] += 1
+            self.stats["sent_bytes"] += total
+            if ack_timeout_s is not None:
+                return w.wait_for_acks(duration(seconds=max(0.0, ack_timeout_s)))
+        return True
+
+    def write_frame(self, topic: str, frame: Frame) -> None:
+        """Write one raw Frame (no splitting, no checks): for tests and tools."""
+        self._write(self._writer(topic), encode_frame(frame))
+
+    # --- receiving ---------------------------------------------------------------------------
+    def recv(self, topics: Optional[Iterable[str] | str] = None, timeout_s: Optional[float] = None) -> Optional[Message]:
+        """The oldest complete message on ``topics`` (default: every subscribed topic),
+        waiting up to ``timeout_s`` (None = forever); None on timeout or after close()."""
+        if isinstance(topics, str):
+            topics = [topics]
+        wanted = list(topics) if topics is not None else None
+        if wanted is not None:
+            missing = [t for t in wanted if t not in self._readers]
+            if missing:
+                raise ValueError(f"not subscribed to {missing}; call subscribe() first")
+        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        with self._cv:
+            while True:
+                best = None
+                for t in (wanted if wanted is not None else list(self._queues)):
+                    q = self._queues.get(t)
+                    if q and (best is None or q[0][0] < best[0][0]):
+                        best = q
+                if best is not None:
+                    return best.popleft()[1]
+                if self._closed:
+                    return None
+                if deadline is None:
+                    self._cv.wait(1.0)
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._cv.wait(left)
+
+    def pending_count(self) -> int:
+        """Complete messages waiting for recv()."""
+        with self._cv:
+            return sum(len(q) for q in self._queues.values())
+
+    def _run(self) -> None:
+        last_expire = time.monotonic()
+        while not self._closing:
+            try:
+                self._ws.wait(duration(milliseconds=200))
+                if self._closing:
+                    break
+                self._guard.set(False)
+                self._drain()
+                now = time.monotonic()
+                if now - last_expire >= 1.0:
+                    last_expire = now
+                    self._expire(now)
+            except Exception as exc:  # never die
+                if self._closing:
+                    break
+                self.stats["errors"] += 1
+                self.last_error = repr(exc)
+                log.exception("dds receiver of %s", self.node)
+                time.sleep(0.05)
+
+    def _take(self, reader: DataReader):
+        # Take *everything* available: Frame is keyed on ``part`` so take() returns samples
+        # grouped by instance, not in arrival order.  DDS delivers one writer's samples in
+        # order, so a snapshot of the whole reader cache, sorted by (src, msg_id, part),
+        # restores each sender's order (see _drain).
+        n = max(1, self._reader_max_samples)
+        if _ddspy_take is not None:
+            ret = _ddspy_take(reader._ref, _ANY_STATE, n)
+            if isinstance(ret, int):
+                raise DDSException(ret, "take")
+            return ret
+        return [(s, s.sample_info) for s in reader.take(n)]  # pragma: no cover
+
+    def _drain(self) -> None:
+        with self._lock:
+            readers = list(self._readers.items())
+        for topic, reader in readers:
+            while not self._closing:
+                batch = self._take(reader)
+                if not batch:
+                    break
+                frames = []
+                for data, info in batch:
+                    if not info.valid_data:  # instance state changes (a writer went away)
+                        continue
+                    self.stats["recv_frames"] += 1
+                    if isinstance(data, Frame):  # fallback path of _take
+                        f = data
+                        f.payload = memoryview(bytes(f.payload))
+                    else:
+                        try:
+                            f = decode_frame(data, copy=False)
+                        except WireError as exc:
+                            self._malformed(str(exc))
+                            continue
+                    frames.append((f, info.source_timestamp))
+                frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
+                for f, ts in frames:
+                    try:
+                        self._on_frame(topic, f, ts)
+                    except Exception as exc:  # a bug, not bad input: count, keep going
+                        self.stats["errors"] += 1
+                        self.last_error = repr(exc)
+                        log.exception("dds receiver of %s: frame on %s", self.node, topic)
+                if len(batch) < self._reader_max_samples:
+                    break
+
+    def _malformed(self, why: str, key: Optional[tuple] = None) -> None:
+        self.stats["malformed"] += 1
+        log.debug("%s: malformed frame dropped: %s", self.node, why)
+        if key is not None:
+            self._drop_pending(key)
+
+    def _on_frame(self, topic: str, f: Frame, source_ts: int) -> None:
+        payload = f.payload
+        if f.src == self.node:
+            self.stats["own_frames"] += 1
+            return
+        if f.dst and f.dst != self.node:
+            self.stats["not_for_me"] += 1
+            return
+        n = len(payload)
+        if (not f.src or f.parts == 0 or f.part >= f.parts or f.total > self.max_message_bytes
+                or n > f.total or (f.total > 0 and n == 0) or f.parts > max(1, f.total)):
+            self._malformed(f"src={f.src!r} part={f.part}/{f.parts} total={f.total} len={n}")
+            return
+        key = (topic, f.src, f.msg_id)
+        p = self._pending.get(key)
+        if p is None:
+            if f.part != 0:
+                self.stats["orphan_frames"] += 1  # e.g. a late joiner's replay of an older, larger blob
+                return
+            old = self._current.get((topic, f.src))
+            if old is not None:  # its sender moved on: the older message can never complete
+                self._drop_pending(old)
+            if f.parts == 1:
+                if n != f.total:
+                    self._malformed("single-frame message with the wrong size")
+                    return
+                self._deliver(topic, f.src, f.dst, f.topic, f.msg_id, payload.tobytes(), source_ts)
+                return
+            p = _Pending(topic, f.src, f.msg_id, f.parts, f.total, f.topic, f.dst, source_ts,
+                         [payload], n, 1, time.monotonic())
+            self._pending[key] = p
+            self._current[(topic, f.src)] = key
+            self._pending_bytes += n
+            self._enforce_bounds(key)
+            return
+        if (f.parts != p.parts or f.total != p.total or f.part != p.next_part or p.got + n > p.total
+                or f.topic != p.tag or f.dst != p.dst):
+            self._malformed(f"inconsistent frame {f.part}/{f.parts} for message {f.msg_id} of {f.src}", key)
+            return
+        p.chunks.append(payload)
+        p.got += n
+        p.next_part += 1
+        p.touched = time.monotonic()
+        self._pending_bytes += n
+        if p.next_part < p.parts:
+            self._enforce_bounds(key)
+            return
+        self._drop_pending(key, counted=False)
+        if p.got != p.total:
+            self._malformed(f"message {f.msg_id} of {f.src}: {p.got} bytes for total {p.total}")
+            return
+        self._deliver(topic, p.src, p.dst, p.tag, p.msg_id, b"".join(p.chunks), p.source_ts)
+
+    def _drop_pending(self, key: tuple, counted: bool = True) -> None:
+        p = self._pending.pop(key, None)
+        if p is None:
+            return
+        self._pending_bytes -= p.got
+        if self._current.get((p.topic, p.src)) == key:
+            del self._current[(p.topic, p.src)]
+        if counted:
+            self.stats["incomplete_dropped"] += 1
+
+    def _enforce_bounds(self, keep: tuple) -> None:
+        while (len(self._pending) > self.max_pending_messages or self._pending_bytes > self.max_pending_bytes):
+            victims = [k for k in self._pending if k != keep]
+            if not victims:
+                if self._pending_bytes > self.max_pending_bytes:
+                    self._drop_pending(keep)
+                return
+            oldest = min(victims, key=lambda k: self._pending[k].touched)
+            self._drop_pending(oldest)
+
+    def _expire(self, now: float) -> None:
+        for k in [k for k, p in self._pending.items() if now - p.touched > self.pending_timeout_s]:
+            self._drop_pending(k)
+
+    def _deliver(self, topic, src, dst, tag, msg_id, data: bytes, source_ts: int) -> None:
+        now = time.monotonic()
+        sent_at = 0.0
+        if source_ts and source_ts > 0:
+            sent_at = now - (time.time() - source_ts / 1e9)
+        msg = Message(topic=topic, src=src, data=data, sent_at=sent_at, received_at=now, dst=dst, tag=tag,
+                      msg_id=msg_id)
+        self.stats["recv_msgs"] += 1
+        self.stats["recv_bytes"] += len(data)
+        with self._cv:
+            self._queues.setdefault(topic, deque()).append((next(self._seq), msg))
+            self._cv.notify_all()
+
+    # --- presence and matching ---------------------------------------------------------------
+    def peers(self) -> dict[str, str]:
+        """Other live nodes on the domain: {node name: participant GUID}."""
+        with self._lock:
+            if self._closing:
+                return {}
+            samples = self._hello_reader.read(N=100000, condition=self._hello_alive)
+        return {s.node: s.guid for s in samples if s.node and s.guid != self.guid}
+
+    def wait_peers(self, names: Iterable[str], timeout_s: float = 10.0, poll_s: float = 0.02) -> list[str]:
+        """Wait until every node in ``names`` is present; return the ones still missing
+        (empty list = all there)."""
+        want = sorted(set(names) - {self.node})
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            have = self.peers()
+            missing = [n for n in want if n not in have]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(poll_s)
+
+    def matched_peers(self, topics: Optional[Iterable[str]] = None) -> dict[str, dict[str, list[str]]]:
+        """Per topic, the remote nodes matched with us: ``readers`` = nodes whose reader
+        matched our writer (they get what we send), ``writers`` = nodes whose writer
+        matched our reader (only for subscribed topics).  Endpoints of participants
+        that have not said hello yet appear as "?<guid>"."""
+        if isinstance(topics, str):
+            topics = [topics]
+        names = {g: n for n, g in self.peers().items()}
+        out: dict[str, dict[str, list[str]]] = {}
+        with self._lock:
+            if self._closing:
+                return {}
+            for t in (list(topics) if topics is not None else sorted(set(self._writers) | set(self._readers))):
+                rd, wr = set(), set()
+                w = self._writers.get(t)
+                if w is not None:
+                    rd = self._endpoint_names(w.get_matched_subscriptions(), w.get_matched_subscription_data, names)
+                r = self._readers.get(t)
+                if r is not None:
+                    wr = self._endpoint_names(r.get_matched_publications(), r.get_matched_publication_data, names)
+                out[t] = {"readers": sorted(rd), "writers": sorted(wr)}
+        return out
+
+    def _endpoint_names(self, handles, describe, names) -> set[str]:
+        found = set()
+        for h in handles:
+            try:
+                d = describe(h)
+            except Exception:  # unmatched meanwhile
+                continue
+            if d is None:
+                continue
+            pk = str(d.participant_key)
+            if pk == self.guid:
+                continue
+            found.add(names.get(pk, "?" + pk))
+        return found
+
+    def wait_matched(self, expected, timeout_s: float = 10.0, *, topics: Optional[Iterable[str]] = None,
+                     role: str = "readers", poll_s: float = 0.02) -> dict:
+        """The subscribe/publish barrier.  ``expected`` is one of
+
+        * ``{topic: count}``  - at least ``count`` distinct remote nodes matched,
+        * ``{topic: [names]}`` - these nodes matched,
+        * ``[names]`` or ``count`` together with ``topics=[...]``.
+
+        ``role="readers"`` (default) counts remote readers of our writers (who will
+        receive what we send); ``role="writers"`` remote writers matched with our readers.
+        Returns what is still missing when it gives up: ``{topic: missing names or
+        missing count}``; an empty dict means everything matched."""
+        if role not in ("readers", "writers"):
+            raise ValueError("role must be 'readers' or 'writers'")
+        if isinstance(expected, Mapping):
+            want = dict(expected)
+        else:
+            if topics is None:
+                raise ValueError("give topics=[...] with a list of names or a count")
+            if isinstance(topics, str):
+                topics = [topics]
+            if not isinstance(expected, int):
+                expected = sorted(set(expected))
+            want = {t: expected for t in topics}
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            got = self.matched_peers(list(want))
+            missing = {}
+            for t, exp in want.items():
+                have = [n for n in got.get(t, {}).get(role, [])]
+                if isinstance(exp, int):
+                    if len(have) < exp:
+                        missing[t] = exp - len(have)
+                else:
+                    lack = sorted(set(exp) - set(have) - {self.node})
+                    if lack:
+                        missing[t] = lack
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(poll_s)
+
+    # --- life cycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        try:
+            self._guard.set(True)
+        except Exception:
+            pass
+        t = getattr(self, "_thread", None)
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=10.0)
+        self._teardown()
+
+    def _teardown(self) -> None:
+        self._closing = True
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        ws = getattr(self, "_ws", None)
+        if ws is not None:  # detach first, then delete the rest children-first
+            _delete_entity(ws)
+        for e in reversed([e for e in self._entities if e is not ws]):
+            _delete_entity(e)
+        self._entities = []
+        _delete_entity(getattr(self, "_dp", None))
+        self._readers = {}
+        self._writers = {}
+        self._pending.clear()
+        self._current.clear()
+        self._pending_bytes = 0
+        if not getattr(self, "_domain_released", False):
+            self._domain_released = True
+            _release_domain(self.domain_id)
+
+    def __enter__(self) -> "DdsTransport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DdsTransport({self.node!r}, profile={self.profile!r}, domain_id={self.domain_id})"

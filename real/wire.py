@@ -1,0 +1,228 @@
+"""The wire types of real mode: every IDL type that goes over CycloneDDS lives here.
+
+``Frame`` carries one piece (at most ~1 MiB, see ``real.transport``) of a message::
+
+    src     node name of the sender
+    dst     node name of the addressee, "" = everyone
+    topic   logical topic / tag of the message (usually the DDS topic's name)
+    msg_id  per-sender message number (monotonic for one sender)
+    part    index of this piece, 0 <= part < parts
+    parts   number of pieces of the message
+    total   bytes of the whole message
+    payload the bytes of this piece (IDL ``sequence<octet>``)
+
+``Hello`` is the presence announcement (topic ``ctl/hello``, keyed on the node
+name, TRANSIENT_LOCAL) that lets peers list each other by name.
+
+Fast path
+---------
+cyclonedds-python's stock serializer handles a ``sequence[uint8]`` element by
+element (10-35 MB/s).  ``Frame`` overrides ``serialize`` / ``deserialize``
+with a hand-written encoder that produces the *same bytes* (plain CDR, XCDR1
+by default, XCDR2 on request, either endianness: the layout of a final struct
+of three strings, two uint64, two uint32 and a sequence of octets), copying the
+payload as one slice.  ``tests/test_dds_wire.py`` compares it byte for byte with
+the stock machinery (``Frame.__idl__``), so a cyclonedds upgrade that changes
+the format fails that test instead of corrupting data.
+
+``decode_frame(data, copy=False)`` returns the payload as a ``memoryview`` of
+``data`` (no copy); the transport uses it to reassemble messages with a single
+copy.  Decoding is strict: anything that is not a well-formed ``Frame`` raises
+``WireError`` (the transport counts and drops such samples).
+"""
+
+# No ``from __future__ import annotations`` here: cyclonedds resolves the IDL field
+# annotations at run time and cannot resolve string annotations.
+import struct
+from dataclasses import dataclass
+
+from cyclonedds.idl import IdlStruct
+from cyclonedds.idl._support import Endianness
+from cyclonedds.idl.annotations import key
+from cyclonedds.idl.types import sequence, uint8, uint32, uint64
+
+__all__ = ["Frame", "Hello", "WireError", "encode_frame", "decode_frame"]
+
+
+class WireError(ValueError):
+    """The bytes are not a well-formed serialized Frame."""
+
+
+@dataclass
+class Frame(IdlStruct, typename="dtemu.Frame"):
+    src: str = ""
+    dst: str = ""
+    topic: str = ""
+    msg_id: uint64 = 0
+    part: uint32 = 0
+    parts: uint32 = 1
+    total: uint64 = 0
+    payload: sequence[uint8] = b""
+    # The key makes a TRANSIENT_LOCAL writer with a KEEP_LAST 1 durability-service history
+    # keep one frame per part index, i.e. the frames of its last message (see real.transport).
+    # Keys do not change the serialized data of a final struct.
+    key("part")
+
+    # --- fast path, same bytes as the stock serializer -------------------------------------
+    def serialize(self, buffer=None, endianness: Endianness | None = None,
+                  use_version_2: bool | None = None) -> bytes:
+        if buffer is not None:  # caller wants the stock Buffer protocol: leave it to the machinery
+            return self.__idl__.serialize(self, buffer=buffer, endianness=endianness,
+                                          use_version_2=use_version_2)
+        return encode_frame(self, endianness=endianness, use_version_2=use_version_2)
+
+    @classmethod
+    def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Frame":
+        if not has_header:
+            return cls.__idl__.deserialize(data, has_header=False, use_version_2=use_version_2)
+        if use_version_2 is not None:  # same rule as the stock deserializer
+            raise Exception("Considered programmer error to set a version of xcdr to use if a header is present in the data.")
+        return decode_frame(data, copy=True)
+
+
+@dataclass
+class Hello(IdlStruct, typename="dtemu.Hello"):
+    """Presence: one instance per node name; ``guid`` is the participant's GUID (str(uuid))."""
+    node: str
+    key("node")
+    guid: str = ""
+    pid: uint32 = 0
+    host: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoder / decoder
+
+_HEAD_CACHE: dict[bool, tuple[int, int]] = {}
+
+
+def _encapsulation(v2: bool) -> int:
+    """Encapsulation kind byte (without the endianness bit) the stock serializer writes."""
+    idl = Frame.__idl__
+    if not idl._populated:
+        idl.populate()
+    return idl.xcdrv2_head if v2 else idl.xcdrv1_head
+
+
+def _default_v2() -> bool:
+    idl = Frame.__idl__
+    if not idl._populated:
+        idl.populate()
+    return idl.default_version == 2
+
+
+def _payload_view(payload) -> memoryview | bytes:
+    if isinstance(payload, (bytes, bytearray)):
+        return payload
+    if isinstance(payload, memoryview):
+        return payload if (payload.format == "B" and payload.ndim == 1) else payload.cast("B")
+    if payload is None:
+        return b""
+    return bytes(payload)  # list of ints (what the stock deserializer returns)
+
+
+def encode_frame(f: Frame, endianness: Endianness | None = None, use_version_2: bool | None = None,
+                 pad4: bool = False) -> bytes:
+    """Serialize ``f`` exactly as ``Frame.__idl__.serialize`` would, with one copy of the payload.
+
+    ``pad4`` appends the zero bytes up to a multiple of 4 that ``DataWriter.write`` adds
+    before handing a sample to CycloneDDS (saves it a second copy)."""
+    v2 = _default_v2() if use_version_2 is None else bool(use_version_2)
+    little = (endianness or Endianness.native()) == Endianness.Little
+    e = "<" if little else ">"
+    align8 = 4 if v2 else 8  # XCDR2 caps alignment at 4
+    head = bytearray(4)
+    head[1] = _encapsulation(v2) | (1 if little else 0)
+    pos = 0  # offset relative to the end of the 4-byte encapsulation header
+
+    def pad(a: int) -> None:
+        nonlocal pos
+        n = (-pos) % a
+        if n:
+            head.extend(b"\0" * n)
+            pos += n
+
+    for s in (f.src, f.dst, f.topic):
+        b = s.encode("utf-8")
+        pad(4)
+        head += struct.pack(e + "I", len(b) + 1)
+        head += b
+        head += b"\0"
+        pos += 4 + len(b) + 1
+    pad(align8)
+    head += struct.pack(e + "Q", f.msg_id)
+    pos += 8
+    head += struct.pack(e + "II", f.part, f.parts)  # already 4-aligned
+    pos += 8
+    pad(align8)
+    head += struct.pack(e + "Q", f.total)
+    pos += 8
+    payload = _payload_view(f.payload)
+    head += struct.pack(e + "I", len(payload))  # 4-aligned after a uint64
+    tail = b"\0" * ((-len(payload)) % 4) if pad4 else b""  # head is a multiple of 4 long
+    if not len(payload):
+        return bytes(head)
+    return b"".join((head, payload, tail))
+
+
+_U32 = {True: struct.Struct("<I"), False: struct.Struct(">I")}
+_U64 = {True: struct.Struct("<Q"), False: struct.Struct(">Q")}
+_KNOWN_KINDS = {0x00, 0x01, 0x06, 0x07}  # CDR_BE, CDR_LE, CDR2_BE, CDR2_LE (final struct)
+
+
+def decode_frame(data, copy: bool = True) -> Frame:
+    """Parse a serialized Frame (with its 4-byte encapsulation header).
+
+    ``copy=False`` leaves the payload as a memoryview into ``data``.  Raises
+    ``WireError`` on anything malformed (bad header, truncated, bad string).
+    """
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    n = len(mv)
+    if n < 4:
+        raise WireError("shorter than the encapsulation header")
+    kind = mv[1]
+    if mv[0] != 0 or kind not in _KNOWN_KINDS:
+        raise WireError(f"unsupported encapsulation {bytes(mv[:2]).hex()}")
+    little = bool(kind & 1)
+    v2 = kind > 3
+    align8 = 4 if v2 else 8
+    u32 = _U32[little]
+    u64 = _U64[little]
+    pos = 0  # relative to 4
+    try:
+        strs = []
+        for _ in range(3):
+            pos += (-pos) % 4
+            (ln,) = u32.unpack_from(mv, 4 + pos)
+            pos += 4
+            if ln < 1 or 4 + pos + ln > n:
+                raise WireError("bad string length")
+            if mv[4 + pos + ln - 1] != 0:
+                raise WireError("string not NUL-terminated")
+            strs.append(str(mv[4 + pos:4 + pos + ln - 1], "utf-8"))
+            pos += ln
+        pos += (-pos) % align8
+        (msg_id,) = u64.unpack_from(mv, 4 + pos)
+        pos += 8
+        part = u32.unpack_from(mv, 4 + pos)[0]
+        parts = u32.unpack_from(mv, 4 + pos + 4)[0]
+        pos += 8
+        pos += (-pos) % align8
+        (total,) = u64.unpack_from(mv, 4 + pos)
+        pos += 8
+        (plen,) = u32.unpack_from(mv, 4 + pos)
+        pos += 4
+    except struct.error as exc:
+        raise WireError(f"truncated frame: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WireError(f"bad utf-8 in a string: {exc}") from None
+    start = 4 + pos
+    if start + plen > n:
+        raise WireError("payload runs past the end of the sample")
+    payload = mv[start:start + plen]
+    if copy:
+        payload = payload.tobytes()
+    return Frame(src=strs[0], dst=strs[1], topic=strs[2], msg_id=msg_id, part=part,
+                 parts=parts, total=total, payload=payload)

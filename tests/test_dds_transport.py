@@ -1,0 +1,321 @@
+"""real.transport over CycloneDDS, loopback profile only (nothing leaves 127.0.0.1).
+
+Every test uses its own domain id (derived from the pid) and node names with the
+pid in them, so concurrent test runs on the same machine do not talk to each
+other.  All waits are bounded.
+"""
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cyclonedds")
+
+from real.transport import (  # noqa: E402
+    CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD, DdsTransport, Message,
+)
+from real.wire import Frame  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PID = os.getpid()
+_domains = itertools.count()
+
+
+@pytest.fixture
+def domain():
+    # 1..230; a different one for every test of this run
+    return 1 + (PID * 7 + 31 * next(_domains)) % 230
+
+
+def name(s: str) -> str:
+    return f"{s}-{PID}"
+
+
+def recv_n(t: DdsTransport, n: int, topics=None, timeout_s: float = 10.0) -> list[Message]:
+    out, deadline = [], time.monotonic() + timeout_s
+    while len(out) < n:
+        m = t.recv(topics, timeout_s=max(0.0, deadline - time.monotonic()))
+        if m is None:
+            break
+        out.append(m)
+    return out
+
+
+def poll(cond, timeout_s: float = 5.0, step: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def test_small_and_large_messages_in_one_process(domain):
+    a, b, c = name("a"), name("b"), name("c")
+    with DdsTransport(a, domain_id=domain) as ta, \
+            DdsTransport(b, domain_id=domain, subscribe=[TRAIN_CMD, MODEL_BLOB]) as tb, \
+            DdsTransport(c, domain_id=domain, subscribe=[TRAIN_CMD]) as tc:
+        assert ta.wait_matched({TRAIN_CMD: [b, c], MODEL_BLOB: [b]}, timeout_s=5) == {}
+        big = os.urandom(5_000_000)
+        assert ta.send(TRAIN_CMD, b"hello all")
+        assert ta.send(TRAIN_CMD, b"only for b", to=b)
+        assert ta.send(MODEL_BLOB, big, ack_timeout_s=5.0)
+        assert ta.send(TRAIN_CMD, b"")  # empty message
+        got_b = recv_n(tb, 4, timeout_s=10)
+        assert [(m.topic, m.data[:20]) for m in got_b if m.topic == TRAIN_CMD] == \
+               [(TRAIN_CMD, b"hello all"), (TRAIN_CMD, b"only for b"), (TRAIN_CMD, b"")]
+        blob = [m for m in got_b if m.topic == MODEL_BLOB]
+        assert len(blob) == 1 and blob[0].data == big and blob[0].src == a
+        got_c = recv_n(tc, 2, timeout_s=5)
+        assert [m.data for m in got_c] == [b"hello all", b""]
+        assert tc.recv(timeout_s=0.2) is None  # the addressed one never reaches c
+        assert tc.stats["not_for_me"] >= 1
+        m = blob[0]
+        assert 0 < m.sent_at <= m.received_at <= time.monotonic() and m.received_at - m.sent_at < 10
+        assert m.tag == MODEL_BLOB and m.dst == ""
+        for t in (ta, tb, tc):
+            assert t.stats["malformed"] == 0 and t.stats["errors"] == 0
+
+
+def test_own_frames_are_ignored_and_recv_needs_subscription(domain):
+    a, b = name("a"), name("b")
+    with DdsTransport(a, domain_id=domain, subscribe=[COLL_FRAMES]) as ta, \
+            DdsTransport(b, domain_id=domain, subscribe=[COLL_FRAMES]) as tb:
+        assert ta.wait_matched({COLL_FRAMES: [b]}, timeout_s=5) == {}
+        ta.send(COLL_FRAMES, b"x" * 3000, tag="allreduce/3")
+        m = tb.recv(COLL_FRAMES, timeout_s=5)
+        assert m is not None and m.data == b"x" * 3000 and m.tag == "allreduce/3"
+        assert ta.recv(COLL_FRAMES, timeout_s=0.2) is None
+        assert poll(lambda: ta.stats["own_frames"] >= 1, 2)
+        with pytest.raises(ValueError):
+            ta.recv(TRAIN_CMD, timeout_s=0)
+
+
+def test_interleaved_messages_from_two_senders(domain):
+    """Small frames (1000 B) so that messages of two concurrent senders interleave."""
+    r, s1, s2 = name("r"), name("s1"), name("s2")
+    n_msgs = 6
+    with DdsTransport(r, domain_id=domain, subscribe=[CLIENT_UPDATE]) as tr, \
+            DdsTransport(s1, domain_id=domain, frame_bytes=1000) as t1, \
+            DdsTransport(s2, domain_id=domain, frame_bytes=1000) as t2:
+        assert tr.wait_matched({CLIENT_UPDATE: [s1, s2]}, timeout_s=5, role="writers") == {}
+        assert t1.wait_matched({CLIENT_UPDATE: [r]}, timeout_s=5) == {}
+        assert t2.wait_matched({CLIENT_UPDATE: [r]}, timeout_s=5) == {}
+        payloads = {s: [os.urandom(20_000 + 777 * i) for i in range(n_msgs)] for s in (s1, s2)}
+
+        def blast(t, s):
+            for p in payloads[s]:
+                t.send(CLIENT_UPDATE, p, to=r)
+
+        ths = [threading.Thread(target=blast, args=(t, s)) for t, s in ((t1, s1), (t2, s2))]
+        for th in ths:
+            th.start()
+        got = recv_n(tr, 2 * n_msgs, timeout_s=15)
+        for th in ths:
+            th.join(timeout=10)
+        by_src = {s: [m.data for m in got if m.src == s] for s in (s1, s2)}
+        assert by_src[s1] == payloads[s1]  # intact and in order per sender
+        assert by_src[s2] == payloads[s2]
+        assert tr.stats["malformed"] == 0 and tr.stats["incomplete_dropped"] == 0
+
+
+def test_interleaved_frames_written_raw(domain):
+    """Frames of two messages of two senders, written alternately, reassemble."""
+    r, w = name("r"), name("w")
+    with DdsTransport(r, domain_id=domain, subscribe=[COLL_FRAMES]) as tr, \
+            DdsTransport(w, domain_id=domain) as tw:
+        assert tw.wait_matched({COLL_FRAMES: [r]}, timeout_s=5) == {}
+        msgs = {"x": (b"A" * 10 + b"B" * 10 + b"C" * 5, 7), "y": (b"1" * 10 + b"2" * 10 + b"3", 9)}
+        for part in range(3):
+            for src, (data, mid) in msgs.items():
+                chunk = data[part * 10:(part + 1) * 10]
+                tw.write_frame(COLL_FRAMES, Frame(src=src, dst="", topic=COLL_FRAMES, msg_id=mid, part=part,
+                                                  parts=3, total=len(data), payload=chunk))
+        got = {m.src: m.data for m in recv_n(tr, 2, timeout_s=5)}
+        assert got == {"x": msgs["x"][0], "y": msgs["y"][0]}
+
+
+def test_late_joiner_gets_latest_model_blob_only(domain):
+    srv, late = name("srv"), name("late")
+    with DdsTransport(srv, domain_id=domain, frame_bytes=100_000) as ts:
+        v1 = os.urandom(250_000)  # 3 frames
+        v2 = os.urandom(150_000)  # 2 frames: part 2 of v1 stays in the writer's history
+        ts.send(MODEL_BLOB, v1)
+        ts.send(MODEL_BLOB, v2)
+        with DdsTransport(late, domain_id=domain, subscribe=[MODEL_BLOB]) as tl:
+            m = tl.recv(MODEL_BLOB, timeout_s=10)
+            assert m is not None and m.src == srv and m.data == v2
+            assert tl.recv(MODEL_BLOB, timeout_s=0.3) is None  # not v1
+            assert tl.stats["orphan_frames"] >= 1  # v1's part 2, dropped
+            v3 = os.urandom(10)
+            ts.send(MODEL_BLOB, v3)  # and live updates keep coming
+            m = tl.recv(MODEL_BLOB, timeout_s=5)
+            assert m is not None and m.data == v3
+        # a volatile topic delivers nothing sent before the subscription
+        ts.send(TRAIN_CMD, b"early")
+        with DdsTransport(late, domain_id=domain, subscribe=[TRAIN_CMD]) as tl2:
+            assert ts.wait_matched({TRAIN_CMD: [late]}, timeout_s=5) == {}
+            assert tl2.recv(TRAIN_CMD, timeout_s=0.3) is None
+
+
+def test_malformed_frames_are_counted_and_do_not_stop_delivery(domain):
+    r, w = name("r"), name("w")
+    with DdsTransport(r, domain_id=domain, subscribe=[TRAIN_CMD], max_message_bytes=1_000_000,
+                      max_pending_messages=4) as tr, \
+            DdsTransport(w, domain_id=domain) as tw:
+        assert tw.wait_matched({TRAIN_CMD: [r]}, timeout_s=5) == {}
+        F = lambda **kw: Frame(**{"src": "evil", "dst": "", "topic": TRAIN_CMD, "msg_id": 1, "part": 0,  # noqa: E731
+                                  "parts": 1, "total": 3, "payload": b"abc", **kw})
+        bad = [
+            F(parts=0),                                   # no parts
+            F(part=2, parts=2, msg_id=2),                 # part >= parts
+            F(total=10**12, parts=2, msg_id=3),           # total above max_message_bytes
+            F(total=5, msg_id=4),                         # single frame, size != total
+            F(total=2, msg_id=5),                         # payload longer than total
+            F(src="", msg_id=6),                          # no sender
+            F(total=4, parts=5, payload=b"a", msg_id=7),  # more parts than bytes
+        ]
+        for f in bad:
+            tw.write_frame(TRAIN_CMD, f)
+        # a continuation that contradicts its first frame
+        tw.write_frame(TRAIN_CMD, F(msg_id=8, parts=2, total=6, payload=b"abc"))
+        tw.write_frame(TRAIN_CMD, F(msg_id=8, part=1, parts=2, total=7, payload=b"defg"))
+        # incomplete messages beyond max_pending_messages are evicted
+        for i in range(10):
+            tw.write_frame(TRAIN_CMD, F(src=f"half{i}", msg_id=100 + i, parts=2, total=6, payload=b"abc"))
+        tw.send(TRAIN_CMD, b"still alive")
+        m = tr.recv(TRAIN_CMD, timeout_s=5)
+        assert m is not None and m.data == b"still alive" and m.src == w
+        assert poll(lambda: tr.stats["malformed"] >= len(bad) + 1, 2), tr.stats
+        assert tr.stats["errors"] == 0
+        assert len(tr._pending) <= 4 and tr.stats["incomplete_dropped"] >= 6
+        assert tr._thread.is_alive()
+        # and messages keep flowing
+        tw.send(TRAIN_CMD, os.urandom(300_000))
+        m = tr.recv(TRAIN_CMD, timeout_s=5)
+        assert m is not None and len(m.data) == 300_000
+
+
+def test_presence_and_matching_report_missing_peers(domain):
+    srv, c1, c2 = name("srv"), name("c1"), name("c2")
+    with DdsTransport(srv, domain_id=domain, subscribe=[CLIENT_UPDATE]) as ts:
+        with DdsTransport(c1, domain_id=domain, subscribe=[TRAIN_CMD]) as t1:
+            t0 = time.monotonic()
+            assert ts.wait_peers([c1, c2], timeout_s=0.5) == [c2]
+            assert time.monotonic() - t0 < 3
+            assert ts.wait_matched({TRAIN_CMD: [c1, c2]}, timeout_s=0.5) == {TRAIN_CMD: [c2]}
+            assert ts.wait_matched({TRAIN_CMD: 2}, timeout_s=0.3) == {TRAIN_CMD: 1}
+            assert ts.wait_matched([c1], topics=[TRAIN_CMD], timeout_s=2) == {}
+            assert ts.wait_matched([c1], topics=[CLIENT_UPDATE], role="writers", timeout_s=2) == {}
+            with DdsTransport(c2, domain_id=domain, subscribe=[TRAIN_CMD]):
+                assert ts.wait_peers([c1, c2], timeout_s=5) == []
+                assert ts.wait_matched({TRAIN_CMD: [c1, c2]}, timeout_s=5) == {}
+                mp = ts.matched_peers([TRAIN_CMD, CLIENT_UPDATE])
+                assert mp[TRAIN_CMD]["readers"] == sorted([c1, c2])
+                assert sorted(mp[CLIENT_UPDATE]["writers"]) == sorted([c1, c2])
+                assert set(ts.peers()) >= {c1, c2} and srv not in ts.peers()
+            # a node that closes disappears
+            assert poll(lambda: c2 not in ts.peers(), 5)
+            assert ts.wait_matched({TRAIN_CMD: [c1, c2]}, timeout_s=0.2) == {TRAIN_CMD: [c2]}
+            assert t1.peers().get(srv) == ts.guid
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
+    dom, me, peer = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    end = time.monotonic() + 60
+    with DdsTransport(me, domain_id=dom, subscribe=[TRAIN_CMD, MODEL_BLOB]) as t:
+        n = 0
+        while n < 3 and time.monotonic() < end:
+            m = t.recv(timeout_s=1.0)
+            if m is None:
+                continue
+            n += 1
+            # echo reversed, so a wrong echo cannot pass by accident
+            t.send(CLIENT_UPDATE, m.data[::-1], to=m.src)
+        t.send(CLIENT_UPDATE, b"bye", to=peer, ack_timeout_s=10)
+""")
+
+
+def test_two_processes_exchange_small_and_large(domain):
+    me, child = name("parent"), name("child")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(domain), child, me], cwd=ROOT, env=env)
+    try:
+        with DdsTransport(me, domain_id=domain, subscribe=[CLIENT_UPDATE]) as t:
+            assert t.wait_peers([child], timeout_s=20) == []
+            assert t.wait_matched({TRAIN_CMD: [child], MODEL_BLOB: [child]}, timeout_s=20) == {}
+            assert t.wait_matched({CLIENT_UPDATE: [child]}, timeout_s=20, role="writers") == {}
+            small, big = b"ping-123", os.urandom(5_000_000)
+            t.send(TRAIN_CMD, small, to=child)
+            t.send(MODEL_BLOB, big)
+            t.send(TRAIN_CMD, b"x" * 1_500_000, to=child)
+            got = recv_n(t, 4, [CLIENT_UPDATE], timeout_s=30)
+            # per topic in order; across topics (model_blob vs train_cmd in the child) no order
+            assert len(got) == 4 and got[-1].data == b"bye"
+            assert sorted(m.data for m in got[:3]) == sorted([small[::-1], big[::-1], b"x" * 1_500_000])
+            assert all(m.src == child for m in got)
+            assert t.stats["malformed"] == 0 and t.stats["errors"] == 0
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_close_unblocks_recv_and_is_idempotent(domain):
+    t = DdsTransport(name("solo"), domain_id=domain, subscribe=[TRAIN_CMD])
+    result = []
+    th = threading.Thread(target=lambda: result.append(t.recv(TRAIN_CMD, timeout_s=30)))
+    th.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    t.close()
+    th.join(timeout=5)
+    assert not th.is_alive() and result == [None] and time.monotonic() - t0 < 5
+    t.close()
+    with pytest.raises(RuntimeError):
+        t.send(TRAIN_CMD, b"x")
+    # the domain can be opened again afterwards
+    with DdsTransport(name("again"), domain_id=domain) as t2:
+        assert t2.peers() == {}
+
+
+def test_send_accepts_buffers_like_numpy_arrays(domain):
+    np = pytest.importorskip("numpy")
+    a, b = name("a"), name("b")
+    w = np.arange(300_000, dtype=np.float32).reshape(1000, 300)  # 1.2 MB, 2-D
+    with DdsTransport(a, domain_id=domain, frame_bytes=500_000) as ta, \
+            DdsTransport(b, domain_id=domain, subscribe=[CLIENT_UPDATE]) as tb:
+        assert ta.wait_matched({CLIENT_UPDATE: [b]}, timeout_s=5) == {}
+        ta.send(CLIENT_UPDATE, w)
+        ta.send(CLIENT_UPDATE, bytearray(b"ba"))
+        m = tb.recv(CLIENT_UPDATE, timeout_s=5)
+        assert m is not None and np.array_equal(np.frombuffer(m.data, dtype=np.float32).reshape(1000, 300), w)
+        assert tb.recv(CLIENT_UPDATE, timeout_s=5).data == b"ba"
+        ta.max_message_bytes = 10
+        with pytest.raises(ValueError):
+            ta.send(CLIENT_UPDATE, b"x" * 11)
+
+
+def test_config_profiles():
+    from real.config import config_xml
+    lo = config_xml("loopback")
+    assert '<NetworkInterface address="127.0.0.1"/>' in lo and '<Peer address="127.0.0.1"/>' in lo
+    assert "<AllowMulticast>false</AllowMulticast>" in lo and "${" not in lo
+    with pytest.raises(ValueError):
+        config_xml("loopback", peers=["10.1.2.3"])
+    lan = config_xml("lan", peers="10.1.2.3, hostb")
+    assert '<Peer address="10.1.2.3"/>' in lan and '<Peer address="hostb"/>' in lan and "${" not in lan
+    with pytest.raises(ValueError):
+        config_xml("lan", peers=['a"><x'])
+    with pytest.raises(ValueError):
+        config_xml("nope")
