@@ -60,6 +60,12 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, default=_jsonable, separators=(",", ":"))
 
 
+def write_json(folder: str | Path, name: str, obj: Any) -> None:
+    """``folder/name`` as indented JSON with sorted keys, written atomically."""
+    text = json.dumps(obj, default=_jsonable, indent=2, sort_keys=True) + "\n"
+    atomic_write(Path(folder) / name, text.encode())
+
+
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -81,7 +87,7 @@ class RunDir:
         return CHECKPOINT
 
     def write_json(self, name: str, obj: Any) -> None:
-        atomic_write(self.path / name, (json.dumps(obj, default=_jsonable, indent=2, sort_keys=True) + "\n").encode())
+        write_json(self.path, name, obj)
 
     def close(self) -> None:
         self._events.close()

@@ -75,7 +75,11 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         else:
             ctrl = world.nodes[CONTROLLER].process
             env.run(until=ctrl)
-            summary = _summary(scenario, world, ctrl.value, env.now, time.perf_counter() - wall_start)
+            end = env.now
+            # Let what is still in flight land (the last model, Stop), as it would
+            # for real; clients exit on Stop, so the event queue runs dry.
+            env.run()
+            summary = _summary(scenario, world, ctrl.value, end, time.perf_counter() - wall_start)
         run.write_json("summary.json", summary)
         return summary
     finally:

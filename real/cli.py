@@ -1,13 +1,109 @@
-"""``real run SCENARIO --rank N``: real mode over CycloneDDS (not there yet)."""
+"""``real run SCENARIO --rank N`` and ``real launch SCENARIO``: scenarios for real over CycloneDDS.
+
+FL: rank 0 is the controller, ranks 1..N the clients.  DDP: ranks 0..W-1 are
+the workers.  ``real launch`` starts every rank on this machine (loopback),
+shows one dashboard for all of them and gathers their run folders into one.
+
+Exit codes: 0 done; 2 invalid scenario or arguments; 3 the run stopped on a
+dtemu error (barrier or collective timeout, bad checkpoint, missing data);
+4 DDS failed; 130 interrupted (Ctrl-C).
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import time
+from pathlib import Path
+
+from core.errors import DtemuError, ScenarioError
+from core.scenario import CONTROLLER, load_scenario
+
+EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario value (repeatable)")
+    p.add_argument("--out", help="run folder")
+    p.add_argument("--no-tui", action="store_true", help="no live dashboard")
+    p.add_argument("--domain", type=int, default=None, help="DDS domain id (default $DTEMU_DDS_DOMAIN or 0)")
+    p.add_argument("--profile", default="loopback", choices=["loopback", "lan"],
+                   help="CycloneDDS profile (lan: peers from --peers or $DTEMU_DDS_PEERS)")
+    p.add_argument("--peers", default=None, help="comma-separated peer addresses for the lan profile")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the scenario's)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="real", description="Run a dtemu scenario for real over CycloneDDS.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one rank of a scenario")
+    _common(run)
+    run.add_argument("--rank", type=int, required=True)
+    launch = sub.add_parser("launch", help="run every rank on this machine and gather the run folders")
+    _common(launch)
+    launch.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("real: real mode over CycloneDDS is not implemented yet; use `emu run` meanwhile.", file=sys.stderr)
-    return 1
+    args = _parser().parse_args(argv)
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+    except ScenarioError as err:
+        print(f"real: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "launch":
+        from .launch import launch
+
+        return launch(args, scenario)
+    return run_rank(args, scenario)
+
+
+def run_rank(args, scenario) -> int:
+    names = scenario.node_names
+    if not 0 <= args.rank < len(names):
+        print(f"real: --rank {args.rank} is out of range: {scenario.name} has ranks 0..{len(names) - 1}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    name = names[args.rank]
+    out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-real-{time.strftime('%Y%m%d-%H%M%S')}" / f"rank{args.rank}"
+    init = None
+    if name == CONTROLLER and scenario.fl.init_path:
+        try:
+            init = Path(scenario.fl.init_path).read_bytes()
+        except OSError as err:
+            print(f"real: fl.init_path: cannot read {scenario.fl.init_path}: {err.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+
+    from cyclonedds.core import DDSException
+
+    from tools.dashboard import Dashboard
+
+    from .node import run_node
+
+    if args.peers:
+        os.environ["DTEMU_DDS_PEERS"] = args.peers
+    dashboard = Dashboard(scenario, title=f"real · {scenario.name} · {name}",
+                          enabled=not args.no_tui and sys.stdout.isatty())
+    try:
+        with dashboard:
+            summary = run_node(scenario, args.rank, out, init=init, domain_id=args.domain, profile=args.profile,
+                               threads=args.threads, observers=[dashboard.observe])
+    except KeyboardInterrupt:
+        print(f"real: {name} interrupted; partial run in {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except DtemuError as err:
+        print(f"real: {name}: {type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_RUN
+    except DDSException as err:
+        print(f"real: {name}: DDS failed: {err}", file=sys.stderr)
+        return EXIT_DDS
+    print(f"{scenario.name} [{name}]: " + ", ".join(f"{k} {v}" for k, v in summary.items()
+                                                   if k in ("final_accuracy", "rounds", "steps", "wall_time_s")))
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -384,6 +384,15 @@ class DdsTransport:
                 return w.wait_for_acks(duration(seconds=max(0.0, ack_timeout_s)))
         return True
 
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every matched reader acknowledged everything written (before closing)."""
+        deadline = time.monotonic() + timeout_s
+        ok = True
+        for w in list(self._writers.values()):
+            left = max(0.0, deadline - time.monotonic())
+            ok = bool(w.wait_for_acks(duration(seconds=left))) and ok
+        return ok
+
     def write_frame(self, topic: str, frame: Frame) -> None:
         """Write one raw Frame (no splitting, no checks): for tests and tools."""
         self._write(self._writer(topic), encode_frame(frame))

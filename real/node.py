@@ -1,0 +1,79 @@
+"""One rank of a scenario, for real: its transport, its role, its run folder."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from core.collectives import COLL_FRAMES
+from core.params import sha256_of
+from core.roles.client import client
+from core.roles.controller import controller
+from core.roles.worker import worker
+from core.rundir import RunDir
+from core.runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from core.scenario import CONTROLLER, Scenario
+from core.workload import Workload
+
+from .runtime import RealNode
+from .transport import DdsTransport
+
+
+def _role(scenario: Scenario, rank: int, work: Workload, init: bytes | None):
+    """(make_role, subscribes, publishes) of this rank."""
+    if scenario.mode == "ddp":
+        return (lambda ctx: worker(ctx, scenario, work, rank)), (COLL_FRAMES,), (COLL_FRAMES,)
+    if scenario.node_names[rank] == CONTROLLER:
+        return (lambda ctx: controller(ctx, scenario, work, init)), (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB)
+    return (lambda ctx: client(ctx, scenario, work, rank)), (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,)
+
+
+def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | None = None,
+             domain_id: int | None = None, profile: str = "loopback", threads: int | None = None,
+             observers: Iterable[Callable[[dict], None]] = ()) -> dict:
+    wall_start = time.perf_counter()
+    torch.set_num_threads(threads or scenario.threads)
+    name = scenario.node_names[rank]
+    run = RunDir(out)
+    for fn in observers:
+        run.observe(fn)
+    try:
+        run.write_json("scenario.json", scenario.to_dict())
+        work = Workload(scenario)
+        work.dataset, work.partitions  # load before joining: the barrier should not wait for disk
+        make_role, subscribes, publishes = _role(scenario, rank, work, init)
+        with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(subscribes)) as transport:
+            node = RealNode(name, transport, run, publishes, compute=scenario.compute_for(name),
+                            seed=scenario.seed * 1000 + rank)
+            node.emit("node_up")
+            result = node.drive(make_role(node))
+            # Let what we sent last (the final model, Stop, the last frames) reach the peers.
+            transport.flush(timeout_s=5.0)
+            stats = dict(transport.stats)
+        summary = _summary(scenario, name, node, result, time.perf_counter() - wall_start, stats)
+        run.write_json("summary.json", summary)
+        return summary
+    finally:
+        run.close()
+
+
+def _summary(scenario: Scenario, name: str, node: RealNode, result, wall: float, stats: dict) -> dict:
+    base = {"scenario": scenario.name, "runtime": "real", "mode": scenario.mode, "node": name,
+            "seed": scenario.seed, "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
+            "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))},
+            "wall_time_s": round(wall, 3)}
+    if scenario.mode == "ddp":
+        return {**base, "compression": scenario.ddp.compression, "workers": scenario.ddp.workers,
+                "final_accuracy": result.final_accuracy, "steps": result.steps,
+                "model_sha256": sha256_of(result.weights)}
+    if name == CONTROLLER:
+        # The controller's view of the traffic: what the clients sent it, what it sent them.
+        return {**base, "codec": scenario.fl.codec, "final_accuracy": result.final_accuracy,
+                "rounds": result.rounds_completed, "rounds_failed": result.rounds_failed,
+                "stop_reason": result.stop_reason, "bytes_up": node.bytes_received,
+                "bytes_down": node.bytes_sent, "updates": dict(sorted(result.counts.items())),
+                "model_sha256": sha256_of(result.weights)}
+    return {**base, "model_round": result}
