@@ -390,16 +390,22 @@ class DGCSGD:
         self._grad_momentum: list[torch.Tensor | None] = [None] * len(self.shapes)
         self._decay_momentum: list[torch.Tensor | None] = [None] * len(self.shapes)
 
-    def _momentum(self, buffers: list, i: int, d: torch.Tensor) -> torch.Tensor:
-        """Heavy-ball or Nesterov momentum of d, with buffer ``buffers[i]``."""
+    def _momentum(self, buffers: list, i: int, d: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Heavy-ball or Nesterov momentum of scale·d, with buffer ``buffers[i]``.
+
+        The heavy-ball result is the buffer itself (read-only for the caller):
+        no copy of a 1.2M-entry tensor per step.
+        """
         m = self.config.momentum
         if m == 0:
-            return d
+            return d * scale if scale != 1.0 else d
         if buffers[i] is None:
             buffers[i] = torch.zeros_like(d)
         buf = buffers[i]
-        buf.mul_(m).add_(d)
-        return d.add(buf, alpha=m) if self.config.nesterov else buf.clone()
+        buf.mul_(m).add_(d, alpha=scale)
+        if self.config.nesterov:
+            return buf.mul(m).add_(d, alpha=scale)
+        return buf
 
     @torch.no_grad()
     def step(self, params: Sequence[torch.Tensor], averaged: Sequence[torch.Tensor], lr: float) -> None:
@@ -411,6 +417,8 @@ class DGCSGD:
             d = a.reshape(p.shape)
             if self.kinds[i] == DENSE:
                 d = self._momentum(self._grad_momentum, i, d)
-            if wd:
-                d = d + self._momentum(self._decay_momentum, i, p * wd)
+            # the decay term is taken from the weights before this step's update
+            decay = self._momentum(self._decay_momentum, i, p, scale=wd) if wd else None
             p.add_(d, alpha=-lr)
+            if decay is not None:
+                p.add_(decay, alpha=-lr)
