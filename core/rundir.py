@@ -70,7 +70,9 @@ class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._events = open(self.path / "events.jsonl", "w", encoding="utf-8")
+        # Line-buffered: a process that is killed keeps every event it logged,
+        # and `real launch` can follow the file while the run goes on.
+        self._events = open(self.path / "events.jsonl", "w", encoding="utf-8", buffering=1)
         self._observers: list[Callable[[dict], None]] = []
 
     def observe(self, fn: Callable[[dict], None]) -> None:

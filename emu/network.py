@@ -175,6 +175,7 @@ class Network:
         self._active: dict[int, _Flow] = {}     # insertion order keeps runs reproducible
         self._next_flow_id = 0
         self._synced_at = env.now               # when every flow's `remaining` was exact
+        self._allocated_since_sync = False      # rates changed since then (see _sync)
         self._pending: dict[str, set[_Delivery]] = defaultdict(set)  # by receiver
         # Bumped whenever rates may change, so an armed completion timer goes stale.
         self._generation = 0
@@ -310,6 +311,12 @@ class Network:
         self._synced_at = now
         if not self._active:
             return
+        if elapsed == 0 and not self._allocated_since_sync:
+            # Nothing moved since the last sync in this instant, and no rate
+            # changed: the same flows would be found done. This keeps a burst
+            # of W·(W-1) sends in one instant linear instead of quadratic.
+            return
+        self._allocated_since_sync = False
         # A flow due "now" can be left with float dust (elapsed is rounded to
         # the resolution of env.now); anything within that slack is done.
         slack = 4 * math.ulp(max(now, 1.0))
@@ -358,6 +365,7 @@ class Network:
         outdated (too low) share per port finds the next bottleneck: a popped
         port whose share has grown goes back in with the new value.
         """
+        self._allocated_since_sync = True
         flows_on_port = defaultdict(list)
         for flow in self._active.values():
             flow.rate = -1.0          # not yet fixed

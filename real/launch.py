@@ -156,7 +156,9 @@ def gather(out: Path, scenario: Scenario, wall: float) -> dict:
         return {"scenario": scenario.name, "runtime": "real", "mode": "ddp",
                 "compression": scenario.ddp.compression, "workers": ranks, "seed": scenario.seed,
                 "final_accuracy": summaries[0].get("final_accuracy"), "steps": steps, **traffic,
-                "bytes_per_step": round(traffic["bytes_up"] / max(steps, 1) / ranks, 3),
+                # As emu: what the steps' exchanges sent (no barrier, no evaluation), per step and rank.
+                "bytes_per_step": round(sum(s.get("step_bytes_sent", 0) for s in summaries)
+                                        / max(steps, 1) / ranks, 3),
                 "model_sha256": hashes[0] if hashes else None, "models_agree": len(hashes) == 1,
                 "wall_time_s": round(wall, 3)}
     lead = dict(summaries[0])

@@ -44,6 +44,9 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
         run.write_json("scenario.json", scenario.to_dict())
         work = Workload(scenario)
         work.dataset, work.partitions  # load before joining: the barrier should not wait for disk
+        # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
+        # first round's training time (against round_timeout_s, and times a staged slowdown).
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         make_role, subscribes, publishes = _role(scenario, rank, work, init)
         with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(subscribes)) as transport:
             node = RealNode(name, transport, run, publishes, compute=scenario.compute_for(name),
@@ -68,6 +71,8 @@ def _summary(scenario: Scenario, name: str, node: RealNode, result, wall: float,
     if scenario.mode == "ddp":
         return {**base, "compression": scenario.ddp.compression, "workers": scenario.ddp.workers,
                 "final_accuracy": result.final_accuracy, "steps": result.steps,
+                # What the steps' exchanges sent (no barrier, no evaluation), as emu's bytes_per_step counts.
+                "step_bytes_sent": result.bytes_sent,
                 "model_sha256": sha256_of(result.weights)}
     if name == CONTROLLER:
         # The controller's view of the traffic: what the clients sent it, what it sent them.

@@ -195,6 +195,21 @@ def _load_dds_write():
 _dds_write = _load_dds_write()
 
 
+def _wait_for_acks(writer: DataWriter, seconds: float) -> bool:
+    """``DataWriter.wait_for_acks``, False on a timeout.
+
+    cyclonedds-python 11.0.1 compares the C return code with a name that does
+    not exist (``Exception.DDS_RETCODE_TIMEOUT``), so a timeout surfaces as an
+    AttributeError; we call the C function and read its code ourselves.
+    """
+    ret = writer._wait_for_acks(writer._ref, duration(seconds=max(0.0, seconds)))
+    if ret == 0:
+        return True
+    if ret == DDSException.DDS_RETCODE_TIMEOUT:
+        return False
+    raise DDSException(ret, f"while waiting for acks from {writer!r}")
+
+
 def _default_domain_id() -> int:
     return int(os.environ.get("DTEMU_DDS_DOMAIN", "0"))
 
@@ -381,7 +396,7 @@ class DdsTransport:
             self.stats["sent_msgs"] += 1
             self.stats["sent_bytes"] += total
             if ack_timeout_s is not None:
-                return w.wait_for_acks(duration(seconds=max(0.0, ack_timeout_s)))
+                return _wait_for_acks(w, ack_timeout_s)
         return True
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -390,7 +405,7 @@ class DdsTransport:
         ok = True
         for w in list(self._writers.values()):
             left = max(0.0, deadline - time.monotonic())
-            ok = bool(w.wait_for_acks(duration(seconds=left))) and ok
+            ok = _wait_for_acks(w, left) and ok
         return ok
 
     def write_frame(self, topic: str, frame: Frame) -> None:

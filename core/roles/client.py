@@ -26,6 +26,10 @@ class _State:
         self.cmd: TrainCmd | None = None
         self.stop: Stop | None = None
         self.done: set[tuple[int, int]] = set()  # (round, seed) already answered
+        # The last update sent, by its command: a controller restarted from its
+        # checkpoint repeats that command, and the answer it missed goes again.
+        self.last_sent: tuple[tuple[int, int], bytes] | None = None
+        self.resend = False
 
 
 def client(ctx, scenario: Scenario, work: Workload, index: int):
@@ -35,11 +39,19 @@ def client(ctx, scenario: Scenario, work: Workload, index: int):
     feedback = codecs.ErrorFeedback(params) if fl.error_feedback and fl.codec != "fp32" else None
     state = _State()
     while state.stop is None:
+        if state.resend:
+            state.resend = False
+            (round_, _), data = state.last_sent
+            ctx.emit("update_resent", round=round_, bytes=len(data))
+            yield Send(CLIENT_UPDATE, data, to=CONTROLLER)
+            continue
         cmd = state.cmd
         if cmd is not None and state.model_round == cmd.round - 1:
             state.cmd = None
-            yield from _train_and_upload(ctx, work, index, cmd, state.weights, params, feedback)
+            data = yield from _train_and_upload(ctx, work, index, cmd, state.weights, params, feedback)
             state.done.add((cmd.round, cmd.seed))
+            if data is not None:
+                state.last_sent = ((cmd.round, cmd.seed), data)
             continue
         # Block for the next message, then take whatever else is queued, so
         # that we act on the newest command and the newest model.
@@ -59,7 +71,9 @@ def _handle(ctx, state: _State, msg, dim: int) -> None:
                 state.weights = codecs.decode(m.packet, expected_dim=dim).to_dense()
                 state.model_round = m.round
         elif isinstance(m, TrainCmd):
-            if (m.round, m.seed) in state.done or m.round <= state.model_round:
+            if state.last_sent is not None and state.last_sent[0] == (m.round, m.seed):
+                state.resend = True  # the same command again: our answer was lost
+            elif (m.round, m.seed) in state.done or m.round <= state.model_round:
                 pass  # answered already, or overtaken by a newer model
             elif state.cmd is None or m.round >= state.cmd.round:
                 if state.cmd is not None:
@@ -101,3 +115,4 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
     ctx.emit("upload_start", round=cmd.round, bytes=len(data), steps=result.steps, loss=float(result.mean_loss))
     yield Send(CLIENT_UPDATE, data, to=CONTROLLER)
     ctx.emit("upload_done", round=cmd.round, bytes=len(data))
+    return data

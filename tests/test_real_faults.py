@@ -1,0 +1,294 @@
+"""Real mode under faults: ranks as real processes (``real run --rank N``) on loopback,
+killed with SIGKILL and restarted.
+
+- A client killed while it trains: the controller closes that round at its
+  timeout with the other client and goes on; the restarted client gets the
+  latest model (TRANSIENT_LOCAL) and contributes to a later round.
+- The controller killed after a checkpoint and restarted from it: training
+  resumes at the next round with the clients that kept waiting; no round is
+  lost or counted twice, and the final model is the uninterrupted one.
+
+Every process runs in a session of its own and is killed (its group) in a
+finally; every wait is bounded.  Each test uses a DDS domain of its own.
+"""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cyclonedds")
+
+from core.rundir import read_summary  # noqa: E402
+from core.scenario import parse_scenario  # noqa: E402
+from emu.run import run_emulation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
+PID = os.getpid()
+_domains = itertools.count()
+
+pytestmark = pytest.mark.skipif(
+    not (Path(DATA) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").exists(),
+    reason="MNIST archives not found (set DTEMU_DATA)",
+)
+
+
+@pytest.fixture(autouse=True)
+def data_root(monkeypatch):
+    monkeypatch.setenv("DTEMU_DATA", DATA)  # for the in-process emu run
+
+
+def new_domain() -> int:
+    # 1..230, apart from test_real_mode's and test_dds_transport's sequences
+    return 1 + (PID * 13 + 41 * next(_domains) + 59) % 230
+
+
+class Ranks:
+    """``real run`` processes of one scenario on one domain; all killed by ``close``."""
+
+    def __init__(self, scenario: Path, folder: Path):
+        self.scenario = scenario
+        self.folder = folder
+        self.domain = new_domain()
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, rank: int, name: str, *overrides: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "real.cli", "run", str(self.scenario), "--rank", str(rank),
+               "--out", str(self.folder / name), "--no-tui", "--domain", str(self.domain), "--threads", "1"]
+        for o in overrides:
+            cmd += ["--set", o]
+        log = open(self.folder / f"{name}.log", "wb")
+        env = {**os.environ, "DTEMU_DATA": DATA, "PYTHONUNBUFFERED": "1"}
+        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        log.close()
+        return self.procs[name]
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def wait(self, name: str, timeout: float) -> int:
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} did not exit within {timeout:g}s\n{self.logs()}")
+
+    def events(self, name: str) -> list[dict]:
+        path = self.folder / name / "events.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line being written
+                pass
+        return out
+
+    def wait_event(self, name: str, kind: str, timeout: float, **fields) -> dict:
+        """The first event of ``name`` of this kind with these fields; polls its events.jsonl."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.events(name):
+                if e["kind"] == kind and all(e.get(k) == v for k, v in fields.items()):
+                    return e
+            if self.procs[name].poll() is not None:
+                break
+            time.sleep(0.01)
+        pytest.fail(f"no {kind} {fields} from {name} within {timeout:g}s\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
+                         for p in sorted(self.folder.glob("*.log")))
+
+    def close(self) -> None:
+        for name in self.procs:
+            self.kill(name)
+
+
+def scenario_file(folder: Path, raw: dict) -> Path:
+    path = folder / f"{raw['name']}.json"  # JSON is YAML
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["kind"] == kind]
+
+
+# --- 5. a client killed while it trains, then restarted ---------------------------------------
+
+ROUND_TIMEOUT = 10.0
+
+CLIENT_CRASH = {
+    "name": "real_client_crash",
+    "seed": 5,
+    "model": "small_cnn",
+    "threads": 1,
+    "data": {"partition": "iid", "test_samples": 500},
+    "fl": {"clients": 2, "rounds": 4, "subset": 256, "batch_size": 32, "lr": 0.05, "codec": "q8",
+           "min_clients": 1, "round_timeout_s": ROUND_TIMEOUT, "barrier_timeout_s": 30},
+    # client2 sleeps 9x its training time after training: a window to kill it in.
+    "compute": {"nodes": {"client2": {"slowdown": 10}}},
+}
+
+
+def test_client_killed_mid_round_rejoins_later(tmp_path):
+    ranks = Ranks(scenario_file(tmp_path, CLIENT_CRASH), tmp_path)
+    try:
+        for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
+            ranks.start(rank, name)
+        ranks.wait_event("client2", "train_start", 60, round=2)
+        ranks.kill("client2")
+        assert not [e for e in of(ranks.events("client2"), "upload_start") if e["round"] == 2], \
+            "client2 was killed too late: it had finished training round 2"
+        ranks.start(2, "client2b")  # the same rank again, in a fresh folder
+        assert ranks.wait("controller", 90) == 0, ranks.logs()
+        assert ranks.wait("client1", 30) == 0, ranks.logs()
+        assert ranks.wait("client2b", 30) == 0, ranks.logs()
+    finally:
+        ranks.close()
+
+    ctrl = ranks.events("controller")
+    starts = {e["round"]: e for e in of(ctrl, "round_start")}
+    closes = {e["round"]: e for e in of(ctrl, "round_close")}
+    assert sorted(closes) == [1, 2, 3, 4]
+    # Round 2 closed at its timeout with client1 alone, and was aggregated.
+    r2 = closes[2]
+    assert (r2["ready"], r2["expected"], r2["timed_out"], r2["clients"]) == (1, 2, True, ["client1"])
+    assert r2["t"] - starts[2]["t"] >= ROUND_TIMEOUT - 0.05
+    assert 2 in {e["round"] for e in of(ctrl, "aggregated")}
+    # The restarted client2 got the latest model before any live message (TRANSIENT_LOCAL:
+    # sent before this process was up) and contributed to a later round.
+    again = ranks.events("client2b")
+    delivered = of(again, "deliver")
+    assert delivered and delivered[0]["topic"] == "train/model_blob" and delivered[0]["sent_at"] < 0
+    trained = [e["round"] for e in of(again, "train_start")]
+    assert trained and min(trained) > 2
+    joined = [r for r, e in closes.items() if r > 2 and "client2" in e["clients"]]
+    assert joined, closes
+    assert of(again, "client_stop")
+    summary = read_summary(tmp_path / "controller")
+    assert summary["rounds"] == 4 and summary["rounds_failed"] == 0
+    assert summary["final_accuracy"] > 0.3
+    assert summary["updates"]["accepted"] == sum(e["ready"] for e in closes.values())
+
+
+# --- 6. the controller killed after a checkpoint, restarted from it ---------------------------
+
+CONTROLLER_CRASH = {
+    "name": "real_controller_crash",
+    "seed": 9,
+    "model": "small_cnn",
+    "threads": 1,
+    # 5000 test samples: the evaluation after each checkpoint lasts long enough (~1 s)
+    # that the kill lands between round k's checkpoint and round k+1's command.
+    "data": {"partition": "iid", "test_samples": 5000},
+    "fl": {"clients": 2, "rounds": 4, "subset": 256, "batch_size": 32, "lr": 0.05, "codec": "q8",
+           "min_clients": 2, "round_timeout_s": 40, "barrier_timeout_s": 30},
+}
+
+
+def test_controller_killed_resumes_from_its_checkpoint(tmp_path):
+    k, total = 2, CONTROLLER_CRASH["fl"]["rounds"]
+    ranks = Ranks(scenario_file(tmp_path, CONTROLLER_CRASH), tmp_path)
+    try:
+        for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
+            ranks.start(rank, name)
+        ranks.wait_event("controller", "checkpoint", 60, round=k)
+        ranks.kill("controller")
+        first = ranks.events("controller")
+        assert not [e for e in of(first, "round_start") if e["round"] > k], \
+            "the controller was killed too late: it had started round k+1"
+        checkpoint = tmp_path / "controller" / "checkpoint.dtck"
+        assert checkpoint.exists()
+        time.sleep(1.0)  # the clients keep waiting for commands
+        assert ranks.procs["client1"].poll() is None and ranks.procs["client2"].poll() is None
+        ranks.start(0, "controller2", f"fl.init_path={checkpoint}")
+        assert ranks.wait("controller2", 90) == 0, ranks.logs()
+        assert ranks.wait("client1", 30) == 0, ranks.logs()
+        assert ranks.wait("client2", 30) == 0, ranks.logs()
+    finally:
+        ranks.close()
+
+    second = ranks.events("controller2")
+    resume = of(second, "resume")
+    assert len(resume) == 1 and resume[0]["round"] == k
+    assert [e["round"] for e in of(first, "round_start")] == list(range(1, k + 1))
+    assert [e["round"] for e in of(second, "round_start")] == list(range(k + 1, total + 1))
+    assert of(second, "run_start")[0]["first_round"] == k + 1
+    # The restarted controller passed the barrier with the clients that kept waiting.
+    assert of(second, "barrier")[0]["missing"] == []
+    done1 = [e["round"] for e in of(first, "aggregated")]
+    done2 = [e["round"] for e in of(second, "aggregated")]
+    assert done1 == list(range(1, k + 1)) and done2 == list(range(k + 1, total + 1))
+    # The model it resumed from is the one round k aggregated.
+    assert resume[0]["model_sha256"] == of(first, "aggregated")[-1]["model_sha256"]
+    for client in ("client1", "client2"):
+        events = ranks.events(client)
+        assert [e["round"] for e in of(events, "train_start")] == list(range(1, total + 1)), client
+        assert of(events, "client_stop")
+    summary = read_summary(tmp_path / "controller2")
+    assert summary["rounds"] == total and summary["rounds_failed"] == 0
+    # Nothing lost, nothing twice: the model of the uninterrupted run (emu, same scenario).
+    emu = run_emulation(parse_scenario(CONTROLLER_CRASH), tmp_path / "emu")
+    assert summary["model_sha256"] == emu["model_sha256"]
+
+
+# --- 6b. the same, killed after the clients answered round k+1 (a core bug) ------------------
+
+ANSWERED = {
+    **CONTROLLER_CRASH,
+    "name": "real_controller_crash_answered",
+    "data": {"partition": "iid", "test_samples": 500},
+    "fl": {**CONTROLLER_CRASH["fl"], "rounds": 3, "round_timeout_s": 6},
+    # The clients train slowly enough that the controller can be killed while they do.
+    "compute": {"default": {"slowdown": 10}},
+}
+
+
+def test_controller_killed_after_the_clients_answered(tmp_path):
+    k, total = 1, ANSWERED["fl"]["rounds"]
+    ranks = Ranks(scenario_file(tmp_path, ANSWERED), tmp_path)
+    try:
+        for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
+            ranks.start(rank, name)
+        for client in ("client1", "client2"):  # round k+1's command reached them
+            ranks.wait_event(client, "train_start", 60, round=k + 1)
+        ranks.kill("controller")
+        if [e for e in of(ranks.events("controller"), "update_accepted") if e["round"] > k]:
+            pytest.fail("the controller was killed too late: a client had answered round k+1")
+        for client in ("client1", "client2"):  # their answers go to the dead controller
+            ranks.wait_event(client, "upload_done", 30, round=k + 1)
+        checkpoint = tmp_path / "controller" / "checkpoint.dtck"
+        ranks.start(0, "controller2", f"fl.init_path={checkpoint}")
+        for name, timeout in (("controller2", 90), ("client1", 30), ("client2", 30)):
+            if ranks.wait(name, timeout) != 0:
+                pytest.fail(f"{name} failed\n{ranks.logs()}")
+    finally:
+        ranks.close()
+    second = ranks.events("controller2")
+    if [e["round"] for e in of(second, "resume")] != [k]:
+        pytest.fail(f"no resume from round {k}")
+    closes = {e["round"]: e for e in of(second, "round_close")}
+    assert closes[k + 1]["ready"] == 2, closes[k + 1]
+    # the clients answered the repeated command with the update the dead controller missed
+    for client in ("client1", "client2"):
+        assert [e["round"] for e in of(ranks.events(client), "update_resent")] == [k + 1]
+    summary = read_summary(tmp_path / "controller2")
+    assert summary["rounds"] == total and summary["rounds_failed"] == 0

@@ -1,0 +1,492 @@
+"""Dense allreduce / allgather over DDS (the project's collectives) against torch.distributed (gloo).
+
+    python -m tools.bench_collectives [--worlds 2,3] [--sizes 100000,1000000,4000000]
+        [--repeats 15] [--warmup 3] [--backends dds,gloo] [--frame-bytes N] [--out FILE.md]
+        [--profile DIR]
+
+For each world size W, W processes (multiprocessing, spawn; torch and BLAS
+threads 1 each) on this machine:
+
+``dds``   each process: ``DdsTransport`` (profile "loopback": 127.0.0.1 only,
+          a DDS domain of its own) subscribed to ``coll/frames``, ``RealNode``
+          driving one role generator that uses ``core.collectives.Collective``:
+          the barrier first, then per size and op ``--warmup`` + ``--repeats``
+          repetitions of ``allreduce_mean(step, vec, deadline, "gather")``,
+          ``allreduce_mean(..., "ring")`` and ``allgather`` (every rank's
+          4·n-byte vector).  Exactly what a DDP worker does per step, event
+          log included (``RealNode`` writes one ``deliver`` event per message
+          to its run folder, here a temporary one).
+``gloo``  ``torch.distributed`` with the gloo backend
+          (``init_method=tcp://127.0.0.1:PORT``): ``all_reduce`` (+ divide by W:
+          the mean, as DDS computes) and ``all_gather``.
+
+Before every repetition the ranks line up (DDS: an allgather of 1 byte;
+gloo: ``barrier()``), then each times the op alone; a repetition's time is the
+slowest rank's.  The table shows the median and the 90th percentile over the
+repetitions, the ratio of the DDS median to gloo's (allreduce for gather
+and ring, all_gather for allgather), and the CPU time of one op summed over
+the ranks (``time.process_time``: every thread of each process; the median
+over repetitions), which is much less disturbed by other load on the box
+than wall time.  The first repetition of every size and op
+also checks the result (the mean of the ranks' vectors, every rank's payload).
+
+``--frame-bytes`` sets ``Collective``'s frame size (default: its own, 1 MiB;
+note that a 1 MiB collective frame plus its header is one byte too many for
+the transport's 1 MiB frames, so each is sent as two DDS samples — see
+``--frame-bytes 1048000``).  ``--profile DIR`` runs rank 0 of each DDS world
+under cProfile (main thread) and measures the CPU time of the DDS receive
+thread (``DdsTransport._drain``) and of ``time.thread_time`` in the main one;
+it writes ``DIR/dds-w<W>-rank0.prof`` and a text summary.
+
+Everything stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+OPS_DDS = ("gather", "ring", "allgather")
+GLOO_OF = {"gather": "all_reduce", "ring": "all_reduce", "allgather": "all_gather"}
+DEFAULT_SIZES = (100_000, 1_000_000, 4_000_000)
+PROTOS = ("ignore_local", "cache_receivers", "sum_inplace")
+
+
+def _one_thread() -> None:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+
+
+def _vector(rank: int, n: int):
+    import numpy as np
+
+    return np.random.default_rng(1000 + rank).standard_normal(n).astype(np.float32)
+
+
+def _expected_mean(world: int, n: int):
+    import numpy as np
+
+    total = np.zeros(n, np.float64)
+    for r in range(world):
+        total += _vector(r, n)
+    return (total / world).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prototypes of fixes (``--proto``), kept here so the project's files stay untouched
+
+
+def _proto_classes(proto: set[str]):
+    """(transport class, node class) with the prototyped fixes in ``proto`` applied."""
+    from cyclonedds.core import Policy, Qos, ReadCondition
+    from cyclonedds.sub import DataReader
+    from cyclonedds.util import duration
+
+    from real import transport as T
+    from real.runtime import RealNode
+
+    class ProtoTransport(T.DdsTransport):
+        def subscribe(self, topics):
+            """DdsTransport.subscribe plus IgnoreLocal(participant): no local copy of own frames."""
+            if "ignore_local" not in proto:
+                return super().subscribe(topics)
+            if isinstance(topics, str):
+                topics = [topics]
+            with self._lock:
+                for name in topics:
+                    if name in self._readers:
+                        continue
+                    n = self._reader_max_samples
+                    policies = [Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
+                                Policy.ResourceLimits(max_samples=n, max_instances=-1, max_samples_per_instance=n),
+                                Policy.IgnoreLocal.Participant]
+                    if name in T.DURABLE_TOPICS:
+                        policies.append(Policy.Durability.TransientLocal)
+                    r = DataReader(self._dp, self._topic(name), qos=Qos(*policies))
+                    cond = ReadCondition(r, T._ANY_STATE)
+                    self._entities += [r, cond]
+                    with self._cv:
+                        self._queues.setdefault(name, T.deque())
+                    self._readers[name] = r
+                    self._ws.attach(cond)
+                self._guard.set(True)
+
+    class ProtoNode(RealNode):
+        _cache: dict
+
+        def _send(self, req):
+            """RealNode._send, the receiver count cached until the writer's match count changes."""
+            if "cache_receivers" not in proto or req.to is not None:
+                return super()._send(req)
+            self.transport.send(req.topic, req.data, to=req.to)
+            cache = self.__dict__.setdefault("_cache", {})
+            count = self.transport._writers[req.topic].get_publication_matched_status().current_count
+            hit = cache.get(req.topic)
+            if hit is None or hit[0] != count:
+                readers = self.transport.matched_peers([req.topic]).get(req.topic, {}).get("readers", [])
+                hit = cache[req.topic] = (count, len([r for r in set(readers) if r != self.node]))
+            self.bytes_sent += len(req.data) * hit[1]
+            return hit[1]
+
+    return ProtoTransport, ProtoNode
+
+
+def _collective_class(proto: set[str]):
+    """Collective, or with ``sum_inplace``: the gather allreduce's float64 sum without temporaries
+    (same arithmetic, so the same bits: start from rank 0's vector, add in place, divide in place)."""
+    import numpy as np
+
+    from core.collectives import Collective
+
+    if "sum_inplace" not in proto:
+        return Collective
+
+    class ProtoCollective(Collective):
+        def allreduce_mean(self, round_, vec, deadline, algorithm="gather"):
+            if algorithm != "gather":
+                return (yield from super().allreduce_mean(round_, vec, deadline, algorithm))
+            vec = np.ascontiguousarray(vec, dtype=np.float32)
+            handle = yield from self.start_allgather(round_, "dense", vec.tobytes())
+            yield from self.wait(handle, deadline, what="allreduce")
+            payloads = self.collect(handle)
+            total = np.frombuffer(payloads[0], dtype=np.float32).astype(np.float64)
+            for payload in payloads[1:]:
+                np.add(total, np.frombuffer(payload, dtype=np.float32), out=total)
+            np.divide(total, self.world, out=total)
+            return total.astype(np.float32), handle.bytes_sent
+
+    return ProtoCollective
+
+
+# ---------------------------------------------------------------------------------------------
+# DDS
+
+
+def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, proto=()):
+    import numpy as np
+
+    Collective = _collective_class(set(proto))
+    kw = {"frame_bytes": frame_bytes} if frame_bytes else {}
+    coll = Collective(ctx, rank, names, max_payload=64 * max(sizes) + (1 << 20), **kw)
+    yield from coll.barrier(ctx.now() + 60.0)
+    rnd = 0
+    out: dict[str, list[float]] = {}
+    for n in sizes:
+        vec = _vector(rank, n)
+        expected = _expected_mean(world, n)
+        for op in OPS_DDS:
+            times, cpus = [], []
+            for i in range(warmup + repeats):
+                rnd += 1
+                yield from coll.allgather(rnd, "sync", b"s", ctx.now() + 60.0)
+                rnd += 1
+                stamps.append(("start", n, op, time.thread_time()))
+                c0 = time.process_time()
+                t0 = time.perf_counter()
+                if op == "allgather":
+                    got = yield from coll.allgather(rnd, "ag", vec.tobytes(), ctx.now() + 60.0)
+                else:
+                    got, _ = yield from coll.allreduce_mean(rnd, vec, ctx.now() + 60.0, op)
+                dt = time.perf_counter() - t0
+                cpu = time.process_time() - c0
+                stamps.append(("end", n, op, time.thread_time()))
+                if i == 0:
+                    if op == "allgather":
+                        ok = [g == _vector(r, n).tobytes() for r, g in enumerate(got)]
+                        assert all(ok), f"allgather payloads differ: {ok}"
+                    else:
+                        assert np.allclose(got, expected, atol=1e-5), f"{op} allreduce gave a wrong mean"
+                if i >= warmup:
+                    times.append(dt)
+                    cpus.append(cpu)
+            out[f"{n}/{op}"] = times
+            out[f"{n}/{op}/cpu"] = cpus
+    # Last: line up once more so nobody leaves while its frames are still needed.
+    yield from coll.allgather(rnd + 1, "sync", b"s", ctx.now() + 60.0)
+    return out
+
+
+def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, proto, queue):
+    try:
+        _one_thread()
+        import torch
+
+        torch.set_num_threads(1)
+        from core.collectives import COLL_FRAMES
+        from core.rundir import RunDir
+        from real.runtime import RealNode
+        from real.transport import DdsTransport
+
+        Transport, Node = _proto_classes(set(proto)) if proto else (DdsTransport, RealNode)
+        names = [f"bench{r}" for r in range(world)]
+        prof = drain_cpu = None
+        if profile_dir and rank == 0:
+            import cProfile
+
+            prof = cProfile.Profile()
+            drain_cpu = [0.0, 0]
+            orig = DdsTransport._drain
+
+            def timed_drain(self):
+                t = time.thread_time()
+                try:
+                    return orig(self)
+                finally:
+                    drain_cpu[0] += time.thread_time() - t
+                    drain_cpu[1] += 1
+
+            DdsTransport._drain = timed_drain
+        stamps: list = []
+        with tempfile.TemporaryDirectory(prefix="bench-coll-") as tmp:
+            run = RunDir(tmp)
+            try:
+                with Transport(names[rank], profile="loopback", domain_id=domain,
+                               subscribe=[COLL_FRAMES]) as transport:
+                    node = Node(names[rank], transport, run, publishes=[COLL_FRAMES])
+                    role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, proto)
+                    if prof is not None:
+                        prof.enable()
+                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    result = node.drive(role)
+                    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                    if prof is not None:
+                        prof.disable()
+                    transport.flush(timeout_s=5.0)
+                    stats = dict(transport.stats)
+            finally:
+                run.close()
+        extra = {"stats": stats, "cpu_s": cpu, "wall_s": wall}
+        if prof is not None:
+            path = Path(profile_dir) / f"dds-w{world}-rank0.prof"
+            prof.dump_stats(str(path))
+            extra["profile"] = str(path)
+            extra["drain_cpu_s"] = drain_cpu[0]
+            extra["drain_calls"] = drain_cpu[1]
+            main_cpu: dict[str, float] = {}
+            for (kind, n, op, t), (_, _, _, t2) in zip(stamps[0::2], stamps[1::2]):
+                main_cpu[f"{n}/{op}"] = main_cpu.get(f"{n}/{op}", 0.0) + (t2 - t)
+            extra["main_cpu_s"] = main_cpu
+        queue.put((rank, result, extra))
+    except BaseException:
+        queue.put((rank, None, {"error": traceback.format_exc()}))
+
+
+# ---------------------------------------------------------------------------------------------
+# gloo
+
+
+def _gloo_worker(rank, world, port, sizes, repeats, warmup, queue):
+    try:
+        _one_thread()
+        import numpy as np
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        out: dict[str, list[float]] = {}
+        try:
+            for n in sizes:
+                vec = torch.from_numpy(_vector(rank, n))
+                expected = _expected_mean(world, n)
+                for op in ("all_reduce", "all_gather"):
+                    times, cpus = [], []
+                    gathered = [torch.empty(n) for _ in range(world)]
+                    for i in range(warmup + repeats):
+                        buf = vec.clone()
+                        dist.barrier()
+                        c0 = time.process_time()
+                        t0 = time.perf_counter()
+                        if op == "all_reduce":
+                            dist.all_reduce(buf)
+                            buf /= world
+                        else:
+                            dist.all_gather(gathered, vec)
+                        dt = time.perf_counter() - t0
+                        cpu = time.process_time() - c0
+                        if i == 0:
+                            if op == "all_reduce":
+                                assert np.allclose(buf.numpy(), expected, atol=1e-5)
+                            else:
+                                assert all(np.array_equal(g.numpy(), _vector(r, n)) for r, g in enumerate(gathered))
+                        if i >= warmup:
+                            times.append(dt)
+                            cpus.append(cpu)
+                    out[f"{n}/{op}"] = times
+                    out[f"{n}/{op}/cpu"] = cpus
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, out, {}))
+    except BaseException:
+        queue.put((rank, None, {"error": traceback.format_exc()}))
+
+
+# ---------------------------------------------------------------------------------------------
+# driver
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_world(target, world, args_of_rank, timeout_s):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args_of_rank(r), queue), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{target.__name__}: world {world} did not finish in {timeout_s:g}s")
+            try:
+                rank, res, extra = queue.get(timeout=min(left, 5.0))
+            except Exception:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results]
+                if dead:
+                    raise RuntimeError(f"{target.__name__}: ranks {dead} died without a result")
+                continue
+            if res is None:
+                raise RuntimeError(f"{target.__name__} rank {rank} failed:\n{extra.get('error')}")
+            results[rank] = (res, extra)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return results
+
+
+def _slowest(results: dict[int, tuple]) -> dict[str, list[float]]:
+    """Per key, per repetition: the slowest rank's time; for ``.../cpu`` keys the sum over ranks."""
+    keys = results[0][0].keys()
+    combine = {k: (sum if k.endswith("/cpu") else max) for k in keys}
+    return {k: [combine[k](ts) for ts in zip(*(results[r][0][k] for r in sorted(results)))] for k in keys}
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _fmt_ms(s: float) -> str:
+    ms = s * 1e3
+    return f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
+
+
+def table(rows: dict, worlds, sizes, backends) -> str:
+    """rows[(backend, world, n, op)] = list of seconds."""
+    lines = ["| W | floats | op | DDS median ms | DDS p90 ms | gloo median ms | gloo p90 ms | DDS/gloo "
+             "| DDS CPU ms | gloo CPU ms |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for w in worlds:
+        for n in sizes:
+            for op in OPS_DDS:
+                d = rows.get(("dds", w, n, op))
+                g = rows.get(("gloo", w, n, GLOO_OF[op]))
+                dm, dp = (statistics.median(d), _pct(d, 0.9)) if d else (None, None)
+                gm, gp = (statistics.median(g), _pct(g, 0.9)) if g else (None, None)
+                ratio = f"{dm / gm:.1f}x" if dm and gm else "-"
+                dc, gc = rows.get(("dds", w, n, op + "/cpu")), rows.get(("gloo", w, n, GLOO_OF[op] + "/cpu"))
+                cpu = f" | {_fmt_ms(statistics.median(dc)) if dc else '-'} | {_fmt_ms(statistics.median(gc)) if gc else '-'}"
+                label = {"gather": "allreduce (gather)", "ring": "allreduce (ring)", "allgather": "allgather"}[op]
+                lines.append(f"| {w} | {n:,} | {label} | {_fmt_ms(dm) if dm else '-'} | {_fmt_ms(dp) if dp else '-'} "
+                             f"| {_fmt_ms(gm) if gm else '-'} | {_fmt_ms(gp) if gp else '-'} | {ratio}{cpu} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bench_collectives", description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", default="2,3")
+    p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="float32 counts")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--backends", default="dds,gloo")
+    p.add_argument("--frame-bytes", type=int, default=0, help="Collective frame size (0: its default, 1 MiB)")
+    p.add_argument("--domain", type=int, default=None, help="first DDS domain id (default: from the pid)")
+    p.add_argument("--timeout", type=float, default=900.0, help="per world and backend, seconds")
+    p.add_argument("--profile", default=None, metavar="DIR", help="profile DDS rank 0 into DIR")
+    p.add_argument("--proto", default="", help="prototyped fixes, comma-separated: " + ",".join(PROTOS) + " or all")
+    p.add_argument("--out", default=None, help="also write the Markdown table here")
+    args = p.parse_args(argv)
+    worlds = [int(w) for w in args.worlds.split(",") if w]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    backends = [b for b in args.backends.split(",") if b]
+    proto = PROTOS if args.proto == "all" else tuple(x for x in args.proto.split(",") if x)
+    unknown = set(proto) - set(PROTOS)
+    if unknown:
+        raise SystemExit(f"unknown --proto {sorted(unknown)}")
+    _one_thread()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    domain = args.domain if args.domain is not None else 20 + os.getpid() % 180
+    rows: dict = {}
+    notes: list[str] = []
+    started = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    for w in worlds:
+        for backend in backends:
+            t0 = time.perf_counter()
+            if backend == "dds":
+                dom = domain + w  # a domain per world: no leftovers from the previous one
+                res = _run_world(_dds_worker, w, lambda r: (r, w, dom, sizes, args.repeats, args.warmup,
+                                                            args.frame_bytes, args.profile, proto), args.timeout)
+                extra = res[0][1]
+                st = extra["stats"]
+                notes.append(f"DDS W={w}: rank 0 sent {st['sent_frames']} DDS samples / {st['sent_msgs']} messages, "
+                             f"received {st['recv_frames']} / {st['recv_msgs']} ({st['own_frames']} of them its own); process CPU {extra['cpu_s']:.1f} s "
+                             f"over {extra['wall_s']:.1f} s wall")
+                if "drain_cpu_s" in extra:
+                    mc = sum(extra["main_cpu_s"].values())
+                    notes.append(f"DDS W={w} rank 0 profile: receive thread (_drain) CPU {extra['drain_cpu_s']:.2f} s "
+                                 f"in {extra['drain_calls']} calls; main thread CPU inside the timed ops {mc:.2f} s "
+                                 f"-> {extra['profile']}")
+                    for k, v in extra["main_cpu_s"].items():
+                        notes.append(f"  main-thread CPU {k}: {v / (args.warmup + args.repeats) * 1e3:.1f} ms/op")
+            elif backend == "gloo":
+                port = _free_port()
+                res = _run_world(_gloo_worker, w, lambda r: (r, w, port, sizes, args.repeats, args.warmup),
+                                 args.timeout)
+            else:
+                raise SystemExit(f"unknown backend {backend!r}")
+            for key, ts in _slowest(res).items():
+                n, op, *cpu = key.split("/")
+                rows[(backend, w, int(n), op + ("/cpu" if cpu else ""))] = ts
+            print(f"[{backend} W={w}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+    md = table(rows, worlds, sizes, backends)
+    header = (f"Collectives on loopback, {args.repeats} repetitions after {args.warmup} warm-up, "
+              f"slowest rank per repetition; {os.cpu_count()} cores; "
+              f"Collective frame_bytes={args.frame_bytes or 'default (1 MiB)'}; "
+              f"prototyped fixes: {', '.join(proto) or 'none'}; "
+              f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+              f"(other work on the box inflates wall times; the CPU columns much less); "
+              f"total {time.perf_counter() - started:.0f} s.\n")
+    text = header + "\n" + md + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

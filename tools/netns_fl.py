@@ -1,0 +1,585 @@
+"""Three "machines" on one box: an FL scenario for real across network namespaces, against emu.
+
+    sudo .venv/bin/python -m tools.netns_fl [--scenario scenarios/fl_codecs.yaml]
+        [--rounds 4] [--subset 1000] [--mbps 100] [--delay-ms 2] [--set KEY=VALUE ...]
+        [--out DIR] [--md FILE.md] [--keep]
+
+Needs root (``ip netns``, ``tc``).  What it builds, all of it torn down at the
+end (``finally`` + SIGTERM/SIGINT handlers; ``--keep`` leaves it up to look at)::
+
+    ns <tag>-n0 (controller) eth0 10.231.0.1/24 ─┐
+    ns <tag>-n1 (client1)    eth0 10.231.0.2/24 ─┼─ p0,p1,p2 ── br0   (ns <tag>-sw)
+    ns <tag>-n2 (client2)    eth0 10.231.0.3/24 ─┘
+
+* one namespace per node, each with one veth to a bridge in a "switch"
+  namespace; the switch has no address, the nodes only the connected route of
+  10.231.0.0/24: no default route, no NAT, no link to the root namespace, so
+  no packet can leave these namespaces (the tool checks the routes);
+* every link shaped in both directions: the node side of the veth (uplink)
+  and the switch side (downlink) each get ``tbf rate <mbps>mbit`` with a
+  16 MB queue (DDS bursts a writer's 2 MiB history per reader; a shallow
+  queue would drop and make DDS retransmit, which emu does not model) and,
+  when the kernel has ``sch_netem``, ``netem delay <delay-ms>`` in front of it.
+  One-way latency between two nodes is then 2 x delay-ms, as in emu (sender's
+  link latency + receiver's link latency).  Kernels without netem (e.g. this
+  box's: CONFIG_NET_SCH_NETEM is not set) get rate only; the tool says so and
+  emu is given the measured base latency instead;
+* rank N runs ``python -m real.cli run SCEN --rank N --profile lan --peers
+  <the other nodes' addresses> --domain D --no-tui`` under ``ip netns exec``
+  with ``DTEMU_DDS_INTERFACE=eth0``.
+
+Then emu runs the same scenario with ``network.default = {up_mbps, down_mbps:
+<mbps>, latency_ms: <per-link one-way>}`` and each client's
+``compute.nodes.<client>.train_s_per_sample`` calibrated from the real run:
+the mean over rounds of (upload_start - train_start) / samples of that client
+(training plus computing and encoding the delta), so that the comparison is
+about the network.  Evaluation only after the last round
+(``fl.eval_every`` > rounds): real evaluation takes wall time between rounds,
+emu's is free, and the model download would overlap it in one world only.
+
+Reported per round: real and emu round time (controller's round_start ->
+round_close), the error (emu - real) / real, and the same for the
+communication part (round time minus the slowest client's training time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBNET = "10.231.0"
+PREFIX = 24
+DOMAIN = 7
+QUEUE = "16mb"
+DEFAULT_SETS = ()
+
+
+class NetnsError(RuntimeError):
+    pass
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise NetnsError(f"ip {' '.join(args)}: {p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+def netns_available() -> tuple[bool, str]:
+    """(True, "") if this process may create network namespaces, else (False, why)."""
+    if os.geteuid() != 0:
+        return False, "needs root (ip netns, tc)"
+    for tool in ("ip", "tc"):
+        if subprocess.run(["which", tool], capture_output=True).returncode != 0:
+            return False, f"{tool} (iproute2) is not installed"
+    name = f"dtemu-probe-{os.getpid()}"
+    p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if p.returncode != 0:
+        return False, f"ip netns add failed: {p.stderr.strip()}"
+    try:
+        q = subprocess.run(["ip", "-n", name, "link", "add", "vprobe0", "type", "veth", "peer", "name", "vprobe1"],
+                           capture_output=True, text=True)
+        if q.returncode != 0:
+            return False, f"cannot create a veth pair: {q.stderr.strip()}"
+        q = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "vprobe0", "root", "tbf",
+                            "rate", "100mbit", "burst", "32kb", "limit", QUEUE], capture_output=True, text=True)
+        if q.returncode != 0:
+            return False, f"tc tbf is not available: {q.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return True, ""
+
+
+class Testbed:
+    """The namespaces, veths, bridge and shaping; a context manager that always cleans up."""
+
+    def __init__(self, nodes: int = 3, mbps: float = 100.0, delay_ms: float = 2.0, tag: str | None = None,
+                 mtu: int = 1500):
+        self.nodes = nodes
+        self.mbps = mbps
+        self.delay_ms = delay_ms
+        self.mtu = mtu
+        self.tag = tag or f"dtfl{os.getpid() % 100000}"
+        self.switch = f"{self.tag}-sw"
+        self.names = [f"{self.tag}-n{i}" for i in range(nodes)]
+        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(nodes)]
+        self.netem = False
+        self.created: list[str] = []
+
+    # --- life cycle ----------------------------------------------------
+    def __enter__(self) -> "Testbed":
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def _add_ns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self.created.append(name)
+        _ip("-n", name, "link", "set", "lo", "up")
+        # IPv4 only: no IPv6 link-local chatter on the test links (a per-namespace setting).
+        subprocess.run(["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                        "net.ipv6.conf.default.disable_ipv6=1"], capture_output=True)
+
+    def up(self) -> None:
+        self.netem = self._has_netem()
+        self._add_ns(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, (ns, addr) in enumerate(zip(self.names, self.addresses)):
+            self._add_ns(ns)
+            port = f"p{i}"
+            _ip("-n", self.switch, "link", "add", port, "mtu", str(self.mtu), "type", "veth",
+                "peer", "name", "eth0", "netns", ns)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
+            _ip("-n", ns, "link", "set", "eth0", "mtu", str(self.mtu))
+            _ip("-n", ns, "addr", "add", f"{addr}/{PREFIX}", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            self._shape(ns, "eth0")           # uplink: node -> switch
+            self._shape(self.switch, port)    # downlink: switch -> node
+        self.check_isolated()
+
+    def down(self) -> None:
+        for ns in reversed(self.created):
+            _ip("netns", "del", ns, check=False)
+        self.created = []
+
+    # --- shaping -------------------------------------------------------
+    def _has_netem(self) -> bool:
+        if self.delay_ms <= 0:
+            return False
+        name = f"{self.tag}-probe"
+        _ip("netns", "add", name)
+        try:
+            _ip("-n", name, "link", "add", "vq0", "type", "veth", "peer", "name", "vq1")
+            p = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "vq0", "root", "netem",
+                                "delay", "1ms"], capture_output=True, text=True)
+            return p.returncode == 0
+        finally:
+            _ip("netns", "del", name, check=False)
+
+    def _tc(self, ns: str, *args: str) -> None:
+        p = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise NetnsError(f"tc {' '.join(args)} in {ns}: {p.stderr.strip()}")
+
+    def _shape(self, ns: str, dev: str) -> None:
+        tbf = ["tbf", "rate", f"{self.mbps:g}mbit", "burst", "32kb", "limit", QUEUE]
+        if self.netem:
+            # netem (delay, unlimited rate) as root, tbf as its child: delay then rate.
+            self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
+                     f"{self.delay_ms:g}ms", "limit", "100000")
+            self._tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf)
+        else:
+            self._tc(ns, "qdisc", "add", "dev", dev, "root", *tbf)
+
+    @property
+    def applied_delay_ms(self) -> float:
+        return self.delay_ms if self.netem else 0.0
+
+    # --- checks --------------------------------------------------------
+    def check_isolated(self) -> None:
+        """Only the private subnet's connected route in every node namespace; nothing in the switch."""
+        for ns in self.names:
+            routes = _ip("-n", ns, "-4", "route", "show", "table", "all").stdout.splitlines()
+            bad = [r for r in routes if not (r.startswith(f"{SUBNET}.0/{PREFIX} ")
+                                             or r.startswith("local ") or r.startswith("broadcast ")
+                                             or " dev lo " in f" {r} " or r.startswith(f"{SUBNET}.255"))]
+            if bad or any(r.startswith("default") for r in routes):
+                raise NetnsError(f"{ns} has routes beyond {SUBNET}.0/{PREFIX}: {bad}")
+        addrs = _ip("-n", self.switch, "-4", "addr", "show").stdout
+        if "inet " in addrs.replace("inet 127.0.0.1", ""):
+            raise NetnsError(f"the switch namespace {self.switch} has an address")
+
+    def exec_prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.names[i]]
+
+    def qdisc_stats(self) -> dict[str, str]:
+        out = {}
+        for ns, dev in [(n, "eth0") for n in self.names] + [(self.switch, f"p{i}") for i in range(self.nodes)]:
+            p = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev],
+                               capture_output=True, text=True)
+            out[f"{ns}:{dev}"] = p.stdout.strip()
+        return out
+
+    def rtt_ms(self, a: int = 1, b: int = 0, count: int = 20) -> float:
+        """Median UDP round trip (64 B) from node a to node b, in ms (python echo, bounded)."""
+        port = 47000 + os.getpid() % 1000
+        echo = subprocess.Popen(self.exec_prefix(b) + [sys.executable, "-c", _ECHO, self.addresses[b], str(port),
+                                                       str(count + 5)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            echo.stdout.readline()  # "ready"
+            p = subprocess.run(self.exec_prefix(a) + [sys.executable, "-c", _PING, self.addresses[b], str(port),
+                                                      str(count)], capture_output=True, text=True, timeout=30)
+            return float(p.stdout.strip())
+        finally:
+            echo.kill()
+            echo.wait()
+
+
+_ECHO = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], int(sys.argv[2]))); s.settimeout(10)
+print("ready", flush=True)
+for _ in range(int(sys.argv[3])):
+    try:
+        d, a = s.recvfrom(2048)
+    except OSError:
+        break
+    s.sendto(d, a)
+"""
+_PING = """
+import socket, statistics, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1.0)
+rtts = []
+for i in range(int(sys.argv[3])):
+    t = time.perf_counter(); s.sendto(b"x" * 64, (sys.argv[1], int(sys.argv[2])))
+    try:
+        s.recvfrom(2048); rtts.append(time.perf_counter() - t)
+    except OSError:
+        pass
+    time.sleep(0.01)
+print(statistics.median(rtts) * 1e3 if rtts else float("nan"))
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+
+
+def _events(folder: Path) -> list[dict]:
+    path = folder / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def round_times(events: list[dict]) -> dict[int, float]:
+    """round -> round_close - round_start (the controller's events; a retried round: its last try)."""
+    start, out = {}, {}
+    for e in events:
+        if e.get("node") != "controller":
+            continue
+        if e["kind"] == "round_start":
+            start[e["round"]] = e["t"]
+        elif e["kind"] == "round_close" and e["round"] in start:
+            out[e["round"]] = e["t"] - start[e["round"]]
+    return out
+
+
+def train_times(events: list[dict]) -> dict[str, dict[int, tuple[float, int]]]:
+    """client -> round -> (upload_start - train_start, samples)."""
+    start: dict = {}
+    out: dict = {}
+    for e in events:
+        if e["kind"] == "train_start":
+            start[(e["node"], e["round"])] = (e["t"], e["samples"])
+        elif e["kind"] == "upload_start" and (e["node"], e["round"]) in start:
+            t0, n = start[(e["node"], e["round"])]
+            out.setdefault(e["node"], {})[e["round"]] = (e["t"] - t0, n)
+    return out
+
+
+def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeout_s: float,
+             threads: int = 1) -> dict:
+    """Every rank in its namespace; returns the merged summary (real.launch.gather)."""
+    from core.scenario import load_scenario
+    from real.launch import gather
+
+    scenario = load_scenario(scenario_path, sets)
+    ranks = len(scenario.node_names)
+    if ranks != bed.nodes:
+        raise NetnsError(f"{scenario.name} has {ranks} ranks, the testbed {bed.nodes} nodes")
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, DTEMU_DDS_INTERFACE="eth0", OMP_NUM_THREADS=str(threads),
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("DTEMU_DDS_PEERS", None)
+    procs = []
+    started = time.monotonic()
+    try:
+        for rank in range(ranks):
+            peers = ",".join(a for j, a in enumerate(bed.addresses) if j != rank)
+            cmd = bed.exec_prefix(rank) + [
+                sys.executable, "-m", "real.cli", "run", scenario_path, "--rank", str(rank),
+                "--profile", "lan", "--peers", peers, "--domain", str(DOMAIN), "--out", str(out / f"rank{rank}"),
+                "--no-tui", "--threads", str(threads)]
+            for s in sets:
+                cmd += ["--set", s]
+            log = open(out / f"rank{rank}.log", "wb")
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        deadline = started + timeout_s
+        while procs[0].poll() is None:
+            if time.monotonic() > deadline:
+                raise NetnsError(f"the controller did not finish in {timeout_s:g}s; logs in {out}")
+            time.sleep(0.2)
+        grace = time.monotonic() + 20
+        for p in procs[1:]:
+            try:
+                p.wait(timeout=max(0.1, grace - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    codes = [p.returncode for p in procs]
+    summary = gather(out, scenario, time.monotonic() - started)
+    summary["exit_codes"] = codes
+    if codes[0] != 0:
+        tail = (out / "rank0.log").read_text(errors="replace")[-2000:]
+        raise NetnsError(f"the controller exited with {codes[0]}:\n{tail}")
+    return summary
+
+
+def run_emu(scenario_path: str, sets: list[str], out: Path) -> dict:
+    cmd = [sys.executable, "-m", "emu.cli", "run", scenario_path, "--out", str(out), "--no-tui"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise NetnsError(f"emu failed ({p.returncode}): {p.stderr[-2000:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: dict[str, dict[int, tuple]]) -> dict:
+    """emu in this process, each client's training taking exactly the time it took for real in that round.
+
+    ``emu.run.ComputeTimer`` is swapped for a timer that replays the measured
+    (upload_start - train_start) of each client, round by round, and the
+    training itself is skipped (a stand-in workload returns the base weights
+    plus a tiny delta: an fp32 update has the same size whatever its values),
+    so only emu's network and runtime decide the rest of the round.
+    """
+    import numpy as np
+
+    import emu.run as er
+    from core.scenario import load_scenario
+    from core.train import TrainResult
+    from core.workload import Workload
+
+    scenario = load_scenario(scenario_path, sets)
+    names = scenario.node_names
+    base = er.ComputeTimer
+
+    class ReplayTimer(base):
+        def __init__(self, spec, reference, seed):
+            super().__init__(spec, reference or 1e-3, seed)
+            node = names[seed[1]]
+            self.queue = [per_round[node][r][0] for r in sorted(per_round.get(node, {}))]
+
+        def duration(self, samples, kind="train"):
+            if kind == "train" and samples > 0 and self.queue:
+                return self.queue.pop(0)
+            return super().duration(samples, kind)
+
+    class TimingOnly(Workload):
+        def train(self, weights, cmd, client):
+            n = cmd.epochs * self.subset_size(client, cmd.subset)
+            steps = -(-n // scenario.fl.batch_size)
+            return weights + np.float32(1e-6), TrainResult(steps=steps, samples=n, mean_loss=0.0)
+
+        def evaluate(self, weights):
+            return 0.0
+
+    er.ComputeTimer = ReplayTimer
+    try:
+        return er.run_emulation(scenario, out, work=TimingOnly(scenario))
+    finally:
+        er.ComputeTimer = base
+
+
+def compare(real_events: list[dict], emu_events: list[dict]) -> dict:
+    real_rt, emu_rt = round_times(real_events), round_times(emu_events)
+    real_tt, emu_tt = train_times(real_events), train_times(emu_events)
+    rows = []
+    for r in sorted(set(real_rt) & set(emu_rt)):
+        real_train = max((tt[r][0] for tt in real_tt.values() if r in tt), default=0.0)
+        emu_train = max((tt[r][0] for tt in emu_tt.values() if r in tt), default=0.0)
+        real_comm, emu_comm = real_rt[r] - real_train, emu_rt[r] - emu_train
+        rows.append({"round": r, "real_s": real_rt[r], "emu_s": emu_rt[r],
+                     "error_pct": 100 * (emu_rt[r] - real_rt[r]) / real_rt[r],
+                     "real_train_s": real_train, "emu_train_s": emu_train,
+                     "real_comm_s": real_comm, "emu_comm_s": emu_comm,
+                     "comm_error_pct": 100 * (emu_comm - real_comm) / real_comm if real_comm > 0 else float("nan")})
+    mean = {k: statistics.fmean(r[k] for r in rows) for k in
+            ("real_s", "emu_s", "error_pct", "real_comm_s", "emu_comm_s", "comm_error_pct")} if rows else {}
+    if rows:
+        mean["abs_error_pct"] = statistics.fmean(abs(r["error_pct"]) for r in rows)
+        mean["abs_comm_error_pct"] = statistics.fmean(abs(r["comm_error_pct"]) for r in rows)
+    return {"rounds": rows, "mean": mean}
+
+
+def calibrate(real_events: list[dict]) -> dict[str, float]:
+    """client -> mean seconds per sample of (upload_start - train_start)."""
+    out = {}
+    for node, per_round in train_times(real_events).items():
+        out[node] = statistics.fmean(dt / n for dt, n in per_round.values() if n > 0)
+    return out
+
+
+def _table(cmp: dict) -> list[str]:
+    lines = ["| round | real s | emu s | error % | real comm s | emu comm s | comm error % |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in cmp["rounds"]:
+        lines.append(f"| {r['round']} | {r['real_s']:.3f} | {r['emu_s']:.3f} | {r['error_pct']:+.1f} | "
+                     f"{r['real_comm_s']:.3f} | {r['emu_comm_s']:.3f} | {r['comm_error_pct']:+.1f} |")
+    m = cmp["mean"]
+    if m:
+        lines.append(f"| mean | {m['real_s']:.3f} | {m['emu_s']:.3f} | {m['error_pct']:+.1f} "
+                     f"(abs {m['abs_error_pct']:.1f}) | {m['real_comm_s']:.3f} | {m['emu_comm_s']:.3f} | "
+                     f"{m['comm_error_pct']:+.1f} (abs {m['abs_comm_error_pct']:.1f}) |")
+    return lines
+
+
+def markdown(result: dict) -> str:
+    cfg = result["config"]
+    lines = [f"FL over network namespaces vs emu: {cfg['scenario']} ({cfg['model']}, {cfg['model_bytes'] / 1e6:.2f} MB "
+             f"model), {cfg['rounds']} rounds, subset {cfg['subset']}, links {cfg['mbps']:g} Mbit/s each way, "
+             f"delay per link and direction {cfg['applied_delay_ms']:g} ms (asked {cfg['delay_ms']:g} ms; netem "
+             f"{'yes' if cfg['netem'] else 'not in this kernel'}), measured UDP RTT {cfg['rtt_ms']:.3f} ms; "
+             f"emu latency_ms per link {cfg['emu_latency_ms']:.4f}; emu train_s_per_sample "
+             + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cfg["train_s_per_sample"].items()) + ".",
+             "",
+             "emu run with the calibrated train_s_per_sample (per client, mean over rounds):", ""]
+    lines += _table(result["compare"])
+    if "compare_replay" in result:
+        lines += ["", "emu with each client's measured training time replayed round by round "
+                  "(only the network and the runtime modelled):", ""]
+        lines += _table(result["compare_replay"])
+    lines += ["", "comm = round time minus the slowest client's train_start -> upload_start "
+              "(what is left: command, model tail, uploads, controller's decoding)."]
+    return "\n".join(lines) + "\n"
+
+
+def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, subset: int = 1000,
+        mbps: float = 100.0, delay_ms: float = 2.0, extra_sets: list[str] = (), out: Path | None = None,
+        keep: bool = False, timeout_s: float = 600.0, test_samples: int = 2000) -> dict:
+    out = Path(out or ROOT / "runs" / f"netns-fl-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sets = [f"fl.rounds={rounds}", f"fl.subset={subset}", f"fl.eval_every={rounds + 1000}",
+            f"data.test_samples={test_samples}", "fl.min_clients=2", *extra_sets]
+    bed = Testbed(nodes=3, mbps=mbps, delay_ms=delay_ms)
+    result: dict = {}
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        bed.up()
+        rtt = bed.rtt_ms(1, 0)
+        print(f"netns: {bed.names} on {SUBNET}.0/{PREFIX}, {mbps:g} Mbit/s, delay "
+              f"{bed.applied_delay_ms:g} ms/link/direction (netem: {bed.netem}), UDP RTT {rtt:.3f} ms",
+              file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        real_summary = run_real(bed, scenario_path, sets, out / "real", timeout_s)
+        print(f"netns: real run {time.monotonic() - t0:.1f} s -> {out / 'real'}", file=sys.stderr, flush=True)
+        result["qdisc"] = bed.qdisc_stats()
+    finally:
+        if keep:
+            print(f"netns: kept {bed.created}; remove with: " + "; ".join(f"ip netns del {n}" for n in bed.created),
+                  file=sys.stderr)
+        else:
+            bed.down()
+        for s, h in old.items():
+            signal.signal(s, h)
+    real_events = _events(out / "real")
+    cal = calibrate(real_events)
+    # One-way latency per link: the delay netem adds plus this box's base (a quarter of the RTT:
+    # four link crossings per round trip).
+    latency_ms = bed.applied_delay_ms + rtt / 4
+    emu_sets = sets + [f"network.default={{up_mbps: {mbps:g}, down_mbps: {mbps:g}, latency_ms: {latency_ms:.4f}}}",
+                       f"compute.default.train_s_per_sample={statistics.fmean(cal.values()):.6g}"]
+    emu_sets += [f"compute.nodes.{node}.train_s_per_sample={v:.6g}" for node, v in sorted(cal.items())]
+    t0 = time.monotonic()
+    emu_summary = run_emu(scenario_path, emu_sets, out / "emu")
+    print(f"netns: emu run {time.monotonic() - t0:.1f} s -> {out / 'emu'}", file=sys.stderr, flush=True)
+    emu_events = _events(out / "emu")
+    t0 = time.monotonic()
+    replay_sets = sets + [emu_sets[len(sets)]]  # the same network
+    run_emu_replay(scenario_path, replay_sets, out / "emu-replay", train_times(real_events))
+    print(f"netns: emu replay run {time.monotonic() - t0:.1f} s -> {out / 'emu-replay'}", file=sys.stderr, flush=True)
+    replay_events = _events(out / "emu-replay")
+    from core.scenario import load_scenario
+
+    scen = load_scenario(scenario_path, sets)
+    model_bytes = next((e["bytes"] for e in real_events if e["kind"] == "upload_start"), 0)
+    result.update({
+        "config": {"scenario": scen.name, "model": scen.model, "model_bytes": model_bytes, "rounds": rounds,
+                   "subset": subset, "mbps": mbps, "delay_ms": delay_ms, "applied_delay_ms": bed.applied_delay_ms,
+                   "netem": bed.netem, "rtt_ms": rtt, "emu_latency_ms": latency_ms, "train_s_per_sample": cal,
+                   "sets": sets, "emu_sets": emu_sets, "namespaces": bed.names, "addresses": bed.addresses},
+        "real_summary": real_summary, "emu_summary": emu_summary,
+        "compare": compare(real_events, emu_events),
+        "compare_replay": compare(real_events, replay_events),
+    })
+    (out / "netns_fl.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "netns_fl.md").write_text(markdown(result))
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="netns_fl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--scenario", default="scenarios/fl_codecs.yaml")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--subset", type=int, default=1000, help="samples per client per round")
+    p.add_argument("--mbps", type=float, default=100.0)
+    p.add_argument("--delay-ms", type=float, default=2.0, help="per link and direction (needs sch_netem)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=None)
+    p.add_argument("--md", default=None, help="also write the Markdown table here")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--keep", action="store_true", help="leave the namespaces up (then remove them yourself)")
+    args = p.parse_args(argv)
+    ok, why = netns_available()
+    if not ok:
+        print(f"netns_fl: {why}", file=sys.stderr)
+        return 2
+    try:
+        result = run(args.scenario, rounds=args.rounds, subset=args.subset, mbps=args.mbps,
+                     delay_ms=args.delay_ms, extra_sets=args.sets, out=args.out, keep=args.keep,
+                     timeout_s=args.timeout)
+    except NetnsError as err:
+        print(f"netns_fl: {err}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("netns_fl: interrupted (namespaces removed)", file=sys.stderr)
+        return 130
+    md = markdown(result)
+    print(md)
+    if args.md:
+        Path(args.md).write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
