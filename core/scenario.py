@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .collectives import FRAME_BYTES
 from .errors import ScenarioError
 from .schema import build, check, fraction, non_negative, positive, probability
 
@@ -95,7 +96,7 @@ class DDPSpec:
     # Tensors smaller than this travel dense (biases).
     dense_below: int = field(default=1024, metadata=check(non_negative))
     fp16_values: bool = False
-    frame_bytes: int = field(default=1 << 20, metadata=check(positive))
+    frame_bytes: int = field(default=FRAME_BYTES, metadata=check(positive))
     step_timeout_s: float = field(default=60.0, metadata=check(positive))
     barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
     # Steps per profiling window (mean and max of each number).

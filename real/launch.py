@@ -64,6 +64,7 @@ def launch(args, scenario: Scenario) -> int:
     domain = args.domain if args.domain is not None else _domain_id()
     threads = args.threads or max(1, (os.cpu_count() or 1) // ranks)
     procs = []
+    env = {**os.environ, "DTEMU_EPOCH": repr(time.time())}  # the ranks' events share one time origin
     for rank in range(ranks):
         cmd = [sys.executable, "-m", "real.cli", "run", args.scenario, "--rank", str(rank),
                "--out", str(out / f"rank{rank}"), "--no-tui", "--domain", str(domain),
@@ -71,7 +72,7 @@ def launch(args, scenario: Scenario) -> int:
         for o in args.overrides:
             cmd += ["--set", o]
         log = open(out / f"rank{rank}.log", "wb")
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -49,7 +50,9 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         make_role, subscribes, publishes = _role(scenario, rank, work, init)
         with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(subscribes)) as transport:
+            epoch = os.environ.get("DTEMU_EPOCH")  # set by `real launch`: one time origin for all ranks
             node = RealNode(name, transport, run, publishes, compute=scenario.compute_for(name),
+                            epoch=float(epoch) if epoch else None,
                             seed=scenario.seed * 1000 + rank)
             node.emit("node_up")
             result = node.drive(make_role(node))

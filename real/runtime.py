@@ -32,14 +32,18 @@ class RealNode:
     """One process's node: the ``Context`` of its role and the driver of its requests."""
 
     def __init__(self, name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str],
-                 compute: ComputeSpec | None = None, seed: int = 0):
+                 compute: ComputeSpec | None = None, seed: int = 0, epoch: float | None = None):
         self.node = name
         self.transport = transport
         self.run = run
         self.publishes = tuple(publishes)
         self.compute = compute
         self.rng = np.random.default_rng(seed)
-        self.t0 = time.monotonic()
+        # Event times count from ``epoch`` (wall clock, shared by the ranks of one
+        # launch) so that ranks' events line up; deadlines use the monotonic clock.
+        start = time.time()
+        self.t0 = time.monotonic() - (start - epoch if epoch is not None else 0.0)
+        self._readers: dict[str, tuple[int, int]] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -83,13 +87,19 @@ class RealNode:
 
     def _send(self, req: Send) -> int:
         self.transport.send(req.topic, req.data, to=req.to)
-        if req.to is not None:
-            receivers = 1
-        else:
-            readers = self.transport.matched_peers([req.topic]).get(req.topic, {}).get("readers", [])
-            receivers = len([r for r in set(readers) if r != self.node])
+        receivers = 1 if req.to is not None else self._readers_of(req.topic)
         self.bytes_sent += len(req.data) * receivers
         return receivers
+
+    def _readers_of(self, topic: str) -> int:
+        """Peers reading ``topic``; recounted by name only when the match count moves
+        (``matched_peers`` costs ~1 ms, too much for every collective frame)."""
+        count = self.transport.matched_count(topic)
+        cached = self._readers.get(topic)
+        if cached is None or cached[0] != count:
+            readers = self.transport.matched_peers([topic]).get(topic, {}).get("readers", [])
+            cached = self._readers[topic] = (count, len({r for r in readers if r != self.node}))
+        return cached[1]
 
     def _recv(self, req: Recv) -> Message | None:
         timeout = None if req.deadline is None else max(0.0, req.deadline - self.now())

@@ -334,8 +334,11 @@ class DdsTransport:
                 if name == HELLO:
                     raise ValueError(f"{HELLO} is internal")
                 n = self._reader_max_samples
+                # IgnoreLocal: our own writes never come back to us (they were
+                # taken and dropped, a 1 MiB copy each).
                 policies = [Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
-                            Policy.ResourceLimits(max_samples=n, max_instances=-1, max_samples_per_instance=n)]
+                            Policy.ResourceLimits(max_samples=n, max_instances=-1, max_samples_per_instance=n),
+                            Policy.IgnoreLocal.Participant]
                 if name in DURABLE_TOPICS:
                     policies.append(Policy.Durability.TransientLocal)
                 r = DataReader(self._dp, self._topic(name), qos=Qos(*policies))
@@ -398,6 +401,10 @@ class DdsTransport:
             if ack_timeout_s is not None:
                 return _wait_for_acks(w, ack_timeout_s)
         return True
+
+    def matched_count(self, topic: str) -> int:
+        """How many readers our writer of ``topic`` is matched with (cheap)."""
+        return self._writer(topic).get_publication_matched_status().current_count
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every matched reader acknowledged everything written (before closing)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..collectives import Collective
+from ..collectives import Collective, mean_in_rank_order
 
 
 def _flat_grads(params) -> np.ndarray:
@@ -26,14 +26,6 @@ def _set_grads(params, flat: np.ndarray) -> None:
         n = p.numel()
         p.grad.copy_(src[offset : offset + n].view_as(p))
         offset += n
-
-
-def mean_in_rank_order(payloads: list[bytes]) -> np.ndarray:
-    """Mean of float32 vectors, summed in rank order (bit-identical on every rank)."""
-    total = np.zeros(len(payloads[0]) // 4, np.float64)
-    for payload in payloads:
-        total += np.frombuffer(payload, np.float32)
-    return (total / len(payloads)).astype(np.float32)
 
 
 class DenseExchange:
