@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.codecs import Dense, Sparse
-from core.errors import RejectedUpdate
+from .codecs import Dense, Sparse
+from .errors import RejectedUpdate
 
 KINDS = ("delta", "weights")
 

@@ -29,7 +29,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from core.errors import FrameError
+from .codecs import byte_view
+from .errors import FrameError
 
 VERSION = 1
 MAGIC = b"DGC\x00"
@@ -150,16 +151,6 @@ def encode_bucket(bucket: Bucket) -> bytes:
 # ---------------------------------------------------------------- decode
 
 
-def _as_bytes_view(data) -> memoryview:
-    try:
-        view = memoryview(data)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-    except TypeError as e:
-        raise FrameError(f"bucket is not a contiguous byte buffer: {e}") from None
-    return view
-
-
 def _check_header(view: memoryview, n_tensors: int, world_size: int | None):
     if len(view) < HEADER_SIZE:
         raise FrameError(f"bucket of {len(view)} bytes is shorter than the {HEADER_SIZE}-byte header")
@@ -228,7 +219,7 @@ def decode_bucket(data, shapes: Shapes, *, world_size: int | None = None) -> Buc
     as int64.  Non-finite values are not a framing error: ``Bucket.is_finite``
     reports them and the aggregation refuses them.
     """
-    view = _as_bytes_view(data)
+    view = byte_view(data, FrameError, "bucket")
     expected = numels(shapes)
     vdtype, rank, step, ws = _check_header(view, len(expected), world_size)
     wire_value = _WIRE_VALUE[vdtype]

@@ -35,7 +35,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from core.errors import CodecError
+from .errors import CodecError
 
 CODECS = ("fp32", "q8", "s4", "sq8")
 
@@ -260,19 +260,20 @@ def encode(vec: np.ndarray, params: CodecParams) -> bytes:
 # ---------------------------------------------------------------- decode
 
 
-def _as_bytes_view(data) -> memoryview:
+def byte_view(data, error: type[Exception] = CodecError, what: str = "packet") -> memoryview:
+    """A flat byte view of any contiguous buffer; ``error`` if there is none."""
     try:
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
     except TypeError as e:
-        raise CodecError(f"packet is not a contiguous byte buffer: {e}") from None
+        raise error(f"{what} is not a contiguous byte buffer: {e}") from None
     return view
 
 
 def peek_codec(data) -> str:
     """The codec a packet claims by its magic; CodecError if it claims none."""
-    view = _as_bytes_view(data)
+    view = byte_view(data)
     if len(view) < 4:
         raise CodecError(f"packet of {len(view)} bytes is too short for a codec magic")
     magic = bytes(view[:4])
@@ -360,7 +361,7 @@ def decode(
     before the body is read, so a forged header cannot trigger a large
     allocation.  Returned arrays are owned, writable float32 / int64.
     """
-    view = _as_bytes_view(data)
+    view = byte_view(data)
     name, dim, k, chunk = _check_header(view, expected_dim, max_dim)
     off = HEADER_SIZE
 

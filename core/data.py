@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from core.errors import DataError
+from .errors import DataError
 
 log = logging.getLogger(__name__)
 

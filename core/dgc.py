@@ -51,9 +51,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from core.bucket import DENSE, SPARSE, Bucket, Shapes, TensorPayload, numels
-from core.codecs import topk_count
-from core.errors import RejectedUpdate
+from .bucket import DENSE, SPARSE, Bucket, Shapes, TensorPayload, numels
+from .codecs import topk_count
+from .errors import RejectedUpdate
 
 # Adaptation of the sampled threshold (the reference's defaults).  The
 # reference's upper bound (exact top-k above 1.3·k candidates) is subsumed:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.errors import ScenarioError
+from .errors import ScenarioError
 
 
 class MnistCnn(nn.Module):

@@ -57,7 +57,6 @@ from pathlib import Path
 OPS_DDS = ("gather", "ring", "allgather")
 GLOO_OF = {"gather": "all_reduce", "ring": "all_reduce", "allgather": "all_gather"}
 DEFAULT_SIZES = (100_000, 1_000_000, 4_000_000)
-PROTOS = ("ignore_local", "cache_receivers", "sum_inplace")
 
 
 def _one_thread() -> None:
@@ -81,99 +80,14 @@ def _expected_mean(world: int, n: int):
 
 
 # ---------------------------------------------------------------------------------------------
-# Prototypes of fixes (``--proto``), kept here so the project's files stay untouched
+# DDS
 
 
-def _proto_classes(proto: set[str]):
-    """(transport class, node class) with the prototyped fixes in ``proto`` applied."""
-    from cyclonedds.core import Policy, Qos, ReadCondition
-    from cyclonedds.sub import DataReader
-    from cyclonedds.util import duration
-
-    from real import transport as T
-    from real.runtime import RealNode
-
-    class ProtoTransport(T.DdsTransport):
-        def subscribe(self, topics):
-            """DdsTransport.subscribe plus IgnoreLocal(participant): no local copy of own frames."""
-            if "ignore_local" not in proto:
-                return super().subscribe(topics)
-            if isinstance(topics, str):
-                topics = [topics]
-            with self._lock:
-                for name in topics:
-                    if name in self._readers:
-                        continue
-                    n = self._reader_max_samples
-                    policies = [Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
-                                Policy.ResourceLimits(max_samples=n, max_instances=-1, max_samples_per_instance=n),
-                                Policy.IgnoreLocal.Participant]
-                    if name in T.DURABLE_TOPICS:
-                        policies.append(Policy.Durability.TransientLocal)
-                    r = DataReader(self._dp, self._topic(name), qos=Qos(*policies))
-                    cond = ReadCondition(r, T._ANY_STATE)
-                    self._entities += [r, cond]
-                    with self._cv:
-                        self._queues.setdefault(name, T.deque())
-                    self._readers[name] = r
-                    self._ws.attach(cond)
-                self._guard.set(True)
-
-    class ProtoNode(RealNode):
-        _cache: dict
-
-        def _send(self, req):
-            """RealNode._send, the receiver count cached until the writer's match count changes."""
-            if "cache_receivers" not in proto or req.to is not None:
-                return super()._send(req)
-            self.transport.send(req.topic, req.data, to=req.to)
-            cache = self.__dict__.setdefault("_cache", {})
-            count = self.transport._writers[req.topic].get_publication_matched_status().current_count
-            hit = cache.get(req.topic)
-            if hit is None or hit[0] != count:
-                readers = self.transport.matched_peers([req.topic]).get(req.topic, {}).get("readers", [])
-                hit = cache[req.topic] = (count, len([r for r in set(readers) if r != self.node]))
-            self.bytes_sent += len(req.data) * hit[1]
-            return hit[1]
-
-    return ProtoTransport, ProtoNode
-
-
-def _collective_class(proto: set[str]):
-    """Collective, or with ``sum_inplace``: the gather allreduce's float64 sum without temporaries
-    (same arithmetic, so the same bits: start from rank 0's vector, add in place, divide in place)."""
+def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps):
     import numpy as np
 
     from core.collectives import Collective
 
-    if "sum_inplace" not in proto:
-        return Collective
-
-    class ProtoCollective(Collective):
-        def allreduce_mean(self, round_, vec, deadline, algorithm="gather"):
-            if algorithm != "gather":
-                return (yield from super().allreduce_mean(round_, vec, deadline, algorithm))
-            vec = np.ascontiguousarray(vec, dtype=np.float32)
-            handle = yield from self.start_allgather(round_, "dense", vec.tobytes())
-            yield from self.wait(handle, deadline, what="allreduce")
-            payloads = self.collect(handle)
-            total = np.frombuffer(payloads[0], dtype=np.float32).astype(np.float64)
-            for payload in payloads[1:]:
-                np.add(total, np.frombuffer(payload, dtype=np.float32), out=total)
-            np.divide(total, self.world, out=total)
-            return total.astype(np.float32), handle.bytes_sent
-
-    return ProtoCollective
-
-
-# ---------------------------------------------------------------------------------------------
-# DDS
-
-
-def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, proto=()):
-    import numpy as np
-
-    Collective = _collective_class(set(proto))
     kw = {"frame_bytes": frame_bytes} if frame_bytes else {}
     coll = Collective(ctx, rank, names, max_payload=64 * max(sizes) + (1 << 20), **kw)
     yield from coll.barrier(ctx.now() + 60.0)
@@ -214,7 +128,7 @@ def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stam
     return out
 
 
-def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, proto, queue):
+def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, queue):
     try:
         _one_thread()
         import torch
@@ -225,7 +139,7 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         from real.runtime import RealNode
         from real.transport import DdsTransport
 
-        Transport, Node = _proto_classes(set(proto)) if proto else (DdsTransport, RealNode)
+        Transport, Node = DdsTransport, RealNode
         names = [f"bench{r}" for r in range(world)]
         prof = drain_cpu = None
         if profile_dir and rank == 0:
@@ -251,7 +165,7 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
                 with Transport(names[rank], profile="loopback", domain_id=domain,
                                subscribe=[COLL_FRAMES]) as transport:
                     node = Node(names[rank], transport, run, publishes=[COLL_FRAMES])
-                    role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, proto)
+                    role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps)
                     if prof is not None:
                         prof.enable()
                     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -422,20 +336,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--backends", default="dds,gloo")
-    p.add_argument("--frame-bytes", type=int, default=0, help="Collective frame size (0: its default, 1 MiB)")
+    p.add_argument("--frame-bytes", type=int, default=0, help="Collective frame size (0: its default, 1 MiB less room for headers)")
     p.add_argument("--domain", type=int, default=None, help="first DDS domain id (default: from the pid)")
     p.add_argument("--timeout", type=float, default=900.0, help="per world and backend, seconds")
     p.add_argument("--profile", default=None, metavar="DIR", help="profile DDS rank 0 into DIR")
-    p.add_argument("--proto", default="", help="prototyped fixes, comma-separated: " + ",".join(PROTOS) + " or all")
     p.add_argument("--out", default=None, help="also write the Markdown table here")
     args = p.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",") if w]
     sizes = [int(s) for s in args.sizes.split(",") if s]
     backends = [b for b in args.backends.split(",") if b]
-    proto = PROTOS if args.proto == "all" else tuple(x for x in args.proto.split(",") if x)
-    unknown = set(proto) - set(PROTOS)
-    if unknown:
-        raise SystemExit(f"unknown --proto {sorted(unknown)}")
     _one_thread()
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -450,7 +359,7 @@ def main(argv=None) -> int:
             if backend == "dds":
                 dom = domain + w  # a domain per world: no leftovers from the previous one
                 res = _run_world(_dds_worker, w, lambda r: (r, w, dom, sizes, args.repeats, args.warmup,
-                                                            args.frame_bytes, args.profile, proto), args.timeout)
+                                                            args.frame_bytes, args.profile), args.timeout)
                 extra = res[0][1]
                 st = extra["stats"]
                 notes.append(f"DDS W={w}: rank 0 sent {st['sent_frames']} DDS samples / {st['sent_msgs']} messages, "
@@ -476,8 +385,7 @@ def main(argv=None) -> int:
     md = table(rows, worlds, sizes, backends)
     header = (f"Collectives on loopback, {args.repeats} repetitions after {args.warmup} warm-up, "
               f"slowest rank per repetition; {os.cpu_count()} cores; "
-              f"Collective frame_bytes={args.frame_bytes or 'default (1 MiB)'}; "
-              f"prototyped fixes: {', '.join(proto) or 'none'}; "
+              f"Collective frame_bytes={args.frame_bytes or 'default'}; "
               f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
               f"(other work on the box inflates wall times; the CPU columns much less); "
               f"total {time.perf_counter() - started:.0f} s.\n")
