@@ -30,10 +30,9 @@ over repetitions), which is much less disturbed by other load on the box
 than wall time.  The first repetition of every size and op
 also checks the result (the mean of the ranks' vectors, every rank's payload).
 
-``--frame-bytes`` sets ``Collective``'s frame size (default: its own, 1 MiB;
-note that a 1 MiB collective frame plus its header is one byte too many for
-the transport's 1 MiB frames, so each is sent as two DDS samples — see
-``--frame-bytes 1048000``).  ``--profile DIR`` runs rank 0 of each DDS world
+``--frame-bytes`` sets ``Collective``'s frame size (default: its own,
+``core.collectives.FRAME_BYTES``, 1 MiB less room for headers, so that one
+collective frame is one DDS sample).  ``--profile DIR`` runs rank 0 of each DDS world
 under cProfile (main thread) and measures the CPU time of the DDS receive
 thread (``DdsTransport._drain``) and of ``time.thread_time`` in the main one;
 it writes ``DIR/dds-w<W>-rank0.prof`` and a text summary.
