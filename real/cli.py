@@ -6,13 +6,14 @@ shows one dashboard for all of them and gathers their run folders into one.
 
 Exit codes: 0 done; 2 invalid scenario or arguments; 3 the run stopped on a
 dtemu error (barrier or collective timeout, bad checkpoint, missing data);
-4 DDS failed; 130 interrupted (Ctrl-C).
+4 DDS failed; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,15 @@ from pathlib import Path
 from core.errors import DtemuError, ScenarioError
 from core.scenario import CONTROLLER, load_scenario
 
-EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
+
+
+class Terminated(Exception):
+    """SIGTERM: stop like Ctrl-C (transport closed, run folder kept), exit 143."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -88,6 +97,7 @@ def run_rank(args, scenario) -> int:
         os.environ["DTEMU_DDS_PEERS"] = args.peers
     dashboard = Dashboard(scenario, title=f"real · {scenario.name} · {name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         with dashboard:
             summary = run_node(scenario, args.rank, out, init=init, domain_id=args.domain, profile=args.profile,
@@ -95,6 +105,9 @@ def run_rank(args, scenario) -> int:
     except KeyboardInterrupt:
         print(f"real: {name} interrupted; partial run in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"real: {name} terminated; partial run in {out}", file=sys.stderr)
+        return EXIT_TERMINATED
     except DtemuError as err:
         print(f"real: {name}: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_RUN

@@ -249,3 +249,31 @@ def test_run_and_launch_refuse_a_bad_set(tmp_path):
     done = real(["run", scenario, "--rank", "0", "--no-tui", "--out", tmp_path / "r",
                  "--set", f"fl.init_path={tmp_path / 'missing.dtck'}", "--domain", new_domain()], timeout=60)
     assert done.returncode == 2 and "fl.init_path" in done.stderr
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_a_rank_cleanly(tmp_path, sig, code):
+    """A controller waiting at its barrier stops on Ctrl-C / SIGTERM with its exit code."""
+    scenario = scenario_file(tmp_path, FL)
+    out = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "real.cli", "run", scenario, "--rank", "0", "--no-tui",
+                             "--out", str(out), "--domain", str(new_domain())], cwd=ROOT, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        events = out / "events.jsonl"
+        for _ in range(300):  # until it is up and waiting for its clients (bounded: 30 s)
+            if events.exists() and b"run_start" in events.read_bytes():
+                break
+            try:
+                proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, err.decode()
+        assert "partial run in" in err.decode()
+        assert (out / "scenario.json").exists()
+    finally:
+        _kill_group(proc)
