@@ -58,7 +58,7 @@ class Frame:
     seq: int
     seq_count: int
     total: int
-    data: bytes
+    data: bytes | memoryview
 
 
 def encode_frame(f: Frame) -> bytes:
@@ -87,7 +87,7 @@ def decode_frame(data: bytes, *, world: int, max_total: int) -> Frame:
         name = bytes(data[_HEADER.size : _HEADER.size + n]).decode()
     except UnicodeDecodeError:
         raise FrameError("frame name is not UTF-8") from None
-    body = bytes(data[_HEADER.size + n :])
+    body = memoryview(data)[_HEADER.size + n :]  # no copy: the assembly joins the bodies once
     return Frame(group, round_, name, part, rank, world_, seq, count, total, body)
 
 
@@ -103,7 +103,8 @@ def mean_in_rank_order(payloads: list[bytes]) -> np.ndarray:
 def split_payload(payload: bytes, frame_bytes: int) -> list[bytes]:
     if not payload:
         return [b""]
-    return [payload[i : i + frame_bytes] for i in range(0, len(payload), frame_bytes)]
+    view = memoryview(payload)  # slices without copies; encode_frame copies each once
+    return [view[i : i + frame_bytes] for i in range(0, len(payload), frame_bytes)]
 
 
 @dataclass
