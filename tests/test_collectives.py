@@ -1,7 +1,6 @@
 """Collectives: frames in any order, interleaved, malformed; allgather, allreduce, barrier in emu."""
 
 import random
-import struct
 
 import numpy as np
 import pytest

@@ -1,4 +1,3 @@
-import hashlib
 
 import pytest
 from hypothesis import given, strategies as st

@@ -12,10 +12,7 @@ Every process runs in a session of its own and is killed (its group) in a
 finally; every wait is bounded.  Each test uses a DDS domain of its own.
 """
 
-import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,26 +25,14 @@ pytest.importorskip("cyclonedds")
 from core.rundir import read_summary  # noqa: E402
 from core.scenario import parse_scenario  # noqa: E402
 from emu.run import run_emulation  # noqa: E402
+from realmode import DATA, ROOT, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
-PID = os.getpid()
-_domains = itertools.count()
-
-pytestmark = pytest.mark.skipif(
-    not (Path(DATA) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").exists(),
-    reason="MNIST archives not found (set DTEMU_DATA)",
-)
+pytestmark = needs_mnist
 
 
 @pytest.fixture(autouse=True)
 def data_root(monkeypatch):
     monkeypatch.setenv("DTEMU_DATA", DATA)  # for the in-process emu run
-
-
-def new_domain() -> int:
-    # 1..230, apart from test_real_mode's and test_dds_transport's sequences
-    return 1 + (PID * 13 + 41 * next(_domains) + 59) % 230
 
 
 class Ranks:
@@ -65,22 +50,13 @@ class Ranks:
         for o in overrides:
             cmd += ["--set", o]
         log = open(self.folder / f"{name}.log", "wb")
-        env = {**os.environ, "DTEMU_DATA": DATA, "PYTHONUNBUFFERED": "1"}
-        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         log.close()
         return self.procs[name]
 
     def kill(self, name: str) -> None:
-        proc = self.procs[name]
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_group(self.procs[name])
 
     def wait(self, name: str, timeout: float) -> int:
         try:
@@ -119,12 +95,6 @@ class Ranks:
     def close(self) -> None:
         for name in self.procs:
             self.kill(name)
-
-
-def scenario_file(folder: Path, raw: dict) -> Path:
-    path = folder / f"{raw['name']}.json"  # JSON is YAML
-    path.write_text(json.dumps(raw))
-    return path
 
 
 def of(events: list[dict], kind: str) -> list[dict]:

@@ -8,9 +8,6 @@ and its whole process group is killed afterwards, whatever happened.
 """
 
 import collections
-import itertools
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,30 +20,15 @@ pytest.importorskip("cyclonedds")
 from core.rundir import read_events, read_summary  # noqa: E402
 from core.scenario import parse_scenario  # noqa: E402
 from emu.run import run_emulation  # noqa: E402
+from realmode import DATA, ROOT, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
-PID = os.getpid()
-_domains = itertools.count()
-
-pytestmark = pytest.mark.skipif(
-    not (Path(DATA) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").exists(),
-    reason="MNIST archives not found (set DTEMU_DATA)",
-)
+pytestmark = needs_mnist
 
 
 @pytest.fixture(autouse=True)
 def data_root(monkeypatch):
     monkeypatch.setenv("DTEMU_DATA", DATA)  # for the in-process emu runs
 
-
-def new_domain() -> int:
-    # 1..230, a different one for every run of this test process
-    return 1 + (PID * 11 + 37 * next(_domains) + 101) % 230
-
-
-def env() -> dict:
-    return {**os.environ, "DTEMU_DATA": DATA, "PYTHONUNBUFFERED": "1"}
 
 
 def real(args: list, timeout: float) -> subprocess.CompletedProcess:
@@ -56,29 +38,12 @@ def real(args: list, timeout: float) -> subprocess.CompletedProcess:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         out, err = proc.communicate()
         pytest.fail(f"real {' '.join(map(str, args))} did not end in {timeout:g}s\n{err.decode()[-3000:]}")
     finally:
-        _kill_group(proc)  # the ranks a launcher left behind, if any
+        kill_group(proc)  # the ranks a launcher left behind, if any
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def scenario_file(folder: Path, raw: dict) -> Path:
-    path = folder / f"{raw['name']}.json"  # JSON is YAML
-    path.write_text(json.dumps(raw))
-    return path
 
 
 def launch(scenario: Path, out: Path, timeout: float = 60.0, *overrides: str) -> subprocess.CompletedProcess:
@@ -276,4 +241,4 @@ def test_a_signal_stops_a_rank_cleanly(tmp_path, sig, code):
         assert "partial run in" in err.decode()
         assert (out / "scenario.json").exists()
     finally:
-        _kill_group(proc)
+        kill_group(proc)

@@ -13,7 +13,6 @@ import struct
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..collectives import Collective, FrameError
 from ..params import flatten, sha256_of
