@@ -93,6 +93,9 @@ def run_rank(args, scenario) -> int:
 
     from .node import run_node
 
+    if scenario.faults.offline or scenario.faults.dropout_p:
+        print("real: note: faults.offline and faults.dropout_p are emu's; real mode does not inject them",
+              file=sys.stderr)
     if args.peers:
         os.environ["DTEMU_DDS_PEERS"] = args.peers
     dashboard = Dashboard(scenario, title=f"real · {scenario.name} · {name}",
