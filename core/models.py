@@ -71,19 +71,13 @@ class ModelInfo:
     train_s_per_sample: float
 
 
-# Measured on the reference machine (2 cores, no GPU, torch 2.13.0+cpu): the
-# best of 5 one-epoch runs of 100 steps at batch 64 on 2 threads, after a
-# warm-up, taking the fastest of three invocations (other load only slows a
-# run down).  From the repository root:
-#   .venv/bin/python -c "import time,torch,numpy as np;from core.models import build_model;from core.train import train_local;torch.set_num_threads(2);x=torch.randn(6400,1,28,28);y=torch.randint(0,10,(6400,));i=np.arange(6400)
-#   for s in ('mnist_cnn','small_cnn'):
-#    m=build_model(s,0);train_local(m,x,y,i,epochs=1,batch_size=64,lr=0.01,seed=0);ts=[]
-#    for _ in range(5):t0=time.perf_counter();train_local(m,x,y,i,epochs=1,batch_size=64,lr=0.01,seed=0);ts.append(time.perf_counter()-t0)
-#    print(s,'%.3g s/sample'%(min(ts)/6400),'%.1f ms/step'%(min(ts)/100*1e3))"
-# It printed 6.93e-4 s/sample (44.4 ms/step) and 7.7e-5 s/sample (4.9 ms/step);
-# a bare PyTorch loop over the same batches measured the same.  small_cnn has
-# ~11x fewer multiply-adds per sample (1.05M vs 12.0M) but is only ~9x
-# cheaper: fixed per-step overhead weighs more on a small model.
+# Measured on the reference machine (2 cores, no GPU, torch 2.13.0+cpu) with
+# `python -m tools.bench_train` (batch 64, 2 threads, best of 5 runs of 100
+# steps, fastest of three invocations): 6.93e-4 s/sample (44.4 ms/step) and
+# 7.7e-5 s/sample (4.9 ms/step); a bare PyTorch loop over the same batches
+# measured the same.  small_cnn has ~11x fewer multiply-adds per sample (1.05M
+# vs 12.0M) but is only ~9x cheaper: fixed per-step overhead weighs more on a
+# small model.
 MNIST_CNN_S_PER_SAMPLE = 6.93e-4
 SMALL_CNN_S_PER_SAMPLE = 7.7e-5
 
