@@ -17,7 +17,7 @@ deadlines are the scenario's timeouts in wall-clock seconds.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -137,6 +137,3 @@ class RealNode:
                     missing.update(names)
         return frozenset(p for p in req.peers if p not in missing)
 
-
-def run_role(node: RealNode, make_role: Callable[[RealNode], Any]) -> Any:
-    return node.drive(make_role(node))
