@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import os
 import struct
 from pathlib import Path
 
@@ -29,23 +28,13 @@ from core.data import (
     round_subset,
 )
 from core.errors import DataError
+from helpers import DATA, needs_mnist
 
 ARCHIVES = tuple(data.SOURCES["mnist"].md5)
 
 
-def _real_root() -> Path | None:
-    """A root holding the real MNIST archives: $DTEMU_DATA, else the shared copy."""
-    for cand in (os.environ.get("DTEMU_DATA"), "/work/shared/data"):
-        if cand and all((Path(cand) / "MNIST" / "raw" / f).is_file() for f in ARCHIVES):
-            return Path(cand)
-    return None
-
-
-REAL_ROOT = _real_root()
-needs_real = pytest.mark.skipif(
-    REAL_ROOT is None,
-    reason="no MNIST archives in $DTEMU_DATA/MNIST/raw or /work/shared/data/MNIST/raw",
-)
+REAL_ROOT = Path(DATA)
+needs_real = needs_mnist
 
 
 def _idx_gz(path: Path, magic: int, dims: tuple[int, ...], payload: bytes) -> Path:

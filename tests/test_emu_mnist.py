@@ -15,22 +15,17 @@ from core.rundir import read_summary
 from core.scenario import load_scenario, parse_scenario
 from emu.cli import main as emu_main
 from emu.run import run_emulation
+from helpers import DATA, needs_mnist
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _have_mnist() -> bool:
-    root = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
-    return (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").exists()
-
-
-pytestmark = pytest.mark.skipif(not _have_mnist(), reason="MNIST archives not found (set DTEMU_DATA)")
+pytestmark = needs_mnist
 
 
 @pytest.fixture(autouse=True)
 def data_root(monkeypatch):
-    if not os.environ.get("DTEMU_DATA"):
-        monkeypatch.setenv("DTEMU_DATA", str(ROOT.parent / "shared" / "data"))
+    monkeypatch.setenv("DTEMU_DATA", DATA)
 
 
 TINY = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,23 +14,11 @@ from core.errors import RejectedUpdate, ScenarioError
 from core.models import MODELS, build_model, model_cost
 from core.params import flatten, load_flat, num_params, sha256_of
 from core.train import TrainResult, evaluate, train_local
+from helpers import DATA, needs_mnist
 
 
-def _real_root() -> Path | None:
-    """A root holding the real MNIST archives: $DTEMU_DATA, else the shared copy."""
-    names = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-    for cand in (os.environ.get("DTEMU_DATA"), "/work/shared/data"):
-        if cand and all((Path(cand) / "MNIST" / "raw" / f).is_file() for f in names):
-            return Path(cand)
-    return None
-
-
-REAL_ROOT = _real_root()
-needs_real = pytest.mark.skipif(
-    REAL_ROOT is None,
-    reason="no MNIST archives in $DTEMU_DATA/MNIST/raw or /work/shared/data/MNIST/raw",
-)
+REAL_ROOT = Path(DATA)
+needs_real = needs_mnist
 
 
 @pytest.fixture(autouse=True)

@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import HAVE_MNIST
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _have_mnist() -> bool:
-    root = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
-    return (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").exists()
 
 
 def _netns() -> tuple[bool, str]:
@@ -35,7 +32,7 @@ def netns_ok(monkeypatch):
     ok, why = _netns()
     if not ok:
         pytest.skip(f"network namespaces not usable here: {why}")
-    if not _have_mnist():
+    if not HAVE_MNIST:
         pytest.skip("MNIST archives not found (set DTEMU_DATA)")
     if not os.environ.get("DTEMU_DATA"):
         monkeypatch.setenv("DTEMU_DATA", str(ROOT.parent / "shared" / "data"))

@@ -25,7 +25,7 @@ pytest.importorskip("cyclonedds")
 from core.rundir import read_summary  # noqa: E402
 from core.scenario import parse_scenario  # noqa: E402
 from emu.run import run_emulation  # noqa: E402
-from realmode import DATA, ROOT, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
+from helpers import DATA, ROOT, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
 
 pytestmark = needs_mnist
 

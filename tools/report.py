@@ -381,13 +381,20 @@ FL_FIGURES: dict[str, Callable[[list[Run]], Figure]] = {
 }
 
 
+def _write_report(runs: list[Run], out: Path, figures: dict, table: str, name: str,
+                  text: str) -> tuple[list[Path], str]:
+    """Save ``figures`` of ``runs`` and the Markdown ``text`` as ``name``; returns the files and the table."""
+    written = [save_figure(plot(runs), out / fig) for fig, plot in figures.items()]
+    (out / name).write_text(text)
+    written.append(out / name)
+    return written, table
+
+
 def write_fl_report(runs: list[Run], out: Path) -> tuple[list[Path], str]:
     """The four codec-comparison figures and report.md; returns the files and the table."""
-    written = [save_figure(plot(runs), out / name) for name, plot in FL_FIGURES.items()]
     table = fl_markdown(fl_table(runs))
-    (out / "report.md").write_text("# Federated learning: codec comparison\n\n" + table)
-    written.append(out / "report.md")
-    return written, table
+    return _write_report(runs, out, FL_FIGURES, table, "report.md",
+                         "# Federated learning: codec comparison\n\n" + table)
 
 
 # --- data-parallel training: numbers -------------------------------------------
@@ -739,11 +746,9 @@ DDP_FIGURES: dict[str, Callable[[list[Run]], Figure]] = {
 
 def write_ddp_report(runs: list[Run], out: Path) -> tuple[list[Path], str]:
     """The three baseline-vs-DGC figures and ddp.md; returns the files and the table."""
-    written = [save_figure(plot(runs), out / name) for name, plot in DDP_FIGURES.items()]
     table = ddp_markdown(ddp_table(runs))
-    (out / "ddp.md").write_text("# Data-parallel training: dense baseline vs DGC\n\n" + table + DDP_NOTES)
-    written.append(out / "ddp.md")
-    return written, table
+    return _write_report(runs, out, DDP_FIGURES, table, "ddp.md",
+                         "# Data-parallel training: dense baseline vs DGC\n\n" + table + DDP_NOTES)
 
 
 # One report per mode.

@@ -58,24 +58,17 @@ import simpy
 
 from core.codecs import topk_count
 from core.collectives import _HEADER, COLL_FRAMES, Collective, Frame, Handle, encode_frame
+from core.dgc import PAPER_WARMUP, param_shapes
+from core.models import build_model
 from core.runtime import Send, Sleep
 from core.scenario import ComputeSpec
 from emu.compute import ComputeTimer
 from emu.network import Network, link_from_spec
 from emu.runtime import EmuNode, World
 
-# core.models.MnistCnn's parameters in named_parameters() order (tests check this).
-MNIST_CNN_SHAPES: tuple[tuple[str, tuple[int, ...]], ...] = (
-    ("conv1.weight", (32, 1, 3, 3)),
-    ("conv1.bias", (32,)),
-    ("conv2.weight", (64, 32, 3, 3)),
-    ("conv2.bias", (64,)),
-    ("fc1.weight", (128, 9216)),
-    ("fc1.bias", (128,)),
-    ("fc2.weight", (10, 128)),
-    ("fc2.bias", (10,)),
-)
-WARMUP_DENSITIES = (0.25, 0.0625, 0.015625, 0.004)
+# core.models.MnistCnn's parameters in named_parameters() order.
+MNIST_CNN_SHAPES: tuple[tuple[str, tuple[int, ...]], ...] = tuple(param_shapes(build_model("mnist_cnn", seed=0)))
+WARMUP_DENSITIES = PAPER_WARMUP
 FINAL_DENSITY = 0.001
 DGC_DENSITIES = WARMUP_DENSITIES + (FINAL_DENSITY,)
 DEFAULT_WORLDS = (2, 4, 8, 16, 32, 64)

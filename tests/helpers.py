@@ -1,4 +1,4 @@
-"""Helpers shared by the real-mode tests: data, DDS domains, subprocesses.
+"""Helpers shared by the tests: the MNIST archives, DDS domains, subprocesses.
 
 One allocator of DDS domain ids per test process, so two tests never meet on
 a domain; every subprocess runs in a session of its own so that its whole
@@ -17,10 +17,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DATA = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
 
-needs_mnist = pytest.mark.skipif(
-    not (Path(DATA) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").exists(),
-    reason="MNIST archives not found (set DTEMU_DATA)",
-)
+ARCHIVES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+            "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+HAVE_MNIST = all((Path(DATA) / "MNIST" / "raw" / f).is_file() for f in ARCHIVES)
+
+needs_mnist = pytest.mark.skipif(not HAVE_MNIST, reason="MNIST archives not found (set DTEMU_DATA)")
 
 _domains = itertools.count()
 
