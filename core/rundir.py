@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -74,15 +75,20 @@ class RunDir:
         # and `real launch` can follow the file while the run goes on.
         self._events = open(self.path / "events.jsonl", "w", encoding="utf-8", buffering=1)
         self._observers: list[Callable[[dict], None]] = []
+        # Events come from the role's thread and from a transport's receive thread
+        # (rejected frames): one line at a time, observers in the same order.
+        self._lock = threading.RLock()
 
     def observe(self, fn: Callable[[dict], None]) -> None:
         """Also hand every event to ``fn`` (a dashboard)."""
         self._observers.append(fn)
 
     def event(self, event: dict) -> None:
-        self._events.write(dumps(event) + "\n")
-        for fn in self._observers:
-            fn(event)
+        line = dumps(event) + "\n"
+        with self._lock:
+            self._events.write(line)
+            for fn in self._observers:
+                fn(event)
 
     def save_checkpoint(self, data: bytes) -> str:
         atomic_write(self.path / CHECKPOINT, data)
@@ -92,7 +98,8 @@ class RunDir:
         write_json(self.path, name, obj)
 
     def close(self) -> None:
-        self._events.close()
+        with self._lock:
+            self._events.close()
 
 
 def read_events(path: str | Path) -> list[dict]:

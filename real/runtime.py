@@ -25,7 +25,7 @@ from core.rundir import RunDir
 from core.runtime import Compute, Message, Recv, Send, Sleep, WaitPeers
 from core.scenario import ComputeSpec
 
-from .transport import DdsTransport
+from .transport import DdsTransport, RejectLimiter
 
 
 class RealNode:
@@ -46,6 +46,9 @@ class RealNode:
         self._readers: dict[str, tuple[int, int]] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
+        # Frames the transport drops (malformed, orphan, incomplete) become frame_rejected
+        # events, rate-limited per reason so a flood cannot fill the disk.
+        transport.on_reject = RejectLimiter(self.emit)
 
     # --- Context -------------------------------------------------------
     def now(self) -> float:

@@ -18,10 +18,12 @@ import pytest
 
 pytest.importorskip("cyclonedds")
 
+from core.rundir import RunDir, read_events  # noqa: E402
+from real.runtime import RealNode  # noqa: E402
 from real.transport import (  # noqa: E402
-    CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD, DdsTransport, Message,
+    CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD, DdsTransport, Message, RejectLimiter,
 )
-from real.wire import Frame  # noqa: E402
+from real.wire import Frame, encode_frame  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PID = os.getpid()
@@ -320,3 +322,92 @@ def test_config_profiles():
         config_xml("lan", peers=['a"><x'])
     with pytest.raises(ValueError):
         config_xml("nope")
+
+
+# ------------------------------------------------------------------ rejected frames become events
+
+def bad_utf8_frame(msg_id: int) -> bytes:
+    """A serialized Frame CycloneDDS accepts (well-formed CDR) but real.wire refuses (bad UTF-8)."""
+    good = encode_frame(Frame(src="evil", topic=TRAIN_CMD, msg_id=msg_id, total=3, payload=b"abc"))
+    return good.replace(b"evil", b"ev\xffl", 1)
+
+
+def test_garbage_frames_are_counted_as_rate_limited_events(domain, tmp_path):
+    r, w = name("r"), name("w")
+    run = RunDir(tmp_path / "run")
+    with DdsTransport(r, domain_id=domain, subscribe=[TRAIN_CMD], max_message_bytes=1_000_000) as tr, \
+            DdsTransport(w, domain_id=domain) as tw:
+        node = RealNode(r, tr, run, publishes=())
+        limiter = tr.on_reject
+        assert isinstance(limiter, RejectLimiter)
+        limiter.window_s = 60.0  # one window for the whole test: the cap does not depend on timing
+        assert tw.wait_matched({TRAIN_CMD: [r]}, timeout_s=5) == {}
+        raw = tw._writer(TRAIN_CMD)
+        F = lambda **kw: Frame(**{"src": "evil", "dst": "", "topic": TRAIN_CMD, "msg_id": 1, "part": 0,  # noqa: E731
+                                  "parts": 1, "total": 3, "payload": b"abc", **kw})
+        for i in range(15):
+            tw._write(raw, bad_utf8_frame(i))                          # WireError in the receive thread
+            tw.write_frame(TRAIN_CMD, F(parts=0, msg_id=100 + i))      # no parts
+            tw.write_frame(TRAIN_CMD, F(total=10**12, parts=2, msg_id=200 + i))  # above max_message_bytes
+        tw.write_frame(TRAIN_CMD, F(part=1, parts=2, total=6, msg_id=300))      # orphan: no part 0
+        tw.write_frame(TRAIN_CMD, F(src="half", parts=2, total=6, msg_id=400))  # half a message ...
+        tw.write_frame(TRAIN_CMD, F(src="half", msg_id=401))                    # ... its sender moved on
+        tw.send(TRAIN_CMD, b"still alive")
+        got = {m.src: m.data for m in recv_n(tr, 2, timeout_s=5)}
+        assert got == {w: b"still alive", "half": b"abc"}  # the "half" sender's second message is whole
+        assert poll(lambda: tr.stats["malformed"] >= 45, 5), tr.stats
+        assert tr.stats["orphan_frames"] == 1 and tr.stats["incomplete_dropped"] == 1
+        assert tr.stats["errors"] == 0 and tr._thread.is_alive()
+        node.emit("done")
+    # close() flushed the limiter: the suppressed rejects are in a summary
+    run.close()
+    events = read_events(tmp_path / "run")
+    rejected = [e for e in events if e["kind"] == "frame_rejected"]
+    by_reason = {k: [e for e in rejected if e["reason"] == k] for k in ("malformed", "orphan", "incomplete_dropped")}
+    assert len(by_reason["malformed"]) == 20  # the cap per reason and window
+    assert len(by_reason["orphan"]) == 1 and len(by_reason["incomplete_dropped"]) == 1
+    assert all(e["layer"] == "transport" and e["node"] == r and e["detail"] for e in rejected)
+    assert any("utf-8" in e["detail"] for e in by_reason["malformed"])
+    summaries = [e for e in events if e["kind"] == "frame_rejected_summary"]
+    assert sum(e["suppressed"] for e in summaries if e["reason"] == "malformed") == 45 - 20
+    assert max(e["total"] for e in summaries) == 45
+
+
+def test_reject_limiter_windows_and_summaries():
+    now = [0.0]
+    got = []
+    lim = RejectLimiter(lambda kind, **f: got.append((kind, f)), per_window=3, window_s=1.0, clock=lambda: now[0])
+    for _ in range(10):
+        lim("malformed", "x")
+    lim("orphan", "y")
+    assert [g[0] for g in got] == ["frame_rejected"] * 4
+    lim.flush()  # the periodic summary
+    assert got[-1] == ("frame_rejected_summary",
+                       {"layer": "transport", "reason": "malformed", "suppressed": 7, "total": 10})
+    lim.flush()  # nothing new to report
+    assert len(got) == 5
+    now[0] = 1.5  # next window: three more events, the extra one reported when the window after starts
+    for _ in range(4):
+        lim("malformed", "z")
+    now[0] = 3.0
+    lim("malformed", "z")
+    kinds = [g[0] for g in got[5:]]
+    assert kinds == ["frame_rejected"] * 3 + ["frame_rejected_summary", "frame_rejected"]
+    assert got[8][1]["suppressed"] == 1 and got[8][1]["total"] == 14
+
+
+def test_a_failing_reject_callback_does_not_stop_the_receiver(domain):
+    r, w = name("r"), name("w")
+
+    def boom(kind, detail):
+        raise RuntimeError("callback bug")
+
+    with DdsTransport(r, domain_id=domain, subscribe=[TRAIN_CMD], on_reject=boom) as tr, \
+            DdsTransport(w, domain_id=domain) as tw:
+        assert tw.wait_matched({TRAIN_CMD: [r]}, timeout_s=5) == {}
+        tw.write_frame(TRAIN_CMD, Frame(src="evil", topic=TRAIN_CMD, msg_id=1, parts=0, total=3, payload=b"abc"))
+        tw.send(TRAIN_CMD, b"ok")
+        m = tr.recv(TRAIN_CMD, timeout_s=5)
+        assert m is not None and m.data == b"ok"
+        assert poll(lambda: tr.stats["errors"] == 1, 2) and tr.stats["malformed"] == 1
+        assert "callback bug" in tr.last_error and tr._thread.is_alive()
