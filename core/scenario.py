@@ -157,6 +157,54 @@ class OfflineWindow:
     end_s: float | None = None
 
 
+CLIENT_CRASH_POINTS = ("before_train", "during_train", "mid_upload", "after_upload")
+CONTROLLER_CRASH_POINTS = ("mid_round", "before_checkpoint", "after_checkpoint")
+
+
+@dataclass(frozen=True)
+class CrashSpec:
+    """A crash at a point of the protocol rather than at a time, so that it
+    hits the same step of the same round in emu and for real."""
+
+    node: str
+    round: int = field(metadata=check(positive))
+    # Clients: before_train (the command arrived), during_train, mid_upload
+    # (half of the update's bytes sent), after_upload.  Controller: mid_round
+    # (the command is out, no update in yet), before_checkpoint (aggregated,
+    # not saved: the round must be done again), after_checkpoint (saved, the
+    # new model not yet published).
+    at: Literal["before_train", "during_train", "mid_upload", "after_upload",
+                "mid_round", "before_checkpoint", "after_checkpoint"] = "during_train"
+    # Restart (from scratch; the controller from its latest checkpoint) this
+    # long after the crash; None: the node stays down.
+    restart_after_s: float | None = field(default=None, metadata=check(non_negative))
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """``nodes`` can reach one another but no one else from start_s to end_s;
+    messages that cross the cut meanwhile are lost (a partition is not a
+    restart: nothing is replayed when it heals)."""
+
+    nodes: list[str]
+    start_s: float = field(metadata=check(non_negative))
+    end_s: float = field(metadata=check(positive))
+
+
+@dataclass(frozen=True)
+class CorruptSpec:
+    """A faulty (or hostile) client whose updates go out damaged."""
+
+    node: str
+    # nan / inf: some values replaced; scale: every value times `scale` (caught
+    # by fl.max_update_norm); garbage: the codec packet overwritten with noise;
+    # stale: the update claims the previous round.
+    kind: Literal["nan", "inf", "scale", "garbage", "stale"] = "nan"
+    # The rounds in which it misbehaves (empty: every round).
+    rounds: list[int] = field(default_factory=list)
+    scale: float = field(default=1e6, metadata=check(positive))
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     # Each client sits out each round with this probability (decided from the seed).
@@ -164,6 +212,19 @@ class FaultSpec:
     # Crashes: the node loses its state, misses what is sent meanwhile, and
     # (if end_s is set) restarts from scratch.
     offline: list[OfflineWindow] = field(default_factory=list)
+    crashes: list[CrashSpec] = field(default_factory=list)
+    partitions: list[PartitionSpec] = field(default_factory=list)
+    # Per delivered message (decided from the seed): lost outright (beyond the
+    # link's packet loss, which reliable delivery repairs), delivered twice,
+    # or held back by up to reorder_s so that later messages overtake it.
+    message_loss: float = field(default=0.0, metadata=check(probability))
+    duplicate_p: float = field(default=0.0, metadata=check(probability))
+    reorder_s: float = field(default=0.0, metadata=check(non_negative))
+    corrupt: list[CorruptSpec] = field(default_factory=list)
+
+    @property
+    def perturbs_delivery(self) -> bool:
+        return bool(self.partitions or self.message_loss or self.duplicate_p or self.reorder_s)
 
 
 @dataclass(frozen=True)
@@ -303,9 +364,44 @@ def validate(s: Scenario) -> None:
             raise ScenarioError(
                 f"{path}.node", f"no such node {window.node!r} (nodes are {', '.join(s.node_names)})"
             )
-        if window.node == CONTROLLER:
-            raise ScenarioError(
-                f"{path}.node", "the controller cannot be taken offline in emu (restart it with init_path)"
-            )
         if window.end_s is not None and window.end_s <= window.start_s:
             raise ScenarioError(f"{path}.end_s", f"must be after start_s ({window.start_s})")
+    _validate_faults(s, known)
+
+
+def _validate_faults(s: Scenario, known: set[str]) -> None:
+    faults = s.faults
+    nodes = ", ".join(s.node_names)
+
+    def node(path: str, name: str) -> None:
+        if name not in known:
+            raise ScenarioError(path, f"no such node {name!r} (nodes are {nodes})")
+
+    for i, crash in enumerate(faults.crashes):
+        path = f"faults.crashes[{i}]"
+        if s.mode != "fl":
+            raise ScenarioError(path, "crashes at protocol points are FL faults (DDP: faults.offline)")
+        node(f"{path}.node", crash.node)
+        points = CONTROLLER_CRASH_POINTS if crash.node == CONTROLLER else CLIENT_CRASH_POINTS
+        if crash.at not in points:
+            raise ScenarioError(f"{path}.at", f"{crash.node} can crash at {', '.join(points)}; got {crash.at!r}")
+        if crash.round > s.fl.rounds:
+            raise ScenarioError(f"{path}.round", f"round {crash.round} is after the last round ({s.fl.rounds})")
+    for i, part in enumerate(faults.partitions):
+        path = f"faults.partitions[{i}]"
+        if not part.nodes:
+            raise ScenarioError(f"{path}.nodes", "name at least one node to cut off")
+        for j, name in enumerate(part.nodes):
+            node(f"{path}.nodes[{j}]", name)
+        if len(set(part.nodes)) == len(known):
+            raise ScenarioError(f"{path}.nodes", "a partition of every node cuts nothing off")
+        if part.end_s <= part.start_s:
+            raise ScenarioError(f"{path}.end_s", f"must be after start_s ({part.start_s})")
+    for i, bad in enumerate(faults.corrupt):
+        path = f"faults.corrupt[{i}]"
+        node(f"{path}.node", bad.node)
+        if s.mode != "fl" or bad.node == CONTROLLER:
+            raise ScenarioError(f"{path}.node", "only FL clients send updates that can be corrupted")
+        for j, r in enumerate(bad.rounds):
+            if not 1 <= r <= s.fl.rounds:
+                raise ScenarioError(f"{path}.rounds[{j}]", f"expected a round in 1..{s.fl.rounds}, got {r}")

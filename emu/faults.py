@@ -32,6 +32,19 @@ def schedule_offline(world, scenario: Scenario) -> set[str]:
     return down_at_start
 
 
+def schedule_partitions(world, scenario: Scenario) -> None:
+    """Log each partition as it starts and heals (the cut itself is World.delivery's)."""
+    for part in scenario.faults.partitions:
+        world.env.process(_partition(world, part))
+
+
+def _partition(world, part):
+    yield world.env.timeout(part.start_s)
+    world.emit(part.nodes[0], "fault", fault="partition_start", nodes=list(part.nodes))
+    yield world.env.timeout(part.end_s - part.start_s)
+    world.emit(part.nodes[0], "fault", fault="partition_end", nodes=list(part.nodes))
+
+
 def _offline(world, node: str, start_s: float, end_s: float | None):
     if start_s > 0:
         yield world.env.timeout(start_s)

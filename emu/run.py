@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 import simpy
 import torch
 
+from core.errors import DtemuError
 from core.params import sha256_of
 from core.roles.client import client
 from core.collectives import COLL_FRAMES
@@ -20,7 +21,7 @@ from core.scenario import CONTROLLER, Scenario
 from core.workload import Workload
 
 from .compute import ComputeTimer
-from .faults import DropoutFilter, schedule_offline
+from .faults import DropoutFilter, schedule_offline, schedule_partitions
 from .network import Network, link_from_spec
 from .runtime import EmuNode, World
 
@@ -33,14 +34,16 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
         for link in [scenario.link(name)]
     }
     network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu)
-    world = World(env, network, run.event, run.save_checkpoint)
+    world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed)
     world.delivery_filter = DropoutFilter(scenario, world.emit)
     for rank, name in enumerate(scenario.node_names):
         timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
         if scenario.mode == "ddp":
             make, topics = (lambda ctx, r=rank: worker(ctx, scenario, work, r)), (COLL_FRAMES,)
         elif name == CONTROLLER:
-            make, topics = (lambda ctx: controller(ctx, scenario, work, init)), (CLIENT_UPDATE,)
+            # A restarted controller resumes from its latest checkpoint, as `real` does with init_path.
+            make = lambda ctx: controller(ctx, scenario, work, world.last_checkpoint or init)  # noqa: E731
+            topics = (CLIENT_UPDATE,)
         else:
             make, topics = (lambda ctx, i=rank: client(ctx, scenario, work, i)), (TRAIN_CMD, MODEL_BLOB)
         world.add(EmuNode(world, name, topics, make, timer))
@@ -64,6 +67,7 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         env = simpy.Environment()
         world = build_world(env, scenario, work, run, init)
         down = schedule_offline(world, scenario)
+        schedule_partitions(world, scenario)
         for name in scenario.node_names:
             if name not in down:
                 world.start(name)
@@ -73,13 +77,20 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
             summary = _ddp_summary(scenario, world, [p.value for p in procs], env.now,
                                    time.perf_counter() - wall_start)
         else:
-            ctrl = world.nodes[CONTROLLER].process
-            env.run(until=ctrl)
-            end = env.now
-            # Let what is still in flight land (the last model, Stop), as it would
+            # Until the controller's role returns (it may crash and restart on the way),
+            # then let what is still in flight land (the last model, Stop), as it would
             # for real; clients exit on Stop, so the event queue runs dry.
+            done = world.nodes[CONTROLLER].finished
+            try:
+                env.run(until=done)
+            except RuntimeError:
+                if done.triggered:
+                    raise
+                raise DtemuError(f"the controller stopped at t={env.now:g} s without finishing the run "
+                                 "(it crashed and was not restarted); nothing is left to happen") from None
+            end = env.now
             env.run()
-            summary = _summary(scenario, world, ctrl.value, end, time.perf_counter() - wall_start)
+            summary = _summary(scenario, world, done.value, end, time.perf_counter() - wall_start)
         run.write_json("summary.json", summary)
         return summary
     finally:

@@ -13,6 +13,11 @@ request (core.runtime) into simulated time:
 A crash (``crash``) interrupts the process: the role's state, its inbox and
 its flows are lost.  ``restart`` starts the role again from scratch and hands
 it the latest sample of every durable topic, as DDS TRANSIENT_LOCAL would.
+
+Faults at protocol points (``core.faults.CrashPlan``) are checked on every
+event a role emits: a crash that lands ``NOW`` makes the node dead at once
+(it logs and saves nothing more, its next request never runs); the others
+land inside the next Compute or Send, which the driver cuts short.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from typing import Any, Callable, Iterable
 
 import simpy
 
-from core.runtime import DURABLE_TOPICS, Compute, Message, Recv, Send, Sleep, WaitPeers
+from core import faults as faultlib
+from core.runtime import CLIENT_UPDATE, DURABLE_TOPICS, Compute, Message, Recv, Send, Sleep, WaitPeers
+
+from core.scenario import FaultSpec
 
 from .compute import ComputeTimer
 from .network import Network
@@ -54,28 +62,49 @@ class EmuNode:
         self.inbox = _Inbox()
         self.process: simpy.Process | None = None
         self.up = False
+        self.dead = False  # crashed at a protocol point; the driver has not noticed yet
+        self.armed: faultlib.Crash | None = None
+        self.starts = 0
         self.result: Any = None
+        # Succeeds when the role returns (not when a crash ends the process).
+        self.finished = world.env.event()
 
     # --- Context -------------------------------------------------------
     def now(self) -> float:
         return self.world.env.now
 
+    @property
+    def incarnation(self) -> int:
+        return self.starts
+
     def emit(self, kind: str, **fields: Any) -> None:
+        if self.dead:
+            return
         self.world.emit(self.node, kind, **fields)
+        crash = self.world.crash_plan.trigger(self.node, kind, fields)
+        if crash is not None:
+            self.world.emit(self.node, "fault", fault="crash", at=crash.spec.at, round=crash.spec.round)
+            if crash.landing == faultlib.NOW:
+                self.dead = True
+            else:
+                self.armed = crash
 
     def save_checkpoint(self, data: bytes) -> str:
+        if self.dead:
+            return ""  # it died before it could save
         return self.world.save_checkpoint(data)
 
     # --- lifecycle -----------------------------------------------------
     def start(self) -> simpy.Process:
-        self.up = True
+        self.up, self.dead, self.armed = True, False, None
+        self.starts += 1
         self.inbox = _Inbox()
         self.process = self.world.env.process(self._drive(self.make_role(self)))
         return self.process
 
-    def crash(self) -> None:
+    def crash(self, interrupt: bool = True) -> None:
         self.up = False
-        if self.process is not None and self.process.is_alive:
+        if interrupt and self.process is not None and self.process.is_alive:
             self.process.interrupt("crash")
         self.inbox = _Inbox()
 
@@ -98,8 +127,19 @@ class EmuNode:
                     request = role.throw(error) if error is not None else role.send(value)
                 except StopIteration as stop:
                     self.result = stop.value
+                    self.finished.succeed(stop.value)
                     return stop.value
+                except Exception as err:
+                    if not self.finished.callbacks:
+                        raise
+                    self.finished.fail(err)  # whoever waits for the role gets its error as it was
+                    return None
                 value, error = None, None
+                if self.dead:
+                    break
+                if self.armed is not None and isinstance(request, (Send, Compute)):
+                    yield from self._land(self.armed, request)
+                    break
                 if isinstance(request, Send):
                     value = yield from self._send(request)
                 elif isinstance(request, Recv):
@@ -119,8 +159,33 @@ class EmuNode:
                     error = TypeError(f"{self.node}: unknown request {request!r}")
         except simpy.Interrupt:
             role.close()  # the crash: the role's state is gone
+            return None
+        # A crash at a protocol point, from inside this process.
+        role.close()
+        self.world.crash(self.node, interrupt=False)
+        restart = self.world.crash_plan.restart_after(self.node)
+        if restart is not None:
+            yield self.world.env.timeout(restart)
+            self.world.restart(self.node)
+
+    def _land(self, crash: faultlib.Crash, request):
+        """Carry out ``request`` as far as ``crash`` lets it get."""
+        env = self.world.env
+        if crash.landing == faultlib.IN_COMPUTE and isinstance(request, Compute):
+            # Halfway through the job; the work is lost, so it is not even run.
+            yield env.timeout(self.timer.duration(request.samples, request.kind) / 2)
+        elif crash.landing == faultlib.IN_SEND and isinstance(request, Send):
+            targets = self.world.receivers(self.node, request.topic, request.to)
+            for dst in targets:
+                self.world.transmit(self.node, dst, request.topic, request.data)
+            # Half of the bytes at the uplink's full rate: the flows are still going.
+            yield env.timeout(len(request.data) * 8 / self.world.network.links[self.node].up_bps / 2)
+        elif crash.landing == faultlib.AFTER_SEND and isinstance(request, Send):
+            yield from self._send(request)
 
     def _send(self, req: Send):
+        if req.topic == CLIENT_UPDATE:
+            req = Send(req.topic, self.world.corrupt(self.node, req.data), req.to)
         targets = self.world.receivers(self.node, req.topic, req.to)
         if req.topic in DURABLE_TOPICS:
             self.world.durable[(self.node, req.topic)] = req.data
@@ -151,8 +216,14 @@ class World:
     """Every node, the network and the event log of one emulated run."""
 
     def __init__(self, env: simpy.Environment, network: Network,
-                 emit: Callable[[dict], None], save_checkpoint: Callable[[bytes], str]):
+                 emit: Callable[[dict], None], save_checkpoint: Callable[[bytes], str],
+                 faults: FaultSpec | None = None, seed: int = 0):
         self.env = env
+        self.faults = faults or FaultSpec()
+        self.seed = seed
+        self.crash_plan = faultlib.CrashPlan(self.faults)
+        self.delivery = faultlib.DeliveryFaults(self.faults, seed) if self.faults.perturbs_delivery else None
+        self.last_checkpoint: bytes | None = None
         self.network = network
         self.nodes: dict[str, EmuNode] = {}
         self.durable: dict[tuple[str, str], bytes] = {}
@@ -170,7 +241,19 @@ class World:
         self._emit({"t": round(self.env.now, 9), "node": node, "kind": kind, **fields})
 
     def save_checkpoint(self, data: bytes) -> str:
+        self.last_checkpoint = data  # a restarted controller resumes from it
         return self._save_checkpoint(data)
+
+    def corrupt(self, node: str, data: bytes) -> bytes:
+        """An update as ``faults.corrupt`` damages it (unchanged for honest clients)."""
+        if not self.faults.corrupt:
+            return data
+        round_ = faultlib.update_round(data)
+        spec = faultlib.corruption_for(self.faults, node, round_) if round_ is not None else None
+        if spec is None:
+            return data
+        self.emit(node, "fault", fault="corrupt", corruption=spec.kind, round=round_)
+        return faultlib.corrupt_update(data, spec, seed=self.seed * 1000003 + round_)
 
     # --- membership ----------------------------------------------------
     def start(self, name: str) -> simpy.Process:
@@ -180,8 +263,8 @@ class World:
         self._membership_changed()
         return proc
 
-    def crash(self, name: str) -> None:
-        self.nodes[name].crash()
+    def crash(self, name: str, interrupt: bool = True) -> None:
+        self.nodes[name].crash(interrupt)
         self.network.fail_node(name)
         self.emit(name, "node_down")
         self._membership_changed()
@@ -219,7 +302,7 @@ class World:
     def transmit(self, src: str, dst: str, topic: str, data: bytes) -> simpy.Event:
         sent_at = self.env.now
 
-        def arrive() -> None:
+        def land() -> None:
             node = self.nodes[dst]
             msg = Message(topic, src, data, sent_at=sent_at, received_at=self.env.now)
             if not node.up:
@@ -230,4 +313,23 @@ class World:
                       comm_s=round(self.env.now - sent_at, 9))
             node.deliver(msg)
 
+        def arrive() -> None:
+            if self.delivery is None:
+                return land()
+            copies = self.delivery.copies(src, dst, self.env.now)
+            if not copies:
+                why = "partition" if self.delivery.partitioned(src, dst, self.env.now) else "message_lost"
+                self.emit(dst, "fault", fault=why, src=src, topic=topic, bytes=len(data))
+            elif len(copies) > 1:
+                self.emit(dst, "fault", fault="duplicate", src=src, topic=topic)
+            for delay in copies:
+                if delay > 0:
+                    self.env.process(self._later(delay, land))
+                else:
+                    land()
+
         return self.network.send(src, dst, len(data), arrive)
+
+    def _later(self, delay: float, fn: Callable[[], None]):
+        yield self.env.timeout(delay)
+        fn()

@@ -73,8 +73,8 @@ def _handle(ctx, state: _State, msg, dim: int) -> None:
         elif isinstance(m, TrainCmd):
             if state.last_sent is not None and state.last_sent[0] == (m.round, m.seed):
                 state.resend = True  # the same command again: our answer was lost
-            elif (m.round, m.seed) in state.done or m.round <= state.model_round:
-                pass  # answered already, or overtaken by a newer model
+            elif (m.round, m.seed) in state.done or m.round <= state.model_round or m == state.cmd:
+                pass  # answered already, overtaken by a newer model, or a duplicate
             elif state.cmd is None or m.round >= state.cmd.round:
                 if state.cmd is not None:
                     ctx.emit("cmd_skipped", round=state.cmd.round, newer=m.round)

@@ -52,6 +52,9 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         result.weights, start = ckpt.weights, ckpt.round + 1
         result.rounds_completed = ckpt.extra.get("rounds_completed", ckpt.round)
         result.rounds_failed = ckpt.extra.get("rounds_failed", 0)
+        counts = ckpt.extra.get("counts", {})  # the tallies survive a restart too
+        if isinstance(counts, dict):
+            result.counts.update({k: v for k, v in counts.items() if isinstance(v, int)})
         ctx.emit("resume", round=ckpt.round, model_sha256=sha256_of(result.weights))
     ctx.emit("run_start", clients=list(clients), rounds=fl.rounds, first_round=start, dim=work.dim)
 
@@ -90,7 +93,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
             if fl.on_failed_round == "retry" and attempt < fl.max_retries:
                 attempt += 1
                 continue
-        extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed}
+        extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed,
+                 "counts": dict(result.counts)}
         where = ctx.save_checkpoint(
             encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra))
         )
