@@ -5,7 +5,6 @@ pid in them, so concurrent test runs on the same machine do not talk to each
 other.  All waits are bounded.
 """
 
-import itertools
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 pytest.importorskip("cyclonedds")
 
 from core.rundir import RunDir, read_events  # noqa: E402
+from helpers import new_domain  # noqa: E402
 from real.runtime import RealNode  # noqa: E402
 from real.transport import (  # noqa: E402
     CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD, DdsTransport, Message, RejectLimiter,
@@ -27,13 +27,12 @@ from real.wire import Frame, encode_frame  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PID = os.getpid()
-_domains = itertools.count()
 
 
 @pytest.fixture
 def domain():
-    # 1..230; a different one for every test of this run
-    return 1 + (PID * 7 + 31 * next(_domains)) % 230
+    # 1..230; a different one for every test of this process (one allocator for all test files)
+    return new_domain()
 
 
 def name(s: str) -> str:
