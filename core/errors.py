@@ -60,3 +60,15 @@ class BarrierTimeout(DtemuError):
         super().__init__(
             f"barrier timed out after {waited_s:g}s; missing: {', '.join(self.missing)}"
         )
+
+
+class AuthError(DecodeError):
+    """A sealed message that must not be used: ``reason`` is unsigned, forged or replayed."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}")
+
+
+class KeyFileError(DtemuError):
+    """A shared key that cannot be used (unreadable file, too short)."""

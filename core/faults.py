@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import codecs, messages
+from . import auth, codecs, messages
 from .errors import DecodeError
 from .messages import ClientUpdate
 from .scenario import CrashSpec, CorruptSpec, FaultSpec
@@ -103,11 +103,11 @@ class DeliveryFaults:
 
 
 def update_round(data: bytes) -> int | None:
-    """The round of an encoded ClientUpdate, if it is one."""
+    """The round of an encoded (or sealed) ClientUpdate, if it is one."""
     try:
         up = messages.decode(data)
     except DecodeError:
-        return None
+        return auth.peek_round(data)  # a sealed one
     return up.round if isinstance(up, ClientUpdate) else None
 
 

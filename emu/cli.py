@@ -1,4 +1,4 @@
-"""``emu run SCENARIO [--set k=v]... [--out DIR] [--no-tui]``
+"""``emu run SCENARIO [--set k=v]... [--out DIR] [--no-tui] [--key-file F]``
 
 Exit codes: 0 done; 2 the scenario or a file it names is invalid; 3 the run
 stopped on a dtemu error (a barrier timeout, a bad checkpoint, missing data);
@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from core.errors import DtemuError, ScenarioError
+from core.auth import load_key
+from core.errors import DtemuError, KeyFileError, ScenarioError
 from core.scenario import load_scenario
 
 
@@ -25,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario value, e.g. --set fl.codec=q8 (repeatable)")
     run.add_argument("--out", help="run folder (default: runs/<name>-<date>-<time>)")
     run.add_argument("--no-tui", action="store_true", help="no live dashboard")
+    run.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
+                                        "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
     return p
 
 
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scenario = load_scenario(args.scenario, args.overrides)
         init = read_init(scenario.fl.init_path)
-    except ScenarioError as err:
+        key, _ = load_key(args.key_file)
+    except (ScenarioError, KeyFileError) as err:
         print(f"emu: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(scenario.name)
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                           enabled=not args.no_tui and sys.stdout.isatty())
     try:
         with dashboard:
-            summary = run_emulation(scenario, out, init=init, observers=[dashboard.observe])
+            summary = run_emulation(scenario, out, init=init, observers=[dashboard.observe], key=key)
     except KeyboardInterrupt:
         print(f"emu: interrupted; partial run in {out}", file=sys.stderr)
         return 130

@@ -27,7 +27,7 @@ from .runtime import EmuNode, World
 
 
 def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run: RunDir,
-                init: bytes | None = None) -> World:
+                init: bytes | None = None, key: bytes | None = None) -> World:
     links = {
         name: link_from_spec(link.up_mbps, link.down_mbps, link.latency_ms, link.loss)
         for name in scenario.node_names
@@ -42,19 +42,21 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
             make, topics = (lambda ctx, r=rank: worker(ctx, scenario, work, r)), (COLL_FRAMES,)
         elif name == CONTROLLER:
             # A restarted controller resumes from its latest checkpoint, as `real` does with init_path.
-            make = lambda ctx: controller(ctx, scenario, work, world.last_checkpoint or init)  # noqa: E731
+            make = lambda ctx: controller(ctx, scenario, work, world.last_checkpoint or init, key)  # noqa: E731
             topics = (CLIENT_UPDATE,)
         else:
-            make, topics = (lambda ctx, i=rank: client(ctx, scenario, work, i)), (TRAIN_CMD, MODEL_BLOB)
+            make, topics = (lambda ctx, i=rank: client(ctx, scenario, work, i, key)), (TRAIN_CMD, MODEL_BLOB)
         world.add(EmuNode(world, name, topics, make, timer))
     return world
 
 
 def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = None,
-                  observers: Iterable[Callable[[dict], None]] = (), work: Workload | None = None) -> dict:
+                  observers: Iterable[Callable[[dict], None]] = (), work: Workload | None = None,
+                  key: bytes | None = None) -> dict:
     """Run ``scenario`` in virtual time; returns the summary also written to ``out_dir``.
 
-    ``work`` replaces the scenario's learning task (tests use a stand-in).
+    ``work`` replaces the scenario's learning task (tests use a stand-in);
+    ``key`` seals every FL message (core.auth).
     """
     wall_start = time.perf_counter()
     torch.set_num_threads(scenario.threads)
@@ -65,7 +67,7 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         run.write_json("scenario.json", scenario.to_dict())
         work = work or Workload(scenario)
         env = simpy.Environment()
-        world = build_world(env, scenario, work, run, init)
+        world = build_world(env, scenario, work, run, init, key)
         down = schedule_offline(world, scenario)
         schedule_partitions(world, scenario)
         for name in scenario.node_names:

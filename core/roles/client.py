@@ -9,10 +9,13 @@ goes back encoded with the scenario's codec.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from .. import codecs, messages
-from ..errors import DecodeError
+from ..auth import Sealer
+from ..errors import AuthError, DecodeError
 from ..messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from ..runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send
 from ..scenario import CONTROLLER, Scenario
@@ -30,11 +33,15 @@ class _State:
         # checkpoint repeats that command, and the answer it missed goes again.
         self.last_sent: tuple[tuple[int, int], bytes] | None = None
         self.resend = False
+        self.rejected: Counter = Counter()  # messages refused, by reason
 
 
-def client(ctx, scenario: Scenario, work: Workload, index: int):
-    """Client ``index`` (1-based); runs until the controller says Stop."""
+def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | None = None):
+    """Client ``index`` (1-based); runs until the controller says Stop.
+
+    ``key``: the shared key that seals every message (core.auth); None: no sealing."""
     fl = scenario.fl
+    auth = Sealer(key, ctx.node, getattr(ctx, "incarnation", 0))
     params = codecs.CodecParams(fl.codec, chunk=fl.chunk, density=fl.density)
     feedback = codecs.ErrorFeedback(params) if fl.error_feedback and fl.codec != "fp32" else None
     state = _State()
@@ -43,12 +50,12 @@ def client(ctx, scenario: Scenario, work: Workload, index: int):
             state.resend = False
             (round_, _), data = state.last_sent
             ctx.emit("update_resent", round=round_, bytes=len(data))
-            yield Send(CLIENT_UPDATE, data, to=CONTROLLER)
+            yield Send(CLIENT_UPDATE, auth.seal(CLIENT_UPDATE, round_, data), to=CONTROLLER)
             continue
         cmd = state.cmd
         if cmd is not None and state.model_round == cmd.round - 1:
             state.cmd = None
-            data = yield from _train_and_upload(ctx, work, index, cmd, state.weights, params, feedback)
+            data = yield from _train_and_upload(ctx, work, index, cmd, state.weights, params, feedback, auth)
             state.done.add((cmd.round, cmd.seed))
             if data is not None:
                 state.last_sent = ((cmd.round, cmd.seed), data)
@@ -57,15 +64,17 @@ def client(ctx, scenario: Scenario, work: Workload, index: int):
         # that we act on the newest command and the newest model.
         msg = yield Recv((TRAIN_CMD, MODEL_BLOB))
         while msg is not None:
-            _handle(ctx, state, msg, work.dim)
+            _handle(ctx, state, msg, work.dim, auth)
             msg = yield Recv((TRAIN_CMD, MODEL_BLOB), deadline=ctx.now())
-    ctx.emit("client_stop", round=state.stop.round, reason=state.stop.reason)
+    ctx.emit("client_stop", round=state.stop.round, reason=state.stop.reason, rejected=dict(state.rejected))
     return state.model_round
 
 
-def _handle(ctx, state: _State, msg, dim: int) -> None:
+def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
     try:
-        m = messages.decode(msg.data)
+        m = messages.decode(auth.open(msg.topic, msg.src, msg.data).data)
+        if auth.enabled and msg.src != CONTROLLER:
+            raise AuthError("forged", f"{msg.src!r} is not the controller")
         if isinstance(m, ModelBlob):
             if m.round > state.model_round:
                 state.weights = codecs.decode(m.packet, expected_dim=dim).to_dense()
@@ -84,14 +93,16 @@ def _handle(ctx, state: _State, msg, dim: int) -> None:
         else:
             raise DecodeError(f"unexpected {type(m).__name__} on {msg.topic}")
     except DecodeError as err:
-        ctx.emit("message_rejected", topic=msg.topic, src=msg.src, error=str(err))
+        reason = err.reason if isinstance(err, AuthError) else "malformed"
+        state.rejected[reason] += 1
+        ctx.emit("message_rejected", topic=msg.topic, src=msg.src, reason=reason, error=str(err))
     # A command the model we hold has overtaken can never run: drop it.
     if state.cmd is not None and state.cmd.round <= state.model_round:
         ctx.emit("cmd_skipped", round=state.cmd.round, model_round=state.model_round)
         state.cmd = None
 
 
-def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, params, feedback):
+def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, params, feedback, auth: Sealer):
     samples = cmd.epochs * work.subset_size(index, cmd.subset)
     ctx.emit("train_start", round=cmd.round, samples=samples)
     new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
@@ -112,7 +123,8 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
         packet=packet,
     )
     data = messages.encode(update)
-    ctx.emit("upload_start", round=cmd.round, bytes=len(data), steps=result.steps, loss=float(result.mean_loss))
-    yield Send(CLIENT_UPDATE, data, to=CONTROLLER)
-    ctx.emit("upload_done", round=cmd.round, bytes=len(data))
+    sealed = auth.seal(CLIENT_UPDATE, cmd.round, data)
+    ctx.emit("upload_start", round=cmd.round, bytes=len(sealed), steps=result.steps, loss=float(result.mean_loss))
+    yield Send(CLIENT_UPDATE, sealed, to=CONTROLLER)
+    ctx.emit("upload_done", round=cmd.round, bytes=len(sealed))
     return data

@@ -17,7 +17,8 @@ import numpy as np
 from .. import codecs, messages
 from ..aggregate import FedAvg, Update, check_update
 from ..checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from ..errors import BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
+from ..auth import Sealer
+from ..errors import AuthError, BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
 from ..messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from ..params import sha256_of
 from ..runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send, WaitPeers
@@ -37,9 +38,11 @@ class ControllerResult:
     counts: Counter = field(default_factory=Counter)
 
 
-def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = None):
+def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = None, key: bytes | None = None):
+    """``key``: the shared key that seals every message (core.auth); None: no sealing."""
     fl = scenario.fl
     clients = tuple(scenario.client_names)
+    auth = Sealer(key, ctx.node, getattr(ctx, "incarnation", 0))
     result = ControllerResult(weights=work.initial_weights)
     start = 1
     if init is not None:
@@ -56,10 +59,11 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         if isinstance(counts, dict):
             result.counts.update({k: v for k, v in counts.items() if isinstance(v, int)})
         ctx.emit("resume", round=ckpt.round, model_sha256=sha256_of(result.weights))
-    ctx.emit("run_start", clients=list(clients), rounds=fl.rounds, first_round=start, dim=work.dim)
+    ctx.emit("run_start", clients=list(clients), rounds=fl.rounds, first_round=start, dim=work.dim,
+             authenticated=auth.enabled)
 
     yield from _barrier(ctx, fl, clients)
-    yield Send(MODEL_BLOB, _blob(start - 1, result.weights))
+    yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, _blob(start - 1, result.weights)))
 
     strategy = FedAvg(server_lr=fl.server_lr)
     round_, attempt = start, 0
@@ -67,8 +71,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         cmd = TrainCmd(round_, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, round_, attempt))
         ctx.emit("round_start", round=round_, attempt=attempt)
         deadline = ctx.now() + fl.round_timeout_s  # the round's clock starts before the command leaves
-        yield Send(TRAIN_CMD, messages.encode(cmd))
-        updates = yield from _collect(ctx, scenario, work.dim, cmd, clients, deadline, result.counts)
+        yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)))
+        updates = yield from _collect(ctx, scenario, work.dim, cmd, clients, deadline, result.counts, auth)
         ready = len(updates)
         ctx.emit(
             "round_close",
@@ -99,7 +103,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
             encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra))
         )
         ctx.emit("checkpoint", round=round_, path=where)
-        yield Send(MODEL_BLOB, _blob(round_, result.weights))
+        yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, _blob(round_, result.weights)))
         if round_ % fl.eval_every == 0 or round_ == fl.rounds:
             weights = result.weights
             accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval")
@@ -107,7 +111,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
             ctx.emit("eval", round=round_, accuracy=accuracy)
         round_, attempt = round_ + 1, 0
 
-    yield Send(TRAIN_CMD, messages.encode(Stop(min(round_, fl.rounds), result.stop_reason)))
+    last = min(round_, fl.rounds)
+    yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, last, messages.encode(Stop(last, result.stop_reason))))
     ctx.emit("run_end", reason=result.stop_reason, rounds_completed=result.rounds_completed,
              rounds_failed=result.rounds_failed, model_sha256=sha256_of(result.weights),
              counts=dict(sorted(result.counts.items())))
@@ -129,7 +134,7 @@ def _barrier(ctx, fl, clients):
         raise BarrierTimeout(missing, fl.barrier_timeout_s)
 
 
-def _collect(ctx, scenario, dim, cmd, clients, deadline, counts):
+def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
     """Updates for ``cmd`` until all are in or ``deadline``; everything else is counted."""
     got: dict[str, Update] = {}
     while len(got) < len(clients):
@@ -137,9 +142,22 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts):
         if msg is None:
             break
         try:
-            up = messages.decode(msg.data)
+            sealed = auth.open(CLIENT_UPDATE, msg.src, msg.data)
+        except AuthError as err:
+            counts[err.reason] += 1
+            ctx.emit("update_rejected", src=msg.src, reason=err.reason, error=str(err))
+            continue
+        try:
+            up = messages.decode(sealed.data)
             if not isinstance(up, ClientUpdate):
                 raise DecodeError(f"expected a ClientUpdate, got a {type(up).__name__}")
+            if auth.enabled and (up.client, up.round) != (sealed.sender, sealed.round):
+                raise AuthError("forged", f"{sealed.sender!r} signed an update of {up.client!r} "
+                                          f"for round {up.round} as round {sealed.round}")
+        except AuthError as err:
+            counts[err.reason] += 1
+            ctx.emit("update_rejected", src=msg.src, reason=err.reason, error=str(err))
+            continue
         except DecodeError as err:
             counts["malformed"] += 1
             ctx.emit("update_rejected", src=msg.src, reason="malformed", error=str(err))
