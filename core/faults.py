@@ -40,6 +40,7 @@ _TRIGGERS = {
 
 _DELIVERY_STREAM = 0xFA17  # keeps these draws apart from other uses of the seed
 _CORRUPT_STREAM = 0xBAD
+_DROPOUT_STREAM = 0x0D0B
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,33 @@ class DeliveryFaults:
         return [float(d) for d in self.rng.uniform(0.0, f.reorder_s, size=n)]
 
 
-def update_round(data: bytes) -> int | None:
-    """The round of an encoded (or sealed) ClientUpdate, if it is one."""
+def peek(data: bytes):
+    """The wire message in ``data``, sealed or not, unverified (None if it is not one).
+
+    Fault injection looks inside messages to pick its targets; it must not care
+    whether a key seals them."""
     try:
-        up = messages.decode(data)
+        return messages.decode(auth.peek_inner(data))
     except DecodeError:
-        return auth.peek_round(data)  # a sealed one
-    return up.round if isinstance(up, ClientUpdate) else None
+        return None
+
+
+def drops_round(seed: int, rank: int, round_: int, p: float) -> bool:
+    """Does client ``rank`` sit out ``round_`` (faults.dropout_p)?"""
+    if p <= 0:
+        return False
+    return bool(np.random.default_rng([seed, _DROPOUT_STREAM, rank, round_]).random() < p)
+
+
+def damage(faults: FaultSpec, node: str, data: bytes, seed: int) -> tuple[bytes, CorruptSpec | None, int]:
+    """(``data`` as ``faults.corrupt`` damages it, the spec applied or None, the round)."""
+    up = peek(data) if faults.corrupt else None
+    if not isinstance(up, ClientUpdate):
+        return data, None, -1
+    spec = corruption_for(faults, node, up.round)
+    if spec is None:
+        return data, None, up.round
+    return corrupt_update(data, spec, seed=seed * 1000003 + up.round), spec, up.round
 
 
 def corruption_for(faults: FaultSpec, node: str, round_: int) -> CorruptSpec | None:

@@ -1,6 +1,6 @@
-"""Faults of an emulated run: crashes with restarts, and per-round dropouts.
+"""Faults of an emulated run: crash windows with restarts, per-round dropouts, partitions.
 
-Both are decided from the scenario's seed, so a run is repeatable.
+All are decided from the scenario's seed (core.faults), so a run is repeatable.
 
 - ``faults.offline``: at ``start_s`` the node crashes (state, inbox and flows
   lost); at ``end_s`` it restarts from scratch and gets the latest model.
@@ -11,15 +11,10 @@ Both are decided from the scenario's seed, so a run is repeatable.
 
 from __future__ import annotations
 
-import numpy as np
-
-from core import messages
-from core.errors import DecodeError
+from core.faults import drops_round, peek
 from core.messages import TrainCmd
 from core.runtime import TRAIN_CMD, Message
 from core.scenario import Scenario
-
-_DROPOUT_STREAM = 0x0D0B  # keeps the dropout draws apart from other uses of the seed
 
 
 def schedule_offline(world, scenario: Scenario) -> set[str]:
@@ -56,12 +51,6 @@ def _offline(world, node: str, start_s: float, end_s: float | None):
         world.restart(node)
 
 
-def drops_round(seed: int, rank: int, round_: int, p: float) -> bool:
-    if p <= 0:
-        return False
-    return bool(np.random.default_rng([seed, _DROPOUT_STREAM, rank, round_]).random() < p)
-
-
 class DropoutFilter:
     """A delivery hook: swallows the TrainCmd of a round a client sits out."""
 
@@ -74,10 +63,7 @@ class DropoutFilter:
     def __call__(self, msg: Message, dst: str) -> bool:
         if self.p <= 0 or msg.topic != TRAIN_CMD:
             return True
-        try:
-            cmd = messages.decode(msg.data)
-        except DecodeError:
-            return True  # not ours to judge: the client will count it
+        cmd = peek(msg.data)  # sealed or not; anything else is the client's to judge
         if isinstance(cmd, TrainCmd) and drops_round(self.seed, self.ranks[dst], cmd.round, self.p):
             self.emit(dst, "dropout", round=cmd.round)
             return False

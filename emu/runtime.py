@@ -246,14 +246,10 @@ class World:
 
     def corrupt(self, node: str, data: bytes) -> bytes:
         """An update as ``faults.corrupt`` damages it (unchanged for honest clients)."""
-        if not self.faults.corrupt:
-            return data
-        round_ = faultlib.update_round(data)
-        spec = faultlib.corruption_for(self.faults, node, round_) if round_ is not None else None
-        if spec is None:
-            return data
-        self.emit(node, "fault", fault="corrupt", corruption=spec.kind, round=round_)
-        return faultlib.corrupt_update(data, spec, seed=self.seed * 1000003 + round_)
+        damaged, spec, round_ = faultlib.damage(self.faults, node, data, self.seed)
+        if spec is not None:
+            self.emit(node, "fault", fault="corrupt", corruption=spec.kind, round=round_)
+        return damaged
 
     # --- membership ----------------------------------------------------
     def start(self, name: str) -> simpy.Process:
