@@ -48,30 +48,62 @@ def encode_checkpoint(ckpt: Checkpoint) -> bytes:
     return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + weights.tobytes()
 
 
-def decode_checkpoint(data: bytes, *, expected_dim: int | None = None) -> Checkpoint:
-    if len(data) < _PREFIX.size:
-        raise CheckpointError(f"checkpoint is truncated ({len(data)} bytes)")
-    magic, version, header_len = _PREFIX.unpack_from(data)
-    if magic != MAGIC:
-        raise CheckpointError("not a dtemu checkpoint (bad magic)")
-    if version != VERSION:
-        raise CheckpointError(f"unsupported checkpoint version {version}")
-    if header_len > _MAX_HEADER or _PREFIX.size + header_len > len(data):
-        raise CheckpointError("checkpoint header is truncated or oversized")
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def decode_checkpoint(data, *, expected_dim: int | None = None) -> Checkpoint:
+    """Bytes -> Checkpoint; CheckpointError saying what is wrong for anything else.
+
+    Every size is checked against the bytes at hand before anything is read
+    or allocated: a header that claims 2^31 weights in a short file is refused
+    for being truncated, not after allocating for it.
+    """
     try:
-        header = json.loads(data[_PREFIX.size : _PREFIX.size + header_len])
-        round_, digest, dim, sha = (header[k] for k in ("round", "scenario", "dim", "sha256"))
-        extra = header.get("extra", {})
-    except (ValueError, KeyError, TypeError):
-        raise CheckpointError("checkpoint header is not valid") from None
-    if not (isinstance(round_, int) and isinstance(dim, int) and round_ >= 0 and dim >= 0):
-        raise CheckpointError("checkpoint header has a bad round or size")
+        view = memoryview(data).cast("B")
+    except TypeError as e:
+        raise CheckpointError(f"checkpoint is not a contiguous byte buffer: {e}") from None
+    if len(view) < _PREFIX.size:
+        raise CheckpointError(f"checkpoint is truncated: {len(view)} bytes, shorter than its "
+                              f"{_PREFIX.size}-byte prefix")
+    magic, version, header_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise CheckpointError(f"not a dtemu checkpoint (bad magic {bytes(magic)!r})")
+    if version != VERSION:
+        raise CheckpointError(f"unsupported checkpoint version {version} (expected {VERSION})")
+    if header_len > _MAX_HEADER:
+        raise CheckpointError(f"checkpoint header claims {header_len} bytes, more than the {_MAX_HEADER} allowed")
+    if _PREFIX.size + header_len > len(view):
+        raise CheckpointError(f"checkpoint is truncated: its header needs {header_len} bytes, "
+                              f"{len(view) - _PREFIX.size} left")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + header_len]))
+    except (ValueError, RecursionError) as e:  # RecursionError: brackets nested thousands deep
+        raise CheckpointError(f"checkpoint header is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError("checkpoint header is not a JSON object")
+    missing = [k for k in ("round", "scenario", "dim", "sha256") if k not in header]
+    if missing:
+        raise CheckpointError(f"checkpoint header lacks {', '.join(missing)}")
+    round_, digest, dim, sha = (header[k] for k in ("round", "scenario", "dim", "sha256"))
+    extra = header.get("extra", {})
+    if not (_is_int(round_) and round_ >= 0):
+        raise CheckpointError(f"checkpoint header has a bad round: {str(round_)[:40]}")
+    if not (_is_int(dim) and dim >= 0):
+        raise CheckpointError(f"checkpoint header has a bad size: {str(dim)[:40]}")
+    if not isinstance(digest, str):
+        raise CheckpointError("checkpoint header's scenario digest is not a string")
+    if not (isinstance(sha, str) and len(sha) == 64):
+        raise CheckpointError("checkpoint header's checksum is not a sha256 hex digest")
+    if not isinstance(extra, dict):
+        raise CheckpointError("checkpoint header's extra is not a JSON object")
     if expected_dim is not None and dim != expected_dim:
         raise CheckpointError(f"checkpoint holds {dim} weights, the model has {expected_dim}")
-    body = data[_PREFIX.size + header_len :]
+    body = view[_PREFIX.size + header_len :]
     if len(body) != 4 * dim:
-        raise CheckpointError(f"checkpoint is truncated: {len(body)} of {4 * dim} weight bytes")
+        state = "truncated" if len(body) < 4 * dim else "too long"
+        raise CheckpointError(f"checkpoint is {state}: {len(body)} of {4 * dim} weight bytes")
     if hashlib.sha256(body).hexdigest() != sha:
         raise CheckpointError("checkpoint weights do not match their checksum (corrupt file)")
     weights = np.frombuffer(body, dtype="<f4").astype(np.float32)
-    return Checkpoint(round_, weights, str(digest), extra if isinstance(extra, dict) else {})
+    return Checkpoint(round_, weights, digest, extra)

@@ -68,12 +68,13 @@ def write_json(folder: str | Path, name: str, obj: Any) -> None:
 
 
 class RunDir:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, append: bool = False):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         # Line-buffered: a process that is killed keeps every event it logged,
-        # and `real launch` can follow the file while the run goes on.
-        self._events = open(self.path / "events.jsonl", "w", encoding="utf-8", buffering=1)
+        # and `real launch` can follow the file while the run goes on.  A
+        # restarted process appends: its earlier life's events stay.
+        self._events = open(self.path / "events.jsonl", "a" if append else "w", encoding="utf-8", buffering=1)
         self._observers: list[Callable[[dict], None]] = []
         # Events come from the role's thread and from a transport's receive thread
         # (rejected frames): one line at a time, observers in the same order.
@@ -91,7 +92,18 @@ class RunDir:
                 fn(event)
 
     def save_checkpoint(self, data: bytes) -> str:
+        """The latest checkpoint, replaced atomically (a kill mid-save leaves the previous one).
+
+        A kill mid-save also leaves its temporary file (``.checkpoint.dtck.*``,
+        never read as a checkpoint); the next save removes such leftovers, since
+        only one process saves into a run folder.
+        """
         atomic_write(self.path / CHECKPOINT, data)
+        for stale in self.path.glob(f".{CHECKPOINT}.*"):
+            try:
+                stale.unlink()
+            except OSError:
+                pass
         return CHECKPOINT
 
     def write_json(self, name: str, obj: Any) -> None:
