@@ -119,9 +119,11 @@ class _Assembly:
             raise FrameError("frame disagrees with earlier frames of its payload on size or count")
         if f.seq in self.parts:
             return  # a duplicate: the first copy stands
-        self.size += len(f.data)
-        if self.size > self.total:
+        # Check before counting: a refused frame must leave the assembly as it was,
+        # or the intact frames after it would be refused too.
+        if self.size + len(f.data) > self.total:
             raise FrameError("frames add up to more than their payload's size")
+        self.size += len(f.data)
         self.parts[f.seq] = f.data
 
     @property
