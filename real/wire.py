@@ -41,11 +41,13 @@ from cyclonedds.idl._support import Endianness
 from cyclonedds.idl.annotations import key
 from cyclonedds.idl.types import sequence, uint8, uint32, uint64
 
+from core.errors import DecodeError
+
 __all__ = ["Frame", "Hello", "WireError", "encode_frame", "decode_frame"]
 
 
-class WireError(ValueError):
-    """The bytes are not a well-formed serialized Frame."""
+class WireError(DecodeError):
+    """The bytes are not a well-formed serialized Frame (a DecodeError, so a ValueError too)."""
 
 
 @dataclass

@@ -122,6 +122,9 @@ def test_malformed_bytes_raise_wire_error():
     for x in bad:
         with pytest.raises(WireError):
             decode_frame(x)
+    # one error class for every malformed input of dtemu: a listener catches DecodeError
+    from core.errors import DecodeError
+    assert issubclass(WireError, DecodeError) and issubclass(WireError, ValueError)
 
 
 def test_hello_is_stock_and_round_trips():
