@@ -335,13 +335,18 @@ def coll_assembly_target() -> Target:
         (BARRIER_ROUND, "barrier", 0, 1): b"\x01\x00",
     }
     per_key = {k: _coll_frames(k[3], k[0], k[1], p, part=k[2]) for k, p in payloads.items()}
-    originals = {f for fs in per_key.values() for f in fs}
+    # Frames of a regroup (control names, sent with round = group = the generation) and of a
+    # newer generation: they must not disturb the payloads of this one.
+    control = (_coll_frames(1, 0, "stop", b"\x02\x00") + _coll_frames(2, 1, "alive", b"", group=1)
+               + _coll_frames(1, 1, "state", bytes(70), group=1) + _coll_frames(1, 5, "grad", bytes(10), group=1))
+    originals = {f for fs in per_key.values() for f in fs} | set(control)
     keys = list(per_key)
     seq_seeds = [
         [f for k in keys[:2] for f in per_key[k]],
         [f for pair in zip(per_key[keys[0]], per_key[keys[1]]) for f in pair] + per_key[keys[0]][2:],
         [f for k in reversed(keys) for f in reversed(per_key[k])],
         [f for k in keys for f in per_key[k]],
+        per_key[keys[0]] + control + per_key[keys[1]],
     ]
     all_frames = sorted(originals)
 
@@ -352,7 +357,7 @@ def coll_assembly_target() -> Target:
         frames = unpack_sequence(data)
         for frame in frames:
             coll._file(Message(COLL_FRAMES, "peer", frame))
-            for key, asm in coll._assemblies.items():
+            for key, asm in [*coll._assemblies.items(), *getattr(coll, "_control_asm", {}).items()]:
                 need(asm.size == sum(len(p) for p in asm.parts.values()), f"{key}: size is not the sum of its frames")
                 need(asm.size <= asm.total and all(s < asm.count for s in asm.parts), f"{key}: beyond its payload")
             need(not (coll._assemblies.keys() & coll._done.keys()), "a payload both complete and pending")
