@@ -381,6 +381,74 @@ def coll_assembly_target() -> Target:
     return Target("coll_assembly", seeds, run, Rejected, None, mutate, sequence=True)
 
 
+# ---------------------------------------------------------------- sealed FL messages
+
+AUTH_KEY = bytes(range(32))
+AUTH_TOPIC = "train/client_update"
+AUTH_SRC = "client1"
+
+
+def _reseal(envelope: bytes) -> bytes:
+    """``envelope`` with its MAC made right again for whatever header and body it now has
+    (what a peer holding the key could send), if it still has the envelope's shape."""
+    from core.auth import _HEADER as AUTH_HEADER, _MAC, MAGIC as AUTH_MAGIC, _mac
+    if len(envelope) < AUTH_HEADER.size or envelope[:4] != AUTH_MAGIC:
+        return envelope
+    end = AUTH_HEADER.size + envelope[5]
+    if len(envelope) < end + _MAC:
+        return envelope
+    head, body = envelope[:end], envelope[end + _MAC:]
+    return head + _mac(AUTH_KEY, AUTH_TOPIC, head, body) + body
+
+
+def auth_target() -> Target:
+    """Sealed messages through ``Sealer.open`` (MAC, sender, replay window) and ``messages.decode``,
+    as the controller reads ``train/client_update``: one receiver, a sequence of envelopes."""
+    from core.auth import Sealer
+
+    packet = codecs.encode(np.arange(5, dtype=np.float32), codecs.CodecParams("fp32"))
+    sender = Sealer(AUTH_KEY, AUTH_SRC, incarnation=5)
+    envelopes = [sender.seal(AUTH_TOPIC, r, messages.encode(
+        messages.ClientUpdate(r, 7, AUTH_SRC, 10, "delta", 3, 0.5, packet))) for r in range(5)]
+    envelopes.append(sender.seal(AUTH_TOPIC, 5, b"not a message"))  # signed, but malformed inside
+    other = Sealer(AUTH_KEY, "client2").seal(AUTH_TOPIC, 1, messages.encode(messages.Stop(1, "x")))  # signed as another
+    wrong_key = Sealer(bytes(32), AUTH_SRC).seal(AUTH_TOPIC, 1, envelopes[0][-40:])
+    originals = set(envelopes)
+    seq_seeds = [envelopes[:5], envelopes[:3] + envelopes[1:3] + envelopes[3:5],  # replays
+                 envelopes[4::-1], [envelopes[0], other, wrong_key, envelopes[5], envelopes[1]]]
+    fields = [(4, "<B"), (5, "<B"), (6, "<H"), (8, "<I"), (12, "<Q")]
+    all_frames = sorted({e for s in seq_seeds for e in s})
+
+    def run(data):
+        receiver = Sealer(AUTH_KEY, "controller")
+        got, reasons = [], []
+        envs = unpack_sequence(data)
+        for env in envs:
+            try:
+                opened = receiver.open(AUTH_TOPIC, AUTH_SRC, env)
+                messages.decode(opened.data)
+            except DecodeError as err:
+                reasons.append(getattr(err, "reason", "malformed"))
+                continue
+            got.append(opened.sequence)
+            need(opened.sender == AUTH_SRC, "accepted a message signed as someone else")
+        need(len(got) == len(set(got)), "accepted the same sequence number twice (a replay)")
+        if all(e in originals for e in envs):
+            want = [e for i, e in enumerate(envs) if e not in envs[:i] and e != envelopes[5]]
+            need(len(got) == len(want), "an intact, fresh message was refused")
+        if reasons:
+            raise Rejected(f"{len(reasons)} refused: {sorted(set(reasons))}")
+        return got
+
+    def mutate(rng, t):
+        out = unpack_sequence(sequence_mutate(rng, seq_seeds, lambda e: fields, all_frames))
+        if rng.random() < 0.6:  # a sender with the key: the MAC verifies, the rest is whatever it is
+            out = [_reseal(e) if rng.random() < 0.7 else e for e in out]
+        return pack_sequence(out)
+
+    return Target("auth", [Seed(pack_sequence(s)) for s in seq_seeds], run, DecodeError, None, mutate, sequence=True)
+
+
 # ---------------------------------------------------------------- checkpoints
 
 _JSON_VALUES = ("-1", "0", "1", "2147483648", "4294967295", "18446744073709551616", "1" + "0" * 40,
@@ -674,6 +742,13 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
         ("ModelBlob carrying a packet of D=2^31", messages.encode(messages.ModelBlob.of(1, inner))),
         ("Stop with a 65535-byte reason", _pad(b"DTMS\x01\x02\x00\x00" + struct.pack("<IH", 1, 0xFFFF))),
     ]
+    from core.auth import _HEADER as AUTH_HEADER, MAGIC as AUTH_MAGIC, Sealer
+    update = messages.encode(messages.ClientUpdate(1, 1, AUTH_SRC, 10, "delta", 1, 0.5, inner))
+    out["auth"] = [
+        ("sender of 255 bytes", pack_sequence([_pad(AUTH_HEADER.pack(AUTH_MAGIC, 1, 255, 0, 1, 1))])),
+        ("a signed update carrying a packet of D=2^31",
+         pack_sequence([Sealer(AUTH_KEY, AUTH_SRC).seal(AUTH_TOPIC, 1, update)])),
+    ]
     frame = coll_hdr.pack(b"DTCF", 1, 0, 0, 5, 1, COLL_WORLD, 0, 0, U31, U31, 4) + b"grad"
     out["coll_frame"] = [
         ("total=2^31 in 2^31 frames", _pad(frame)),
@@ -729,6 +804,11 @@ def handmade_inputs() -> dict[str, list[tuple[str, bytes]]]:
         ("a copy with other bytes after the original", pack_sequence(seq[0] + [seq[0][0][:-1] + b"?"])),
         ("last frame missing", pack_sequence(seq[0][:-1])),
     ]
+    envs = unpack_sequence(t["auth"].seeds[0].data)
+    out["auth"] += [("the same envelope twice (a replay)", pack_sequence([envs[0], envs[0]])),
+                    ("a sequence number too old to tell", pack_sequence([_reseal(e) for e in (
+                        envs[0][:12] + struct.pack("<Q", 1000) + envs[0][20:],
+                        envs[0][:12] + struct.pack("<Q", 1) + envs[0][20:])]))]
     if "dds_reassembly" in out:
         frames = unpack_sequence(t["dds_reassembly"].seeds[0].data)  # a: 3 frames, then 1
         out["dds_reassembly"] += [
@@ -750,6 +830,7 @@ TARGETS: dict[str, Callable[[], Target]] = {
     "message": message_target,
     "coll_frame": coll_frame_target,
     "coll_assembly": coll_assembly_target,
+    "auth": auth_target,
     "checkpoint": checkpoint_target,
     "dgc_bucket": dgc_bucket_target,
     "dds_wire": dds_wire_target,
