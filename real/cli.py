@@ -6,7 +6,8 @@ shows one dashboard for all of them and gathers their run folders into one.
 
 Exit codes: 0 done; 2 invalid scenario or arguments; 3 the run stopped on a
 dtemu error (barrier or collective timeout, bad checkpoint, missing data);
-4 DDS failed; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
+4 DDS failed; 100+i crashed at faults.crashes[i] (fault injection; `real launch`
+restarts it if the fault says so); 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from core.errors import DtemuError, ScenarioError
+from core.auth import load_key
+from core.errors import DtemuError, KeyFileError, ScenarioError
 from core.scenario import CONTROLLER, load_scenario
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
@@ -43,6 +45,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="CycloneDDS profile (lan: peers from --peers or $DTEMU_DDS_PEERS)")
     p.add_argument("--peers", default=None, help="comma-separated peer addresses for the lan profile")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the scenario's)")
+    p.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
+                                      "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one rank of a scenario")
     _common(run)
     run.add_argument("--rank", type=int, required=True)
+    run.add_argument("--fired", default="", help=argparse.SUPPRESS)  # restarted by launch: crashes done
+    run.add_argument("--append", action="store_true", help=argparse.SUPPRESS)  # restarted: keep events
     launch = sub.add_parser("launch", help="run every rank on this machine and gather the run folders")
     _common(launch)
     launch.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
@@ -61,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
-    except ScenarioError as err:
+        key, key_from = load_key(args.key_file)
+    except (ScenarioError, KeyFileError) as err:
         print(f"real: {err}", file=sys.stderr)
         return EXIT_USAGE
+    args.key, args.key_from = key, key_from
     if args.command == "launch":
         from .launch import launch
 
@@ -93,9 +101,9 @@ def run_rank(args, scenario) -> int:
 
     from .node import run_node
 
-    if scenario.faults.offline or scenario.faults.dropout_p:
-        print("real: note: faults.offline and faults.dropout_p are emu's; real mode does not inject them",
-              file=sys.stderr)
+    if scenario.faults.offline and not os.environ.get("DTEMU_LAUNCHED"):
+        print("real: note: faults.offline windows are carried out by `real launch` (it kills and restarts "
+              "ranks); a rank run alone ignores them", file=sys.stderr)
     if args.peers:
         os.environ["DTEMU_DDS_PEERS"] = args.peers
     dashboard = Dashboard(scenario, title=f"real · {scenario.name} · {name}",
@@ -104,7 +112,8 @@ def run_rank(args, scenario) -> int:
     try:
         with dashboard:
             summary = run_node(scenario, args.rank, out, init=init, domain_id=args.domain, profile=args.profile,
-                               threads=args.threads, observers=[dashboard.observe])
+                               threads=args.threads, observers=[dashboard.observe], key=args.key,
+                               fired=[int(i) for i in args.fired.split(",") if i], append=args.append)
     except KeyboardInterrupt:
         print(f"real: {name} interrupted; partial run in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -5,6 +5,12 @@ follows their ``events.jsonl`` files to drive one dashboard, stops stragglers
 once the run is over (FL: when the controller exits), and gathers the ranks'
 folders into one run folder that reads like emu's: ``events.jsonl`` (every
 rank's events, by time), ``summary.json`` and ``rank<N>/``.
+
+It also carries out the scenario's crashes: a rank that crashed at a protocol
+point (exit code 100+i, see real/runtime.py) is restarted after the fault's
+``restart_after_s`` (the controller with ``fl.init_path`` = its checkpoint), and
+``faults.offline`` windows are enforced by SIGKILL at ``start_s`` and a restart
+at ``end_s``.  A restarted rank appends to its events.jsonl.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from core.rundir import read_events, write_json
-from core.scenario import Scenario
+from core.rundir import CHECKPOINT, read_events, write_json
+from core.scenario import CONTROLLER, Scenario
+
+from .runtime import CRASH_EXIT
 
 GRACE_S = 15.0  # how long clients may take to exit after the controller did
 
@@ -63,16 +71,28 @@ def launch(args, scenario: Scenario) -> int:
     ranks = len(scenario.node_names)
     domain = args.domain if args.domain is not None else _domain_id()
     threads = args.threads or max(1, (os.cpu_count() or 1) // ranks)
-    procs = []
-    env = {**os.environ, "DTEMU_EPOCH": repr(time.time())}  # the ranks' events share one time origin
-    for rank in range(ranks):
+    epoch = time.time()
+    env = {**os.environ, "DTEMU_EPOCH": repr(epoch), "DTEMU_LAUNCHED": "1"}  # one time origin for all ranks
+    if getattr(args, "key_file", None):
+        env["DTEMU_KEY_FILE"] = str(Path(args.key_file).resolve())
+    fired: dict[int, list[int]] = {r: [] for r in range(ranks)}
+
+    def start(rank: int, restart: bool = False) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "real.cli", "run", args.scenario, "--rank", str(rank),
                "--out", str(out / f"rank{rank}"), "--no-tui", "--domain", str(domain),
                "--threads", str(threads), "--profile", args.profile]
         for o in args.overrides:
             cmd += ["--set", o]
-        log = open(out / f"rank{rank}.log", "wb")
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+        if restart:
+            cmd += ["--append", "--fired", ",".join(map(str, fired[rank]))]
+            ckpt = out / f"rank{rank}" / CHECKPOINT
+            if scenario.node_names[rank] == CONTROLLER and ckpt.exists():
+                cmd += ["--set", f"fl.init_path={ckpt}"]
+        log = open(out / f"rank{rank}.log", "ab" if restart else "wb")
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    schedule = _Schedule(scenario, epoch)
+    procs: list[subprocess.Popen | None] = [None if schedule.down_at_start(r) else start(r) for r in range(ranks)]
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
@@ -86,8 +106,29 @@ def launch(args, scenario: Scenario) -> int:
                     for event in f.poll():
                         dashboard.observe(event)
                 for rank, p in enumerate(procs):
-                    if rank not in codes and p.poll() is not None:
-                        codes[rank] = p.returncode
+                    if rank in codes or p is None or p.poll() is None:
+                        continue
+                    index = p.returncode - CRASH_EXIT
+                    if 0 <= index < len(scenario.faults.crashes):
+                        fired[rank].append(index)
+                        after = scenario.faults.crashes[index].restart_after_s
+                        if after is not None:
+                            schedule.restart_at(rank, time.time() + after)
+                            procs[rank] = None
+                            continue
+                    if schedule.killed(rank):
+                        procs[rank] = None  # an offline window: it comes back at its end
+                        continue
+                    codes[rank] = p.returncode
+                for rank in schedule.due_kills(time.time()):
+                    if procs[rank] is not None and procs[rank].poll() is None:
+                        procs[rank].kill()
+                for rank in schedule.due_starts(time.time()):
+                    if rank not in codes and procs[rank] is None:
+                        procs[rank] = start(rank, restart=True)
+                for rank in range(ranks):
+                    if procs[rank] is None and rank not in codes and not schedule.pending(rank):
+                        codes[rank] = "down"  # crashed for good, as the scenario says
                 now = time.monotonic()
                 if scenario.mode == "fl" and 0 in codes and leader_done_at is None:
                     leader_done_at = now
@@ -102,11 +143,12 @@ def launch(args, scenario: Scenario) -> int:
         _stop(procs, codes, sig=signal.SIGINT)
         print(f"real launch: interrupted; partial runs in {out}", file=sys.stderr)
         return 130
-    for p in procs:
-        p.wait()
-    codes = {r: p.returncode for r, p in enumerate(procs)}
+    for rank, p in enumerate(procs):
+        if p is not None:
+            p.wait()
+            codes[rank] = p.returncode
     summary = gather(out, scenario, time.monotonic() - started)
-    bad = {r: c for r, c in codes.items() if c != 0}
+    bad = {r: c for r, c in codes.items() if c not in (0, "down")}
     summary["exit_codes"] = codes
     write_json(out, "summary.json", summary)
     if bad:
@@ -118,12 +160,60 @@ def launch(args, scenario: Scenario) -> int:
     return 0
 
 
+class _Schedule:
+    """When ranks are killed and (re)started, in wall-clock seconds since the Unix epoch."""
+
+    def __init__(self, scenario: Scenario, epoch: float):
+        self.epoch = epoch
+        self.names = scenario.node_names
+        self.kills: list[tuple[float, int]] = []
+        self.starts: list[tuple[float, int]] = []
+        self._killed: set[int] = set()
+        for w in scenario.faults.offline:
+            rank = self.names.index(w.node)
+            if w.start_s > 0:
+                self.kills.append((self.epoch + w.start_s, rank))
+            if w.end_s is not None:
+                self.starts.append((self.epoch + w.end_s, rank))
+            if w.start_s == 0:
+                self._killed.add(rank)
+        self._first_down = set(self._killed)
+
+    def down_at_start(self, rank: int) -> bool:
+        return rank in self._first_down
+
+    def restart_at(self, rank: int, when: float) -> None:
+        self.starts.append((when, rank))
+
+    def due_kills(self, now: float) -> list[int]:
+        due = [r for t, r in self.kills if t <= now]
+        self.kills = [(t, r) for t, r in self.kills if t > now]
+        self._killed.update(due)
+        return due
+
+    def due_starts(self, now: float) -> list[int]:
+        due = [r for t, r in self.starts if t <= now]
+        self.starts = [(t, r) for t, r in self.starts if t > now]
+        self._killed.difference_update(due)
+        return due
+
+    def killed(self, rank: int) -> bool:
+        return rank in self._killed
+
+    def pending(self, rank: int) -> bool:
+        return any(r == rank for _, r in self.starts)
+
+
 def _stop(procs, codes, sig=signal.SIGTERM) -> None:
     for rank, p in enumerate(procs):
-        if p.poll() is None:
+        if p is None:
+            codes.setdefault(rank, "down")  # down (a crash or an offline window) when the run ended
+        elif p.poll() is None:
             p.send_signal(sig)
     deadline = time.monotonic() + 10
     for rank, p in enumerate(procs):
+        if p is None:
+            continue
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

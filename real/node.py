@@ -23,22 +23,25 @@ from .runtime import RealNode
 from .transport import DdsTransport
 
 
-def _role(scenario: Scenario, rank: int, work: Workload, init: bytes | None):
+def _role(scenario: Scenario, rank: int, work: Workload, init: bytes | None, key: bytes | None):
     """(make_role, subscribes, publishes) of this rank."""
     if scenario.mode == "ddp":
         return (lambda ctx: worker(ctx, scenario, work, rank)), (COLL_FRAMES,), (COLL_FRAMES,)
     if scenario.node_names[rank] == CONTROLLER:
-        return (lambda ctx: controller(ctx, scenario, work, init)), (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB)
-    return (lambda ctx: client(ctx, scenario, work, rank)), (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,)
+        return (lambda ctx: controller(ctx, scenario, work, init, key)), (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB)
+    return (lambda ctx: client(ctx, scenario, work, rank, key)), (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,)
 
 
 def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | None = None,
              domain_id: int | None = None, profile: str = "loopback", threads: int | None = None,
-             observers: Iterable[Callable[[dict], None]] = ()) -> dict:
+             observers: Iterable[Callable[[dict], None]] = (), key: bytes | None = None,
+             fired: Iterable[int] = (), append: bool = False) -> dict:
+    """``key`` seals FL messages (core.auth); ``fired``: the faults.crashes this
+    rank already went through (a restarted rank), ``append``: keep its events."""
     wall_start = time.perf_counter()
     torch.set_num_threads(threads or scenario.threads)
     name = scenario.node_names[rank]
-    run = RunDir(out)
+    run = RunDir(out, append=append)
     for fn in observers:
         run.observe(fn)
     try:
@@ -48,12 +51,13 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
         # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
         # first round's training time (against round_timeout_s, and times a staged slowdown).
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-        make_role, subscribes, publishes = _role(scenario, rank, work, init)
+        make_role, subscribes, publishes = _role(scenario, rank, work, init, key)
         with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(subscribes)) as transport:
             epoch = os.environ.get("DTEMU_EPOCH")  # set by `real launch`: one time origin for all ranks
             node = RealNode(name, transport, run, publishes, compute=scenario.compute_for(name),
                             epoch=float(epoch) if epoch else None,
-                            seed=scenario.seed * 1000 + rank)
+                            seed=scenario.seed * 1000 + rank, faults=scenario.faults, fired=fired,
+                            rank=rank, scenario_seed=scenario.seed)
             node.emit("node_up")
             result = node.drive(make_role(node))
             # Let what we sent last (the final model, Stop, the last frames) reach the peers.

@@ -12,28 +12,56 @@ The same requests as emu (core.runtime), answered for real:
 
 Time is ``time.monotonic()`` from the start of the process, so a role's
 deadlines are the scenario's timeouts in wall-clock seconds.
+
+Faults (core.faults decides them, as in emu): a crash at a protocol point
+ends the process at once with ``os._exit(CRASH_EXIT + index)`` (mid-upload:
+after half of the update's frames; after a send: once it is flushed), so
+that ``real launch`` can restart it; message loss, duplicates, reordering,
+partitions and dropouts are applied to what this node receives; a corrupt
+client damages its updates as it sends them.
 """
 
 from __future__ import annotations
 
+import heapq
+import os
 import time
 from typing import Any, Iterable
 
 import numpy as np
 
 from core.rundir import RunDir
-from core.runtime import Compute, Message, Recv, Send, Sleep, WaitPeers
-from core.scenario import ComputeSpec
+from core import faults as faultlib
+from core.messages import TrainCmd
+from core.runtime import CLIENT_UPDATE, TRAIN_CMD, Compute, Message, Recv, Send, Sleep, WaitPeers
+from core.scenario import ComputeSpec, FaultSpec
 
 from .transport import DdsTransport, RejectLimiter
+
+
+# A process that crashes at faults.crashes[i] exits with CRASH_EXIT + i (i < 100).
+CRASH_EXIT = 100
 
 
 class RealNode:
     """One process's node: the ``Context`` of its role and the driver of its requests."""
 
     def __init__(self, name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str],
-                 compute: ComputeSpec | None = None, seed: int = 0, epoch: float | None = None):
+                 compute: ComputeSpec | None = None, seed: int = 0, epoch: float | None = None,
+                 faults: FaultSpec | None = None, fired: Iterable[int] = (), rank: int = 0,
+                 scenario_seed: int = 0):
         self.node = name
+        # Sealed messages count from here: a restarted process goes on above its previous life.
+        self.incarnation = int(time.time() * 1000)
+        self.faults = faults or FaultSpec()
+        self.scenario_seed = scenario_seed
+        self.rank = rank
+        self.crash_plan = faultlib.CrashPlan(self.faults, set(fired))
+        self.armed: faultlib.Crash | None = None
+        self.delivery = (faultlib.DeliveryFaults(self.faults, scenario_seed, stream=rank)
+                         if self.faults.perturbs_delivery else None)
+        self._held: list[tuple[float, int, Message]] = []  # delayed or duplicated deliveries
+        self._held_seq = 0
         self.transport = transport
         self.run = run
         self.publishes = tuple(publishes)
@@ -56,6 +84,19 @@ class RealNode:
 
     def emit(self, kind: str, **fields: Any) -> None:
         self.run.event({"t": round(self.now(), 6), "node": self.node, "kind": kind, **fields})
+        crash = self.crash_plan.trigger(self.node, kind, fields)
+        if crash is not None:
+            self.emit("fault", fault="crash", at=crash.spec.at, round=crash.spec.round)
+            if crash.landing == faultlib.NOW:
+                self._die(crash, flush=kind == "upload_done")
+            self.armed = crash
+
+    def _die(self, crash: faultlib.Crash, flush: bool = False) -> None:
+        """The crash: no clean-up, no summary; what was sent may still be flushed."""
+        if flush:
+            self.transport.flush(timeout_s=5.0)
+        self.run.event({"t": round(self.now(), 6), "node": self.node, "kind": "node_down"})
+        os._exit(CRASH_EXIT + crash.index)
 
     def save_checkpoint(self, data: bytes) -> str:
         return self.run.save_checkpoint(data)
@@ -75,6 +116,17 @@ class RealNode:
                 error = err
 
     def _answer(self, req) -> Any:
+        if self.armed is not None and isinstance(req, (Send, Compute)):
+            crash, self.armed = self.armed, None
+            if crash.landing == faultlib.IN_COMPUTE:
+                req.fn()  # the work is done, and lost with the process
+            elif crash.landing == faultlib.IN_SEND:
+                frames = -(-len(req.data) // self.transport.frame_bytes)
+                self.transport.send(req.topic, req.data, to=req.to, only_frames=max(0, frames // 2))
+                self._die(crash, flush=True)
+            elif isinstance(req, Send):
+                self._send(req)
+            self._die(crash, flush=True)
         if isinstance(req, Send):
             return self._send(req)
         if isinstance(req, Recv):
@@ -89,6 +141,11 @@ class RealNode:
         raise TypeError(f"{self.node}: unknown request {req!r}")
 
     def _send(self, req: Send) -> int:
+        if req.topic == CLIENT_UPDATE and self.faults.corrupt:
+            data, spec, round_ = faultlib.damage(self.faults, self.node, req.data, self.scenario_seed)
+            if spec is not None:
+                self.emit("fault", fault="corrupt", corruption=spec.kind, round=round_)
+                req = Send(req.topic, data, req.to)
         self.transport.send(req.topic, req.data, to=req.to)
         receivers = 1 if req.to is not None else self._readers_of(req.topic)
         self.bytes_sent += len(req.data) * receivers
@@ -105,16 +162,59 @@ class RealNode:
         return cached[1]
 
     def _recv(self, req: Recv) -> Message | None:
-        timeout = None if req.deadline is None else max(0.0, req.deadline - self.now())
-        msg = self.transport.recv(list(req.topics), timeout_s=timeout)
-        if msg is None:
-            return None
-        sent_at = msg.sent_at - self.t0 if msg.sent_at else self.now()
-        received_at = msg.received_at - self.t0
-        self.bytes_received += len(msg.data)
-        self.emit("deliver", src=msg.src, topic=msg.topic, bytes=len(msg.data),
-                  sent_at=round(sent_at, 6), comm_s=round(received_at - sent_at, 6))
-        return Message(msg.topic, msg.src, msg.data, sent_at=sent_at, received_at=received_at)
+        while True:
+            held = self._take_held(req.topics)
+            if held is not None:
+                return held
+            wake = req.deadline
+            due = [t for t, _, m in self._held if m.topic in req.topics]
+            if due:
+                wake = min(due) if wake is None else min(wake, min(due))
+            timeout = None if wake is None else max(0.0, wake - self.now())
+            msg = self.transport.recv(list(req.topics), timeout_s=timeout)
+            if msg is None:
+                if req.deadline is not None and self.now() >= req.deadline:
+                    return None
+                continue  # a held message is due
+            sent_at = msg.sent_at - self.t0 if msg.sent_at else self.now()
+            received_at = msg.received_at - self.t0
+            self.bytes_received += len(msg.data)
+            self.emit("deliver", src=msg.src, topic=msg.topic, bytes=len(msg.data),
+                      sent_at=round(sent_at, 6), comm_s=round(received_at - sent_at, 6))
+            got = Message(msg.topic, msg.src, msg.data, sent_at=sent_at, received_at=received_at)
+            if self.delivery is None and not self.faults.dropout_p:
+                return got
+            self._inject(got)
+
+    def _inject(self, msg: Message) -> None:
+        """What the scenario's faults make of one received message: held copies (maybe none)."""
+        now = self.now()
+        if self.faults.dropout_p and msg.topic == TRAIN_CMD:
+            cmd = faultlib.peek(msg.data)
+            if isinstance(cmd, TrainCmd) and faultlib.drops_round(self.scenario_seed, self.rank, cmd.round,
+                                                                  self.faults.dropout_p):
+                self.emit("dropout", round=cmd.round)
+                return
+        copies = self.delivery.copies(msg.src, self.node, now) if self.delivery is not None else [0.0]
+        if not copies:
+            why = "partition" if self.delivery.partitioned(msg.src, self.node, now) else "message_lost"
+            self.emit("fault", fault=why, src=msg.src, topic=msg.topic, bytes=len(msg.data))
+        elif len(copies) > 1:
+            self.emit("fault", fault="duplicate", src=msg.src, topic=msg.topic)
+        for delay in copies:
+            self._held_seq += 1
+            heapq.heappush(self._held, (now + delay, self._held_seq, msg))
+
+    def _take_held(self, topics) -> Message | None:
+        now = self.now()
+        for i, (due, _, msg) in enumerate(sorted(self._held)):
+            if due > now:
+                return None
+            if msg.topic in topics:
+                self._held.remove((due, _, msg))
+                heapq.heapify(self._held)
+                return msg
+        return None
 
     def _compute(self, req: Compute) -> Any:
         start = time.monotonic()

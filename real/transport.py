@@ -568,14 +568,15 @@ class DdsTransport(Reassembler):
             raise DDSException(ret, f"writing a frame on {w.topic.name}")
 
     def send(self, topic: str, data, to: Optional[str] = None, *, tag: Optional[str] = None,
-             ack_timeout_s: Optional[float] = None) -> bool:
+             ack_timeout_s: Optional[float] = None, only_frames: Optional[int] = None) -> bool:
         """Send ``data`` (bytes-like) on ``topic`` to everyone, or to node ``to``.
 
         Blocks until every frame is written (flow control may make that wait for
         readers).  With ``ack_timeout_s`` it then waits until all matched readers
         acknowledged, and returns False if they did not in time; otherwise True.
         ``tag`` (default: the topic) travels in ``Frame.topic`` and comes back as
-        ``Message.tag``."""
+        ``Message.tag``.  ``only_frames`` writes just the first frames of the
+        message (a sender dying mid-upload, for fault injection)."""
         if self._closing:
             raise RuntimeError("transport is closed")
         mv = memoryview(data)
@@ -589,7 +590,7 @@ class DdsTransport(Reassembler):
         parts = max(1, -(-total // fb))
         with self._send_locks[topic]:
             msg_id = next(self._msg_ids)
-            for i in range(parts):
+            for i in range(parts if only_frames is None else min(parts, only_frames)):
                 chunk = mv[i * fb:(i + 1) * fb]
                 f = Frame(src=self.node, dst=to or "", topic=tag or topic, msg_id=msg_id, part=i,
                           parts=parts, total=total, payload=chunk)

@@ -262,3 +262,94 @@ def test_controller_killed_after_the_clients_answered(tmp_path):
         assert [e["round"] for e in of(ranks.events(client), "update_resent")] == [k + 1]
     summary = read_summary(tmp_path / "controller2")
     assert summary["rounds"] == total and summary["rounds_failed"] == 0
+
+
+# --- crashes at protocol points, carried out by the ranks and restarted by `real launch` ----------
+
+LAUNCH_CRASHES = {
+    "name": "real_launch_crashes",
+    "seed": 3,
+    "model": "mnist_cnn",  # 4.8 MB updates: five frames, so "mid-upload" leaves two on the wire
+    "threads": 1,
+    "data": {"partition": "iid", "test_samples": 300},
+    "fl": {"clients": 2, "rounds": 5, "subset": 128, "lr": 0.05, "min_clients": 1, "round_timeout_s": 8,
+           "barrier_timeout_s": 60},
+    "faults": {"crashes": [{"node": "client2", "round": 2, "at": "mid_upload", "restart_after_s": 0.5},
+                           {"node": "controller", "round": 4, "at": "mid_round", "restart_after_s": 1.0}]},
+}
+
+
+def test_launch_carries_out_crashes_and_restarts(tmp_path):
+    """client2 dies with 2 of its 5 frames sent; the controller dies mid-round 4 and resumes
+    from its checkpoint; the run completes every round and counts every update once."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
+           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "200"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, output.decode(errors="replace")
+    summary = read_summary(out)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    crashes = [(e["node"], e["at"]) for e in events if e["kind"] == "fault" and e["fault"] == "crash"]
+    assert crashes == [("client2", "mid_upload"), ("controller", "mid_round")]
+    assert summary["rounds"] == 5 and summary["rounds_failed"] == 0
+    # the half-sent update was dropped by the transport, counted, and never reached the controller's role
+    assert any(e["kind"] == "frame_rejected" and e["node"] == "controller" for e in events)
+    accepted = [(e["client"], e["round"]) for e in events if e["kind"] == "update_accepted"]
+    assert ("client2", 2) not in accepted
+    checkpoints = [e["round"] for e in events if e["kind"] == "checkpoint"]
+    assert checkpoints == [1, 2, 3, 4, 5]  # every round saved once: none lost, none twice
+    assert [e["round"] for e in events if e["kind"] == "resume"] == [3]
+    assert summary["updates"]["accepted"] == len(set(accepted)) == 9
+
+
+# --- a rogue participant on the domain of a run with a shared key ----------------------------------
+
+ROGUE = {
+    "name": "real_rogue",
+    "seed": 3,
+    "model": "small_cnn",
+    "threads": 1,
+    "data": {"partition": "iid", "test_samples": 500},
+    "fl": {"clients": 2, "rounds": 3, "subset": 256, "batch_size": 32, "lr": 0.05, "codec": "q8",
+           "min_clients": 2, "round_timeout_s": 40, "barrier_timeout_s": 30},
+}
+
+
+def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
+    key = bytes(range(32)).hex()
+    monkeypatch.setenv("DTEMU_KEY", key)
+    scenario = scenario_file(tmp_path, ROGUE)
+    ranks = Ranks(scenario, tmp_path)
+    report = tmp_path / "rogue.json"
+    rogue = subprocess.Popen([sys.executable, "-m", "tools.rogue", "--domain", str(ranks.domain), "--duration", "200",
+                              "--report", str(report)], cwd=ROOT, env={**env(), "DTEMU_KEY": ""},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
+            ranks.start(rank, name)
+        assert ranks.wait("controller", 150) == 0, ranks.logs()
+        assert ranks.wait("client1", 30) == 0 and ranks.wait("client2", 30) == 0, ranks.logs()
+        rogue.wait(timeout=30)  # it leaves when it sees the run's Stop
+    finally:
+        ranks.close()
+        kill_group(rogue)
+    published = json.loads(report.read_text())
+    assert published["rounds_attacked"] == 3, published
+    ctrl = read_summary(tmp_path / "controller")
+    counts = ctrl["updates"]
+    assert counts["accepted"] == 6 and ctrl["rounds"] == 3
+    # every forgery the controller read was refused (the last round's may land after it stopped reading)
+    assert 2 * 2 <= counts["forged"] <= published["forged_updates"]
+    assert 2 * 2 <= counts["unsigned"] <= published["unsigned_updates"]
+    assert 2 <= counts["replayed"] <= published["replayed_updates"]
+    for name in ("client1", "client2"):
+        stop = of(ranks.events(name), "client_stop")[0]
+        assert stop["rejected"]["forged"] >= 2  # the forged commands and models
+    # and nothing of it got in: the model is the one the same scenario trains with no rogue around
+    emu = run_emulation(parse_scenario(ROGUE), tmp_path / "emu", key=bytes.fromhex(key))
+    assert ctrl["model_sha256"] == emu["model_sha256"]

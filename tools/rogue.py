@@ -1,0 +1,145 @@
+"""A rogue participant: joins a DDS domain and attacks a federated run.
+
+    python -m tools.rogue --domain 7 --duration 60 [--key-file wrong.key] [--report out.json]
+
+What it does, all the time it runs:
+
+- stops when it sees the run's Stop (or after ``--duration``);
+- snoops ``train/train_cmd`` (commands are signed, not secret) and, for each
+  new round, publishes updates *claiming to be each client*: one sealed with
+  a wrong key, one with no seal, both carrying a huge poisoned delta; and a
+  forged command and model to the clients, sealed with the wrong key;
+- snoops ``train/client_update`` and re-publishes every honest update it sees,
+  byte for byte and under the honest sender's name: once at once (a replay
+  within the round) and once more in the next round (a stale replay).
+
+It reads every frame whatever its addressee and writes frames under any
+sender name it likes: anyone on a DDS domain can, which is why the names inside
+messages are signed.  It prints (and with ``--report`` writes) what it
+published, so a test can check that none of it was accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from core import codecs, messages
+from core.auth import Sealer, peek_inner
+from core.errors import DecodeError
+from core.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from core.runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from real.transport import DdsTransport
+from real.wire import Frame
+
+
+class Snooper(DdsTransport):
+    """A transport that also keeps messages addressed to others."""
+
+    def _on_frame(self, topic, f, source_ts):
+        f.dst = ""
+        super()._on_frame(topic, f, source_ts)
+
+
+def send_as(transport: DdsTransport, src: str, topic: str, data: bytes, to: str = "") -> None:
+    """Publish ``data`` as if ``src`` sent it (the frames carry whatever name we like)."""
+    fb = transport.frame_bytes
+    parts = max(1, -(-len(data) // fb))
+    msg_id = int(time.time_ns() & 0x7FFFFFFFFFFFFFFF)
+    for i in range(parts):
+        transport.write_frame(topic, Frame(src=src, dst=to, topic=topic, msg_id=msg_id, part=i, parts=parts,
+                                           total=len(data), payload=data[i * fb:(i + 1) * fb]))
+
+
+def poisoned_update(round_: int, seed: int, client: str, dim: int) -> bytes:
+    delta = np.full(dim, 1e3, np.float32)
+    return messages.encode(ClientUpdate(round_, seed, client, 10**6, "delta", 1, 0.0,
+                                        codecs.encode(delta, codecs.CodecParams("fp32"))))
+
+
+def run(domain: int, duration: float, clients: list[str], wrong_key: bytes, dim_hint: int | None) -> dict:
+    published = {"forged_updates": 0, "unsigned_updates": 0, "replayed_updates": 0, "forged_commands": 0,
+                 "forged_models": 0}
+    seen_rounds: set[int] = set()
+    captured: list[tuple[str, bytes, int]] = []  # (sender, sealed bytes, round seen)
+    dim = dim_hint
+    forger = {c: Sealer(wrong_key, c, incarnation=int(time.time() * 1000)) for c in clients + ["controller"]}
+    with Snooper("rogue", domain_id=domain, subscribe=[TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB]) as t:
+
+        def attack(cmd: TrainCmd) -> None:
+            for c in clients:
+                bad = poisoned_update(cmd.round, cmd.seed, c, dim)
+                send_as(t, c, CLIENT_UPDATE, forger[c].seal(CLIENT_UPDATE, cmd.round, bad), to="controller")
+                send_as(t, c, CLIENT_UPDATE, bad, to="controller")
+                published["forged_updates"] += 1
+                published["unsigned_updates"] += 1
+            # Stale replays: what the clients sent in earlier rounds, sent again now.
+            for sender, data, r in captured:
+                if r < cmd.round:
+                    send_as(t, sender, CLIENT_UPDATE, data, to="controller")
+                    published["replayed_updates"] += 1
+            captured[:] = [x for x in captured if x[2] >= cmd.round - 1]
+            fake = TrainCmd(cmd.round + 1, cmd.subset, cmd.epochs, 10.0, cmd.seed ^ 1)
+            send_as(t, "controller", TRAIN_CMD, forger["controller"].seal(TRAIN_CMD, fake.round, messages.encode(fake)))
+            published["forged_commands"] += 1
+            blob = ModelBlob.of(cmd.round, codecs.encode(np.zeros(dim, np.float32), codecs.CodecParams("fp32")))
+            send_as(t, "controller", MODEL_BLOB, forger["controller"].seal(MODEL_BLOB, cmd.round + 5,
+                                                                          messages.encode(blob)))
+            published["forged_models"] += 1
+
+        end = time.monotonic() + duration
+        current, waiting = 0, []
+        while time.monotonic() < end:
+            msg = t.recv([TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB], timeout_s=0.2)
+            if msg is None:
+                continue
+            try:
+                inner = messages.decode(peek_inner(msg.data))
+            except DecodeError:
+                continue
+            if isinstance(inner, Stop):
+                break  # the run is over
+            if isinstance(inner, ModelBlob) and dim is None:
+                dim = codecs.decode(inner.packet).to_dense().size
+            if isinstance(inner, TrainCmd) and inner.round not in seen_rounds:
+                seen_rounds.add(inner.round)
+                current = inner.round
+                waiting.append(inner)
+            elif isinstance(inner, ClientUpdate) and msg.src in clients and msg.topic == CLIENT_UPDATE:
+                send_as(t, msg.src, CLIENT_UPDATE, msg.data, to="controller")  # a replay within the round
+                published["replayed_updates"] += 1
+                captured.append((msg.src, msg.data, current))
+            if dim is not None:
+                for cmd in waiting:
+                    attack(cmd)
+                waiting = []
+        t.flush(timeout_s=2.0)
+    published["rounds_attacked"] = len(seen_rounds)
+    return published
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.rogue", description=__doc__.split("\n\n")[0])
+    p.add_argument("--domain", type=int, required=True)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds to keep attacking")
+    p.add_argument("--clients", type=int, default=2, help="how many clients to impersonate (client1..N)")
+    p.add_argument("--key-file", help="the (wrong) key to sign forgeries with; default: a random one")
+    p.add_argument("--dim", type=int, default=None, help="model size (default: learnt from the first model)")
+    p.add_argument("--report", help="write what was published here (JSON)")
+    args = p.parse_args(argv)
+    key = open(args.key_file, "rb").read().strip() if args.key_file else np.random.default_rng().bytes(32)
+    published = run(args.domain, args.duration, [f"client{i}" for i in range(1, args.clients + 1)], key, args.dim)
+    text = json.dumps(published, sort_keys=True)
+    print(text)
+    if args.report:
+        with open(args.report, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
