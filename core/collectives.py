@@ -13,6 +13,20 @@ multi-step algorithms, ``seq / seq_count`` the frame's place in the payload,
 with other rounds and names; an ``_Assembly`` per (round, name, part, rank)
 puts them back together.
 
+Membership.  ``rank`` is always the sender's rank among all ``peers`` and
+``world`` their number; ``group`` is the *generation* of the membership the
+frame belongs to: 0 from the start, one more at each regroup after a loss
+(``regroup(group, members)``: the collectives then run among ``members`` only).
+A frame of an older generation is stale and ignored (so is one from a rank
+outside the members), one of a newer generation is kept until this rank joins
+it.  Three names are control messages of a regroup, kept apart from the
+collectives' payloads: ``alive`` (a rank noticed a loss and asks who is still
+there), ``state`` (the new generation's leader's model and membership) and
+``stop`` (the sender stopped, naming the lost ranks).  An ``alive`` of a newer
+generation or a ``stop`` reaching a rank in the middle of a ``wait`` ends the
+wait with ``LossNotice`` (so that every survivor notices a loss as soon as the
+first one does); ``core/roles/worker.py`` says what a worker does then.
+
 A collective is split in two so the wait can be measured alone:
 ``start_allgather`` sends this rank's payload and returns a handle;
 ``wait`` pumps the network until every rank's payload is complete (or the
@@ -41,10 +55,27 @@ _HEADER = struct.Struct("<4sBBHIHHIIIQB")
 MAX_NAME = 32
 
 
+CONTROL_NAMES = frozenset({"alive", "state", "stop"})
+# Frames of a newer generation kept until this rank joins it, at most this many bytes.
+FUTURE_BYTES = 64 << 20
+
+
 class CollectiveTimeout(DtemuError):
     def __init__(self, what: str, missing_ranks, waited_s: float):
         self.missing = sorted(missing_ranks)
+        self.what = what
         super().__init__(f"{what} timed out after {waited_s:g}s; missing ranks: {self.missing}")
+
+
+class LossNotice(DtemuError):
+    """A peer's control message ended a wait: ``kind`` "alive" (rank ``rank`` began a
+    regroup into generation ``group``) or "stop" (rank ``rank`` stopped, naming
+    ``payload``).  ``what`` is the interrupted wait, ``missing`` the ranks it lacked."""
+
+    def __init__(self, kind: str, rank: int, group: int, payload: bytes):
+        self.kind, self.rank, self.group, self.payload = kind, rank, group, payload
+        self.what, self.missing = "", []
+        super().__init__(f"rank {rank} sent {kind} (generation {group})")
 
 
 @dataclass(frozen=True)
@@ -157,18 +188,74 @@ class Collective:
         self.group = group
         self.frame_bytes = frame_bytes
         self.max_payload = max_payload
+        self.members: tuple[int, ...] = tuple(range(self.world))  # the current generation's ranks
         self._assemblies: dict[tuple, _Assembly] = {}
         self._done: dict[tuple, bytes] = {}
         self._finished_rounds: set[tuple[int, str, int]] = set()
+        # Control messages, by (group, name, rank); frames of newer generations, raw.
+        self._control_asm: dict[tuple, _Assembly] = {}
+        self._control: dict[tuple[int, str, int], bytes] = {}
+        self._future: list = []
+        self._future_bytes = 0
+        self._notice: LossNotice | None = None
         self.counts = {"malformed": 0, "stale": 0}
         self.bytes_received = 0
 
+    # --- membership ----------------------------------------------------
+    def regroup(self, group: int, members) -> None:
+        """Run the collectives of generation ``group`` among ``members`` (ranks) from now on.
+
+        Payloads of the older generation in progress are dropped; frames already
+        received for this one are filed now.
+        """
+        if group < self.group or self.rank not in members:
+            raise ValueError(f"cannot regroup rank {self.rank} into generation {group} of {sorted(members)}")
+        self.group = group
+        self.members = tuple(sorted(members))
+        self._assemblies.clear()
+        self._done.clear()
+        self._finished_rounds.clear()
+        self._notice = None
+        self._control = {k: v for k, v in self._control.items() if k[0] >= group}
+        self._control_asm = {k: v for k, v in self._control_asm.items() if k[0] >= group}
+        future, self._future, self._future_bytes = self._future, [], 0
+        for msg in future:
+            self._file(msg)
+
+    @property
+    def others(self) -> tuple[int, ...]:
+        return tuple(r for r in self.members if r != self.rank)
+
+    def send_control(self, group: int, name: str, payload: bytes):
+        """Broadcast a control message (``alive``, ``state``, ``stop``) of generation ``group``."""
+        if name not in CONTROL_NAMES:
+            raise ValueError(f"{name!r} is not a control message")
+        return (yield from self._send(group, name, payload, group=group))
+
+    def control(self, group: int, name: str) -> dict[int, bytes]:
+        """The control messages ``name`` of generation ``group`` received so far, by rank."""
+        return {r: p for (g, n, r), p in self._control.items() if g == group and n == name}
+
+    def newest(self, name: str) -> int:
+        """The newest generation of which a control message ``name`` came in (-1: none)."""
+        return max((g for g, n, _ in self._control if n == name), default=-1)
+
+    def pump(self, deadline: float | None):
+        """File one incoming frame; False if none came before ``deadline``."""
+        msg = yield Recv((COLL_FRAMES,), deadline)
+        if msg is None:
+            return False
+        self._file(msg)
+        return True
+
     # --- sending -------------------------------------------------------
-    def _send(self, round_: int, name: str, payload: bytes, part: int = 0, to: str | None = None):
+    def _send(self, round_: int, name: str, payload: bytes, part: int = 0, to: str | None = None,
+              group: int | None = None):
         chunks = split_payload(payload, self.frame_bytes)
+        group = self.group if group is None else group
         sent = 0
         for seq, chunk in enumerate(chunks):
-            frame = encode_frame(Frame(self.group, round_, name, part, self.rank, self.world,
+            frame = encode_frame(Frame(group, round_, name, part, self.rank, self.world,
                                        seq, len(chunks), len(payload), chunk))
             receivers = yield Send(COLL_FRAMES, frame, to=to)
             sent += len(frame) * receivers
@@ -177,14 +264,19 @@ class Collective:
     def start_allgather(self, round_: int, name: str, payload: bytes):
         started = self.ctx.now()
         sent = yield from self._send(round_, name, payload)
-        others = tuple(r for r in range(self.world) if r != self.rank)
-        return Handle(round_, name, 0, payload, others, started, sent)
+        return Handle(round_, name, 0, payload, self.others, started, sent)
 
     # --- receiving -----------------------------------------------------
     def wait(self, handle: Handle, deadline: float | None, what: str = "allgather"):
-        """Pump frames until every payload of ``handle`` is in; CollectiveTimeout otherwise."""
+        """Pump frames until every payload of ``handle`` is in; CollectiveTimeout otherwise
+        (or LossNotice if a peer's ``alive`` or ``stop`` comes first)."""
         keys = [(handle.round, handle.name, handle.part, r) for r in handle.ranks]
         while not all(k in self._done for k in keys):
+            if self._notice is not None:
+                notice, self._notice = self._notice, None
+                notice.what = f"{what} {handle.name}@{handle.round}"
+                notice.missing = [k[3] for k in keys if k not in self._done]
+                raise notice
             msg = yield Recv((COLL_FRAMES,), deadline)
             if msg is None:
                 missing = [k[3] for k in keys if k not in self._done]
@@ -203,7 +295,16 @@ class Collective:
     def _file(self, msg) -> None:
         try:
             f = decode_frame(msg.data, world=self.world, max_total=self.max_payload)
-            if f.group != self.group:
+            if f.name in CONTROL_NAMES:
+                self._file_control(f, len(msg.data))
+                return
+            if f.group > self.group:  # a newer generation, which this rank may be about to join
+                if self._future_bytes + len(msg.data) <= FUTURE_BYTES:
+                    self._future.append(msg)
+                    self._future_bytes += len(msg.data)
+                return
+            if f.group != self.group or f.rank not in self.members:
+                self.counts["stale"] += 1
                 return
             if (f.round, f.name, f.part) in self._finished_rounds:
                 self.counts["stale"] += 1
@@ -223,6 +324,26 @@ class Collective:
             self.counts["malformed"] += 1
             self.ctx.emit("frame_rejected", src=msg.src, error=str(err))
 
+    def _file_control(self, f: Frame, nbytes: int) -> None:
+        if f.group < self.group or f.rank == self.rank:
+            self.counts["stale"] += 1
+            return
+        key = (f.group, f.name, f.rank)
+        if key in self._control:
+            return
+        asm = self._control_asm.get(key)
+        if asm is None:
+            asm = self._control_asm[key] = _Assembly(f.total, f.seq_count)
+        asm.add(f)
+        self.bytes_received += nbytes
+        if not asm.complete:
+            return
+        payload = self._control[key] = asm.payload()
+        del self._control_asm[key]
+        if self._notice is None and (f.name == "alive" and f.group > self.group
+                                     or f.name == "stop" and f.rank in self.members):
+            self._notice = LossNotice(f.name, f.rank, f.group, payload)
+
     # --- collectives ---------------------------------------------------
     def allgather(self, round_: int, name: str, payload: bytes, deadline: float | None):
         handle = yield from self.start_allgather(round_, name, payload)
@@ -232,7 +353,7 @@ class Collective:
     def barrier(self, deadline: float | None):
         """Every peer matched, then every peer heard from; names the missing ranks otherwise."""
         started = self.ctx.now()
-        others = tuple(p for i, p in enumerate(self.peers) if i != self.rank)
+        others = tuple(self.peers[r] for r in self.others)
         matched = yield WaitPeers(others, deadline)
         missing = [self.peers.index(p) for p in others if p not in matched]
         if missing:
@@ -245,7 +366,8 @@ class Collective:
         ``gather``: every rank sends its whole vector to every other (the
         original's dense broadcast), then sums in rank order.  ``ring``:
         reduce-scatter then allgather around the ring, 2(W-1)/W of the vector
-        sent per rank.  Both give every rank bit-identical results.
+        sent per rank.  Both give every rank bit-identical results.  W is the
+        number of members of the current generation.
         """
         vec = np.ascontiguousarray(vec, dtype=np.float32)
         if algorithm == "gather":
@@ -257,11 +379,13 @@ class Collective:
         raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
 
     def _ring_allreduce(self, round_: int, vec: np.ndarray, deadline):
-        w, r = self.world, self.rank
+        # r: this rank's place on the ring of members
+        members = self.members
+        w, r = len(members), members.index(self.rank)
         if w == 1:
             return vec.copy(), 0
         chunks = [c.astype(np.float64) for c in np.array_split(vec, w)]
-        nxt, prev = self.peers[(r + 1) % w], (r - 1) % w
+        nxt, prev = self.peers[members[(r + 1) % w]], members[(r - 1) % w]
         sent = 0
         # reduce-scatter: after w-1 steps rank r holds the full sum of chunk (r+1) % w
         for step in range(w - 1):

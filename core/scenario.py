@@ -102,6 +102,15 @@ class DDPSpec:
     # Steps per profiling window (mean and max of each number).
     window: int = field(default=20, metadata=check(positive))
     eval_every_epochs: int = field(default=1, metadata=check(positive))
+    # A worker lost mid-run (a step's payload missing after step_timeout_s) must not
+    # hang the others: "stop" ends the run cleanly (every survivor reports the lost
+    # ranks and the step, the run still writes its summary); "continue" lets the
+    # survivors agree on a new membership and train on from the lowest survivor's
+    # state, averaging over themselves only.  Continuing needs at least min_workers
+    # survivors (None: all workers, so that a loss stops the run unless the scenario
+    # says how few may go on); fewer stop the run as "stop" does.
+    on_worker_lost: Literal["stop", "continue"] = "stop"
+    min_workers: int | None = field(default=None, metadata=check(positive))
 
 
 @dataclass(frozen=True)
@@ -347,6 +356,9 @@ def validate(s: Scenario) -> None:
         for i, d in enumerate(s.ddp.warmup_densities):
             if not 0 < d <= 1:
                 raise ScenarioError(f"ddp.warmup_densities[{i}]", f"expected a fraction in (0, 1], got {d!r}")
+        if s.ddp.min_workers is not None and not 1 <= s.ddp.min_workers <= s.ddp.workers:
+            raise ScenarioError("ddp.min_workers",
+                                f"expected 1..{s.ddp.workers} (ddp.workers), got {s.ddp.min_workers}")
     if fl.min_clients > fl.clients:
         raise ScenarioError(
             "fl.min_clients", f"{fl.min_clients} is more than fl.clients ({fl.clients})"

@@ -74,10 +74,19 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
             if name not in down:
                 world.start(name)
         if scenario.mode == "ddp":
-            procs = [world.nodes[n].process for n in scenario.node_names]
-            env.run(until=env.all_of(procs))
-            summary = _ddp_summary(scenario, world, [p.value for p in procs], env.now,
-                                   time.perf_counter() - wall_start)
+            # Until every worker's role returned or its node crashed (a crashed worker's
+            # process ends with None; the survivors stop or go on without it, never hang).
+            # A worker down from the start joins when it comes up; one that comes back
+            # after a crash starts from scratch and is not waited for (it cannot rejoin).
+            procs = {n: world.nodes[n].process for n in scenario.node_names if n not in down}
+            env.run(until=env.all_of(list(procs.values())))
+            for n in scenario.node_names:
+                late = world.nodes[n].process
+                if n in down and late is not None:
+                    env.run(until=late)
+                    procs[n] = late
+            results = [procs[n].value if n in procs else None for n in scenario.node_names]
+            summary = _ddp_summary(scenario, world, results, env.now, time.perf_counter() - wall_start)
         else:
             # Until the controller's role returns (it may crash and restart on the way),
             # then let what is still in flight land (the last model, Stop), as it would
@@ -110,8 +119,19 @@ def _traffic(scenario: Scenario, world: World) -> dict:
 
 
 def _ddp_summary(scenario: Scenario, world: World, results, sim_time: float, wall_time: float) -> dict:
-    hashes = sorted({sha256_of(r.weights) for r in results})
-    steps = results[0].steps
+    """The run's numbers, from the workers that were still there at the end.
+
+    A crashed worker's process returns None.  After a loss: ``stop_reason``
+    (None if the survivors finished), ``lost_ranks`` (what the survivors lost),
+    ``survivors``, and ``steps`` the steps every survivor completed.
+    """
+    alive = [(rank, r) for rank, r in enumerate(results) if r is not None]
+    survivors = [r for _, r in alive]
+    hashes = sorted({sha256_of(r.weights) for r in survivors})
+    steps = min((r.steps for r in survivors), default=0)
+    reasons = [r.stop_reason for r in survivors if r.stop_reason]
+    lost = sorted({k for r in survivors for k in r.lost_ranks} - {rank for rank, _ in alive}
+                  | {rank for rank, r in enumerate(results) if r is None})
     return {
         "scenario": scenario.name,
         "runtime": "emu",
@@ -119,12 +139,15 @@ def _ddp_summary(scenario: Scenario, world: World, results, sim_time: float, wal
         "compression": scenario.ddp.compression,
         "workers": scenario.ddp.workers,
         "seed": scenario.seed,
-        "final_accuracy": results[0].final_accuracy,
+        "final_accuracy": survivors[0].final_accuracy if survivors else None,
         "steps": steps,
         **_traffic(scenario, world),
-        "bytes_per_step": round(sum(r.bytes_sent for r in results) / max(steps, 1) / len(results), 3),
-        "model_sha256": hashes[0],
+        "bytes_per_step": round(sum(r.bytes_sent for r in survivors) / max(steps, 1) / max(len(survivors), 1), 3),
+        "model_sha256": hashes[0] if hashes else None,
         "models_agree": len(hashes) == 1,
+        "stop_reason": reasons[0] if reasons else None,
+        "lost_ranks": lost,
+        "survivors": [rank for rank, _ in alive],
         "sim_time_s": round(sim_time, 9),
         "wall_time_s": round(wall_time, 3),
     }

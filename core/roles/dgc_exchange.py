@@ -1,9 +1,19 @@
-"""The DGC exchange: sparse, momentum-corrected gradients by allgather (see exchange.py)."""
+"""The DGC exchange: sparse, momentum-corrected gradients by allgather (see exchange.py).
+
+After a loss the survivors take the leader's weights and ``DGCSGD`` momentum
+buffers, but each keeps its own compressor state (the momentum u and the
+unsent velocity v, DGC's local residuals): they are local by design, never
+sent, and hold what this rank has not contributed yet.  What a survivor had
+put in a payload the group then discarded (a step of the old membership that
+not every survivor completed) is not put back: a small, one-off loss of
+gradient, like a dropped step.
+"""
 
 from __future__ import annotations
 
 from ..bucket import decode_bucket, encode_bucket
 from ..collectives import Collective
+from .exchange import pack_buffers, unpack_buffers
 from ..dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
 
 
@@ -50,3 +60,19 @@ class DGCExchange:
     def apply(self, coll: Collective, step: int) -> None:
         buckets = [decode_bucket(p, self.shapes, world_size=self.world) for p in coll.collect(self._handle)]
         self.opt.step(self.params, average_buckets(buckets, self.shapes, self.world), self.lr)
+
+    # --- after a loss --------------------------------------------------
+    def regroup(self, index: int, size: int) -> None:
+        """Buckets carry the rank's place among the survivors and are averaged over them;
+        the gradient clipping (clip_norm / sqrt(N)) follows the new N."""
+        self.world = size
+        self.compressor.rank, self.compressor.world_size = index, size
+
+    # DGCSGD keeps its buffers as lists (None until first used); dgc.py has no accessor for them.
+    def state_bytes(self) -> bytes:
+        return pack_buffers(self.opt._grad_momentum + self.opt._decay_momentum)
+
+    def load_state(self, data: bytes) -> None:
+        shapes = [shape for _, shape in self.shapes]
+        buffers = unpack_buffers(data, shapes + shapes)
+        self.opt._grad_momentum, self.opt._decay_momentum = buffers[: len(shapes)], buffers[len(shapes):]

@@ -5,6 +5,12 @@ An exchange has four small steps, so the worker can time each one alone:
 ``wait`` (until every rank's payload is in: the pure network wait) and
 ``apply`` (average, optimizer step).  ``sent`` holds the bytes this rank put
 on the wire during the step.
+
+After a worker is lost (``core/roles/worker.py``) the survivors go on as a new
+group: ``regroup(index, size)`` tells the exchange its place among them, and
+``state_bytes`` / ``load_state`` carry the optimizer's state (momentum
+buffers) from the group's leader to the others, so that every survivor resumes
+from the same state.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import numpy as np
 import torch
 
 from ..collectives import Collective, mean_in_rank_order
+from ..errors import FrameError
 
 
 def _flat_grads(params) -> np.ndarray:
@@ -26,6 +33,37 @@ def _set_grads(params, flat: np.ndarray) -> None:
         n = p.numel()
         p.grad.copy_(src[offset : offset + n].view_as(p))
         offset += n
+
+
+def pack_buffers(buffers) -> bytes:
+    """Optional tensors (momentum buffers) as bytes: per tensor a presence byte, then float32 values."""
+    out = []
+    for b in buffers:
+        if b is None:
+            out.append(b"\x00")
+        else:
+            out += [b"\x01", b.detach().reshape(-1).to(torch.float32).numpy().tobytes()]
+    return b"".join(out)
+
+
+def unpack_buffers(data: bytes, shapes) -> list:
+    """The inverse of ``pack_buffers`` for tensors of ``shapes``; FrameError if it does not fit."""
+    view, off, out = memoryview(data), 0, []
+    for shape in shapes:
+        if off >= len(view) or view[off] not in (0, 1):
+            raise FrameError("optimizer state is truncated or malformed")
+        present, off = view[off], off + 1
+        if not present:
+            out.append(None)
+            continue
+        nbytes = 4 * int(np.prod(shape, dtype=np.int64))
+        if off + nbytes > len(view):
+            raise FrameError("optimizer state is truncated")
+        out.append(torch.from_numpy(np.frombuffer(view[off : off + nbytes], np.float32).copy()).view(shape))
+        off += nbytes
+    if off != len(view):
+        raise FrameError(f"optimizer state has {len(view) - off} bytes too many")
+    return out
 
 
 class DenseExchange:
@@ -67,6 +105,21 @@ class DenseExchange:
         mean = mean_in_rank_order(coll.collect(self._handle)) if self.algorithm == "gather" else self._mean
         _set_grads(self.params, mean)
         self.opt.step()
+
+    # --- after a loss --------------------------------------------------
+    def regroup(self, index: int, size: int) -> None:
+        pass  # the collective averages over its members
+
+    def state_bytes(self) -> bytes:
+        state = self.opt.state
+        return pack_buffers([state[p].get("momentum_buffer") if p in state else None for p in self.params])
+
+    def load_state(self, data: bytes) -> None:
+        for p, buf in zip(self.params, unpack_buffers(data, [tuple(p.shape) for p in self.params])):
+            if buf is None:
+                self.opt.state.pop(p, None)
+            else:
+                self.opt.state[p]["momentum_buffer"] = buf
 
 
 def make_exchange(scenario, model, rank: int, world: int, steps_per_epoch: int):
