@@ -3,15 +3,27 @@
     python -m tools.fuzz --inputs 20000 --seed 1 [--json out.json] [--only codec,checkpoint]
                          [--alloc-check] [--corpus tests/corpus | --no-save]
     python -m tools.fuzz --replay tests/corpus
+    python -m tools.fuzz --write-handmade          # (re)write the hand-made corpus inputs
 
-Each target is one decoder, fed valid seeds made by the real encoders and
-mutations of them: bit flips, byte sets, truncation, extension, insertion,
-deletion, splicing of two seeds, and values written into the seed's header
-fields (0, 1, max, 2^31, 2^32-1, negative-as-unsigned, off by one).  Two
-targets take a *sequence* of frames (collective assembly, DDS reassembly);
-their inputs are frames back to back, each behind a u32 length, mutated as a
-whole (duplicated, dropped, reordered, spliced from other seeds) and frame by
-frame.  Everything is driven by one ``random.Random`` per target seeded from
+Targets (the ``<decoder>`` names of the corpus folders):
+
+    codec           core.codecs.decode (fp32 / q8 / s4 / sq8 packets)
+    message         core.messages.decode (TrainCmd, Stop, ModelBlob, ClientUpdate)
+    coll_frame      core.collectives.decode_frame
+    coll_assembly   frames through Collective._file: decode, reassembly, counting
+    auth            sealed messages through core.auth Sealer.open, then messages.decode
+    checkpoint      core.checkpoint.decode_checkpoint
+    dgc_bucket      core.bucket.decode_bucket
+    dds_wire        real.wire.decode_frame (CDR of real.wire.Frame)
+    dds_reassembly  serialized frames through real.transport.Reassembler, as the receive thread
+
+Each target is fed valid seeds made by the real encoders and mutations of
+them: bit flips, byte sets, truncation, extension, insertion, deletion,
+splicing of two seeds, and values written into the seed's header fields (0, 1,
+max, 2^31, 2^32-1, negative-as-unsigned, off by one).  The sequence targets
+(coll_assembly, auth, dds_reassembly) take frames back to back, each behind a
+u32 length, mutated as a whole (duplicated, dropped, reordered, spliced from
+other seeds) and frame by frame.  Everything is driven by one ``random.Random`` per target seeded from
 ``--seed`` and the target's name, so a run is repeatable.
 
 Every input ends up in one of:
