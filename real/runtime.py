@@ -76,14 +76,17 @@ class RealNode:
         self.bytes_received = 0
         # Frames the transport drops (malformed, orphan, incomplete) become frame_rejected
         # events, rate-limited per reason so a flood cannot fill the disk.
-        transport.on_reject = RejectLimiter(self.emit)
+        transport.on_reject = RejectLimiter(self._log)  # called from the receive thread
 
     # --- Context -------------------------------------------------------
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def _log(self, kind: str, **fields: Any) -> None:
         self.run.event({"t": round(self.now(), 6), "node": self.node, "kind": kind, **fields})
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self._log(kind, **fields)
         crash = self.crash_plan.trigger(self.node, kind, fields)
         if crash is not None:
             self.emit("fault", fault="crash", at=crash.spec.at, round=crash.spec.round)

@@ -98,10 +98,13 @@ def test_cli_reports_a_bad_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fl_straggler"])
+@pytest.mark.parametrize("name", ["fl_straggler", "fl_faults"])
 def test_shipped_scenario_runs(tmp_path, name):
+    from tools.audit import audit
+
     summary = run_emulation(load_scenario(ROOT / "scenarios" / f"{name}.yaml"), tmp_path / name)
     assert summary["rounds"] > 0 and summary["final_accuracy"] > 0.8
+    assert audit(tmp_path / name)["lost_data"] == 0
 
 
 def test_data_root_comes_from_the_environment():
