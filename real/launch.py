@@ -133,7 +133,11 @@ def launch(args, scenario: Scenario) -> int:
                 if scenario.mode == "fl" and 0 in codes and leader_done_at is None:
                     leader_done_at = now
                 if leader_done_at is not None and now - leader_done_at > GRACE_S:
+                    # The run is over; a client still waiting (it missed the Stop) is let go.
+                    lingering = [r for r, p in enumerate(procs) if p is not None and p.poll() is None]
                     _stop(procs, codes)
+                    if codes.get(0) == 0:
+                        codes.update({r: "stopped" for r in lingering})
                 if args.timeout is not None and now - started > args.timeout:
                     print(f"real launch: timed out after {args.timeout:g}s", file=sys.stderr)
                     _stop(procs, codes)
@@ -148,7 +152,7 @@ def launch(args, scenario: Scenario) -> int:
             p.wait()
             codes[rank] = p.returncode
     summary = gather(out, scenario, time.monotonic() - started)
-    bad = {r: c for r, c in codes.items() if c not in (0, "down")}
+    bad = {r: c for r, c in codes.items() if c not in (0, "down", "stopped")}
     summary["exit_codes"] = codes
     write_json(out, "summary.json", summary)
     if bad:
@@ -242,15 +246,25 @@ def gather(out: Path, scenario: Scenario, wall: float) -> dict:
     traffic = {"bytes_up": sum(s.get("bytes_sent", 0) for s in training),
                "bytes_down": sum(s.get("bytes_received", 0) for s in training)}
     if scenario.mode == "ddp":
-        hashes = sorted({s.get("model_sha256") for s in summaries if s.get("model_sha256")})
-        steps = summaries[0].get("steps", 0) if summaries else 0
+        # As emu's: the numbers of the survivors, the ranks that wrote a summary and that no
+        # survivor lost (a killed rank writes none; one restarted after it was lost is refused).
+        done = {r: s for r, s in enumerate(summaries) if s.get("model_sha256")}
+        lost = sorted({k for s in done.values() for k in s.get("lost_ranks") or []}
+                      | {r for r in range(ranks) if r not in done})
+        survivors = [s for r, s in done.items() if r not in lost]
+        hashes = sorted({s["model_sha256"] for s in survivors})
+        steps = min((s.get("steps", 0) for s in survivors), default=0)
+        reasons = [s["stop_reason"] for s in survivors if s.get("stop_reason")]
         return {"scenario": scenario.name, "runtime": "real", "mode": "ddp",
                 "compression": scenario.ddp.compression, "workers": ranks, "seed": scenario.seed,
-                "final_accuracy": summaries[0].get("final_accuracy"), "steps": steps, **traffic,
+                "final_accuracy": survivors[0].get("final_accuracy") if survivors else None,
+                "steps": steps, **traffic,
                 # As emu: what the steps' exchanges sent (no barrier, no evaluation), per step and rank.
-                "bytes_per_step": round(sum(s.get("step_bytes_sent", 0) for s in summaries)
-                                        / max(steps, 1) / ranks, 3),
+                "bytes_per_step": round(sum(s.get("step_bytes_sent", 0) for s in survivors)
+                                        / max(steps, 1) / max(len(survivors), 1), 3),
                 "model_sha256": hashes[0] if hashes else None, "models_agree": len(hashes) == 1,
+                "stop_reason": reasons[0] if reasons else None, "lost_ranks": lost,
+                "survivors": [r for r in done if r not in lost],
                 "wall_time_s": round(wall, 3)}
     lead = dict(summaries[0])
     for own in ("node", "bytes_sent", "bytes_received"):  # the controller's own view; replaced below
