@@ -6,7 +6,8 @@ shows one dashboard for all of them and gathers their run folders into one.
 
 Exit codes: 0 done; 2 invalid scenario or arguments; 3 the run stopped on a
 dtemu error (barrier or collective timeout, bad checkpoint, missing data);
-4 DDS failed; 100+i crashed at faults.crashes[i] (fault injection; `real launch`
+4 DDS failed; 5 stopped: a peer was lost (DDP, ddp.on_worker_lost; summary.json
+has stop_reason and lost_ranks); 100+i crashed at faults.crashes[i] (fault injection; `real launch`
 restarts it if the fault says so); 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
 """
 
@@ -24,6 +25,7 @@ from core.errors import DtemuError, KeyFileError, ScenarioError
 from core.scenario import CONTROLLER, load_scenario
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
+EXIT_PEER_LOST = 5
 
 
 class Terminated(Exception):
@@ -126,6 +128,12 @@ def run_rank(args, scenario) -> int:
     except DDSException as err:
         print(f"real: {name}: DDS failed: {err}", file=sys.stderr)
         return EXIT_DDS
+    if scenario.mode == "ddp" and summary.get("stop_reason"):
+        from core.roles.worker import BARRIER_STOP
+
+        # A peer missing at the start stays a barrier timeout (3); one lost mid-run is 5.
+        print(f"real: {name} stopped: {summary['stop_reason']}; summary in {out}", file=sys.stderr)
+        return EXIT_RUN if summary["stop_reason"].startswith(BARRIER_STOP) else EXIT_PEER_LOST
     print(f"{scenario.name} [{name}]: " + ", ".join(f"{k} {v}" for k, v in summary.items()
                                                    if k in ("final_accuracy", "rounds", "steps", "wall_time_s")))
     return EXIT_OK

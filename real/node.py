@@ -80,7 +80,11 @@ def _summary(scenario: Scenario, name: str, node: RealNode, result, wall: float,
                 "final_accuracy": result.final_accuracy, "steps": result.steps,
                 # What the steps' exchanges sent (no barrier, no evaluation), as emu's bytes_per_step counts.
                 "step_bytes_sent": result.bytes_sent,
-                "model_sha256": sha256_of(result.weights)}
+                "model_sha256": sha256_of(result.weights),
+                # After a loss (ddp.on_worker_lost): why this rank stopped (None: it finished),
+                # the ranks lost, the membership it ended in; `real run` exits 5 on a stop.
+                "stop_reason": result.stop_reason, "lost_ranks": result.lost_ranks,
+                "members": result.members, "generation": result.generation}
     if name == CONTROLLER:
         # The controller's view of the traffic: what the clients sent it, what it sent them.
         return {**base, "codec": scenario.fl.codec, "final_accuracy": result.final_accuracy,
