@@ -123,6 +123,8 @@ def launch(args, scenario: Scenario) -> int:
                 for rank in schedule.due_kills(time.time()):
                     if procs[rank] is not None and procs[rank].poll() is None:
                         procs[rank].kill()
+                        procs[rank].wait()
+                        _log_kill(out / f"rank{rank}", scenario.node_names[rank], time.time() - epoch)
                 for rank in schedule.due_starts(time.time()):
                     if rank not in codes and procs[rank] is None:
                         procs[rank] = start(rank, restart=True)
@@ -162,6 +164,13 @@ def launch(args, scenario: Scenario) -> int:
     print(f"{scenario.name} (real, {ranks} processes): accuracy {acc}, up {summary.get('bytes_up', 0) / 1e6:.2f} MB, "
           f"down {summary.get('bytes_down', 0) / 1e6:.2f} MB, wall {summary['wall_time_s']:.1f} s -> {out}")
     return 0
+
+
+def _log_kill(folder: Path, node: str, t: float) -> None:
+    """The killed rank cannot say it died: the launcher adds the line to its events."""
+    with open(folder / "events.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"t": round(t, 6), "node": node, "kind": "fault", "fault": "killed"},
+                           separators=(",", ":")) + "\n")
 
 
 class _Schedule:
