@@ -168,8 +168,10 @@ def launch(args, scenario: Scenario) -> int:
 
 def _log_kill(folder: Path, node: str, t: float) -> None:
     """The killed rank cannot say it died: the launcher adds the line to its events."""
-    with open(folder / "events.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"t": round(t, 6), "node": node, "kind": "fault", "fault": "killed"},
+    path = folder / "events.jsonl"
+    torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(("\n" if torn else "") + json.dumps({"t": round(t, 6), "node": node, "kind": "fault", "fault": "killed"},
                            separators=(",", ":")) + "\n")
 
 
