@@ -312,6 +312,8 @@ def _on_loss(ctx, d, coll: Collective, exchange, model, pos: _Position, rank: in
             ctx.emit("worker_lost", ranks=lost, step=step, waiting_for=what, generation=group,
                      action="continue" if kind == "resumed" else "stop")
         if kind == "resumed":
+            members, leader = detail
+            ctx.emit("membership", generation=group, members=members, step=pos.step, leader=leader)
             return None
         return f"worker lost: {_ranks(lost) if lost else 'no rank'} at step {step}; {detail}"
     return f"worker lost: {_ranks(suspects)} at step {pos.step}; no agreement after {world} regroups"
@@ -320,7 +322,8 @@ def _on_loss(ctx, d, coll: Collective, exchange, model, pos: _Position, rank: in
 def _regroup(ctx, d, coll: Collective, exchange, model, pos: _Position, rank: int, group: int):
     """One attempt at a membership of generation ``group``.
 
-    Returns ("resumed", members, lost), ("stop", why, lost) or ("retry", the generation to try next, []).
+    Returns ("resumed", (members, leader), lost), ("stop", why, lost) or ("retry", the generation to
+    try next, []).
     """
     min_workers = d.min_workers or d.workers
     yield from coll.send_control(group, "alive", struct.pack("<QB", pos.step, pos.eval_due))
@@ -352,8 +355,8 @@ def _regroup(ctx, d, coll: Collective, exchange, model, pos: _Position, rank: in
             return "stop", why, lost
         opt = exchange.state_bytes()
         yield from coll.send_control(group, "state", _encode_state(pos, view, flatten(model), opt))
-        _adopt(ctx, coll, exchange, pos, rank, group, view, rank)
-        return "resumed", view, lost
+        _adopt(coll, exchange, rank, group, view)
+        return "resumed", (view, rank), lost
 
     deadline = ctx.now() + d.step_timeout_s
     while heard is None:
@@ -379,11 +382,10 @@ def _regroup(ctx, d, coll: Collective, exchange, model, pos: _Position, rank: in
         ctx.emit("frame_rejected", src=coll.peers[leader], error=f"{kind}: {bad}")
         return "retry", group + 1, []
     pos.step, pos.eval_due = state.step, state.eval_due
-    _adopt(ctx, coll, exchange, pos, rank, group, new_members, leader)
-    return "resumed", new_members, lost
+    _adopt(coll, exchange, rank, group, new_members)
+    return "resumed", (new_members, leader), lost
 
 
-def _adopt(ctx, coll: Collective, exchange, pos: _Position, rank: int, group: int, members, leader: int):
+def _adopt(coll: Collective, exchange, rank: int, group: int, members) -> None:
     coll.regroup(group, members)
     exchange.regroup(coll.members.index(rank), len(coll.members))
-    ctx.emit("membership", generation=group, members=list(coll.members), step=pos.step, leader=leader)
