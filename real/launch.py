@@ -168,6 +168,7 @@ def launch(args, scenario: Scenario) -> int:
 
 def _log_kill(folder: Path, node: str, t: float) -> None:
     """The killed rank cannot say it died: the launcher adds the line to its events."""
+    folder.mkdir(parents=True, exist_ok=True)  # killed before it made its folder
     path = folder / "events.jsonl"
     torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
     with open(path, "a", encoding="utf-8") as f:
