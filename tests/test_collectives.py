@@ -17,9 +17,9 @@ from emu.runtime import EmuNode, World
 from core.scenario import ComputeSpec
 
 
-def frames_of(rank, world, round_, name, payload, frame_bytes, part=0):
+def frames_of(rank, world, round_, name, payload, frame_bytes, part=0, group=0):
     chunks = split_payload(payload, frame_bytes)
-    return [encode_frame(Frame(0, round_, name, part, rank, world, i, len(chunks), len(payload), c))
+    return [encode_frame(Frame(group, round_, name, part, rank, world, i, len(chunks), len(payload), c))
             for i, c in enumerate(chunks)]
 
 

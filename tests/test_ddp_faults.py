@@ -15,21 +15,19 @@ every wait is bounded and every process group is killed in a finally.
 
 import json
 import struct
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from core.collectives import COLL_FRAMES, Collective, Frame, LossNotice, encode_frame, split_payload
+from core.collectives import COLL_FRAMES, Collective, LossNotice
 from core.errors import ScenarioError
 from core.rundir import read_events
-from core.runtime import Message, Recv, RecordingContext, Send
+from core.runtime import Message, RecordingContext
 from core.scenario import parse_scenario
 from emu.run import run_emulation
-from helpers import DATA, ROOT, env, kill_group, needs_mnist, new_domain, scenario_file
+from helpers import DATA, Ranks, needs_mnist, scenario_file
+from test_collectives import drive, frames_of
 
 LOSS_AT = 0.1  # virtual seconds: about step 14 of 40
 STEP_TIMEOUT = 2.0
@@ -201,24 +199,7 @@ def test_ddp_fault_keys_are_validated():
 # --- the collective's generations, without a network ----------------------------------------
 
 def _frames(rank, round_, name, payload, group=0, world=3):
-    chunks = split_payload(payload, 64)
-    return [encode_frame(Frame(group, round_, name, 0, rank, world, i, len(chunks), len(payload), c))
-            for i, c in enumerate(chunks)]
-
-
-def _drive(gen, inbox):
-    value = None
-    while True:
-        try:
-            req = gen.send(value)
-        except StopIteration as stop:
-            return stop.value
-        if isinstance(req, Recv):
-            value = Message(COLL_FRAMES, "peer", inbox.pop(0)) if inbox else None
-        elif isinstance(req, Send):
-            value = 1
-        else:
-            raise AssertionError(req)
+    return frames_of(rank, world, round_, name, payload, 64, group=group)
 
 
 def test_frames_of_other_generations_and_non_members():
@@ -231,19 +212,19 @@ def test_frames_of_other_generations_and_non_members():
     assert coll.members == (0, 1) and coll.others == (1,)
     assert coll.counts["stale"] == 1  # rank 2's frame: not a member of generation 1
     coll._file(Message(COLL_FRAMES, "peer", _frames(1, 4, "dense", b"o", group=0)[0]))  # an old generation's
-    handle = _drive(coll.start_allgather(5, "dense", b"m" * 100), [])
+    handle = drive(coll.start_allgather(5, "dense", b"m" * 100), [])
     assert handle.ranks == (1,)
-    _drive(coll.wait(handle, None), [])
+    drive(coll.wait(handle, None), [])
     assert coll.collect(handle) == [b"m" * 100, b"n" * 100]
     assert coll.counts["stale"] == 2 and coll.counts["malformed"] == 0
 
 
 def test_a_peers_notice_ends_a_wait():
     coll = Collective(RecordingContext(), 0, ["w0", "w1", "w2"])
-    handle = _drive(coll.start_allgather(3, "dense", b"a"), [])
+    handle = drive(coll.start_allgather(3, "dense", b"a"), [])
     notice = _frames(1, 1, "alive", struct.pack("<QB", 3, 0), group=1)
     with pytest.raises(LossNotice) as info:
-        _drive(coll.wait(handle, None), _frames(1, 3, "dense", b"b") + notice)
+        drive(coll.wait(handle, None), _frames(1, 3, "dense", b"b") + notice)
     assert (info.value.kind, info.value.rank, info.value.group, info.value.missing) == ("alive", 1, 1, [2])
     assert coll.control(1, "alive") == {1: struct.pack("<QB", 3, 0)} and coll.newest("alive") == 1
 
@@ -292,65 +273,13 @@ REAL = {
 }
 
 
-class Ranks:
-    """``real run`` processes of one scenario on one domain; all killed by ``close``."""
-
-    def __init__(self, scenario: Path, folder: Path):
-        self.scenario, self.folder, self.domain = scenario, folder, new_domain()
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, rank: int, name: str, *overrides: str) -> None:
-        cmd = [sys.executable, "-m", "real.cli", "run", str(self.scenario), "--rank", str(rank),
-               "--out", str(self.folder / name), "--no-tui", "--domain", str(self.domain), "--threads", "1"]
-        for o in overrides:
-            cmd += ["--set", o]
-        with open(self.folder / f"{name}.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
-
-    def wait(self, name: str, timeout: float) -> int:
-        try:
-            return self.procs[name].wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} did not exit within {timeout:g}s\n{self.logs()}")
-
-    def events(self, name: str) -> list[dict]:
-        path = self.folder / name / "events.jsonl"
-        out = []
-        for line in path.read_text().splitlines() if path.exists() else []:
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line being written
-                pass
-        return out
-
-    def wait_event(self, name: str, kind: str, timeout: float, **fields) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for e in self.events(name):
-                if e["kind"] == kind and all(e.get(k) == v for k, v in fields.items()):
-                    return e
-            if self.procs[name].poll() is not None:
-                break
-            time.sleep(0.01)
-        pytest.fail(f"no {kind} {fields} from {name} within {timeout:g}s\n{self.logs()}")
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-                         for p in sorted(self.folder.glob("*.log")))
-
-    def close(self) -> None:
-        for p in self.procs.values():
-            kill_group(p)
-
-
 def _kill_worker2_mid_run(tmp_path, *overrides):
     pytest.importorskip("cyclonedds")
     ranks = Ranks(scenario_file(tmp_path, REAL), tmp_path)
     for rank in range(3):
         ranks.start(rank, f"worker{rank}", *overrides)
     ranks.wait_event("worker2", "step", 90, step=20)
-    kill_group(ranks.procs["worker2"])
+    ranks.kill("worker2")
     return ranks, time.monotonic()
 
 

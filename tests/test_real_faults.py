@@ -16,7 +16,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,7 @@ pytest.importorskip("cyclonedds")
 from core.rundir import read_summary  # noqa: E402
 from core.scenario import parse_scenario  # noqa: E402
 from emu.run import run_emulation  # noqa: E402
-from helpers import DATA, ROOT, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
+from helpers import DATA, ROOT, Ranks, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
 
 pytestmark = needs_mnist
 
@@ -33,68 +32,6 @@ pytestmark = needs_mnist
 @pytest.fixture(autouse=True)
 def data_root(monkeypatch):
     monkeypatch.setenv("DTEMU_DATA", DATA)  # for the in-process emu run
-
-
-class Ranks:
-    """``real run`` processes of one scenario on one domain; all killed by ``close``."""
-
-    def __init__(self, scenario: Path, folder: Path):
-        self.scenario = scenario
-        self.folder = folder
-        self.domain = new_domain()
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, rank: int, name: str, *overrides: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "real.cli", "run", str(self.scenario), "--rank", str(rank),
-               "--out", str(self.folder / name), "--no-tui", "--domain", str(self.domain), "--threads", "1"]
-        for o in overrides:
-            cmd += ["--set", o]
-        log = open(self.folder / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        log.close()
-        return self.procs[name]
-
-    def kill(self, name: str) -> None:
-        kill_group(self.procs[name])
-
-    def wait(self, name: str, timeout: float) -> int:
-        try:
-            return self.procs[name].wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{name} did not exit within {timeout:g}s\n{self.logs()}")
-
-    def events(self, name: str) -> list[dict]:
-        path = self.folder / name / "events.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line being written
-                pass
-        return out
-
-    def wait_event(self, name: str, kind: str, timeout: float, **fields) -> dict:
-        """The first event of ``name`` of this kind with these fields; polls its events.jsonl."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for e in self.events(name):
-                if e["kind"] == kind and all(e.get(k) == v for k, v in fields.items()):
-                    return e
-            if self.procs[name].poll() is not None:
-                break
-            time.sleep(0.01)
-        pytest.fail(f"no {kind} {fields} from {name} within {timeout:g}s\n{self.logs()}")
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-                         for p in sorted(self.folder.glob("*.log")))
-
-    def close(self) -> None:
-        for name in self.procs:
-            self.kill(name)
 
 
 def of(events: list[dict], kind: str) -> list[dict]:
