@@ -165,8 +165,7 @@ class EmuNode:
         self.world.crash(self.node, interrupt=False)
         restart = self.world.crash_plan.restart_after(self.node)
         if restart is not None:
-            yield self.world.env.timeout(restart)
-            self.world.restart(self.node)
+            self.world.env.process(self.world.restart_after(self.node, restart))
 
     def _land(self, crash: faultlib.Crash, request):
         """Carry out ``request`` as far as ``crash`` lets it get."""
@@ -265,7 +264,13 @@ class World:
         self.emit(name, "node_down")
         self._membership_changed()
 
+    def restart_after(self, name: str, delay: float):
+        yield self.env.timeout(delay)
+        self.restart(name)
+
     def restart(self, name: str) -> None:
+        if self.nodes[name].up:
+            return  # up already (a crash's restart and an offline window's end can meet)
         self.start(name)
         node = self.nodes[name]
         # The latest sample of each durable topic reaches the newcomer.

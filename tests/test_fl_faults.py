@@ -187,3 +187,13 @@ def test_fault_specs_that_cannot_work_are_refused(faults, path):
     with pytest.raises(ScenarioError) as info:
         scenario(faults)
     assert info.value.path == path
+
+
+def test_a_crash_and_an_offline_window_that_overlap(tmp_path):
+    """Down from a crash, 'crashed' again by a window, restarted by whichever ends first: one node."""
+    faults = {**crash("client2", 2, "before_train", restart_after_s=2.0),
+              "offline": [{"node": "client2", "start_s": 1.5, "end_s": 2.5}]}
+    summary, events = run(tmp_path, scenario(faults))
+    assert summary["rounds"] == 4
+    ups = [e["t"] for e in of(events, "node_up", node="client2")]
+    assert len(ups) == 2 and ups[1] == pytest.approx(2.5)
