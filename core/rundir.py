@@ -119,5 +119,22 @@ def read_events(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def read_events_partial(path: str | Path) -> tuple[list[dict], int]:
+    """Events of a run that may still be going or was killed: (events, lines that did not
+    parse, e.g. one being written or torn by a kill); no file yet gives ([], 0)."""
+    file = Path(path) / "events.jsonl"
+    if not file.exists():
+        return [], 0
+    events, torn = [], 0
+    for line in file.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            torn += 1
+    return events, torn
+
+
 def read_summary(path: str | Path) -> dict:
     return json.loads((Path(path) / "summary.json").read_text())

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from core.rundir import read_events_partial
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
 
@@ -84,16 +86,7 @@ class Ranks:
             pytest.fail(f"{name} did not exit within {timeout:g}s\n{self.logs()}")
 
     def events(self, name: str) -> list[dict]:
-        path = self.folder / name / "events.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line being written
-                pass
-        return out
+        return read_events_partial(self.folder / name)[0]
 
     def wait_event(self, name: str, kind: str, timeout: float, **fields) -> dict:
         """The first event of ``name`` of this kind with these fields; polls its events.jsonl."""

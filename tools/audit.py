@@ -24,26 +24,12 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from core.rundir import read_summary
-
-
-def read_events_tolerant(folder: Path) -> tuple[list[dict], int]:
-    """Events, and how many lines did not parse (a torn last line of a killed process)."""
-    events, bad = [], 0
-    with open(folder / "events.jsonl", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                bad += 1
-    return events, bad
+from core.rundir import read_events_partial, read_summary
 
 
 def audit(folder: str | Path) -> dict:
     folder = Path(folder)
-    events, torn = read_events_tolerant(folder)
+    events, torn = read_events_partial(folder)
     summary = read_summary(folder)
     faults: Counter = Counter()
     for e in events:

@@ -54,6 +54,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.rundir import read_events_partial
+
 ROOT = Path(__file__).resolve().parent.parent
 SUBNET = "10.231.0"
 PREFIX = 24
@@ -260,19 +262,6 @@ print(statistics.median(rtts) * 1e3 if rtts else float("nan"))
 
 # ---------------------------------------------------------------------------------------------
 # runs
-
-
-def _events(folder: Path) -> list[dict]:
-    path = folder / "events.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
 
 
 def round_times(events: list[dict]) -> dict[int, float]:
@@ -511,7 +500,7 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
             bed.down()
         for s, h in old.items():
             signal.signal(s, h)
-    real_events = _events(out / "real")
+    real_events = read_events_partial(out / "real")[0]
     cal = calibrate(real_events)
     # One-way latency per link: the delay netem adds plus this box's base (a quarter of the RTT:
     # four link crossings per round trip).
@@ -522,12 +511,12 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
     t0 = time.monotonic()
     emu_summary = run_emu(scenario_path, emu_sets, out / "emu")
     print(f"netns: emu run {time.monotonic() - t0:.1f} s -> {out / 'emu'}", file=sys.stderr, flush=True)
-    emu_events = _events(out / "emu")
+    emu_events = read_events_partial(out / "emu")[0]
     t0 = time.monotonic()
     replay_sets = sets + [emu_sets[len(sets)]]  # the same network
     run_emu_replay(scenario_path, replay_sets, out / "emu-replay", train_times(real_events))
     print(f"netns: emu replay run {time.monotonic() - t0:.1f} s -> {out / 'emu-replay'}", file=sys.stderr, flush=True)
-    replay_events = _events(out / "emu-replay")
+    replay_events = read_events_partial(out / "emu-replay")[0]
     from core.scenario import load_scenario
 
     scen = load_scenario(scenario_path, sets)
