@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import yaml
 
-from .collectives import FRAME_BYTES
-from .errors import ScenarioError
-from .schema import build, check, fraction, non_negative, positive, probability
+from dtemu.core.ddp.collectives import FRAME_BYTES
+from dtemu.core.errors import ScenarioError
+from dtemu.core.schema import build, check, fraction, non_negative, positive, probability
 
 CODEC_NAMES = ("fp32", "q8", "s4", "sq8")
 CONTROLLER = "controller"

@@ -18,7 +18,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from .errors import ScenarioError
+from dtemu.core.errors import ScenarioError
 
 
 def build(cls: type, data: Any, path: str = "") -> Any:

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from core.auth import load_key
-from core.errors import DtemuError, KeyFileError, ScenarioError
-from core.scenario import load_scenario
+from dtemu.core.wire.auth import load_key
+from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
+from dtemu.core.scenario import load_scenario
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else default_out(scenario.name)
 
-    from tools.dashboard import Dashboard  # rich is slow to import; only when running
-    from .run import run_emulation
+    from dtemu.host.dashboard import Dashboard  # rich is slow to import; only when running
+    from dtemu.emu.run import run_emulation
 
     dashboard = Dashboard(scenario, title=f"emu · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())

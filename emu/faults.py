@@ -11,10 +11,10 @@ All are decided from the scenario's seed (core.faults), so a run is repeatable.
 
 from __future__ import annotations
 
-from core.faults import drops_round, peek
-from core.messages import TrainCmd
-from core.runtime import TRAIN_CMD, Message
-from core.scenario import Scenario
+from dtemu.core.runtime.faults import drops_round, peek
+from dtemu.core.wire.messages import TrainCmd
+from dtemu.core.runtime.requests import TRAIN_CMD, Message
+from dtemu.core.scenario import Scenario
 
 
 def schedule_offline(world, scenario: Scenario) -> set[str]:

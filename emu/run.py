@@ -9,21 +9,21 @@ from typing import Callable, Iterable
 import simpy
 import torch
 
-from core.errors import DtemuError
-from core.params import sha256_of
-from core.roles.client import client
-from core.collectives import COLL_FRAMES
-from core.roles.controller import controller
-from core.roles.worker import worker
-from core.rundir import RunDir
-from core.runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
-from core.scenario import CONTROLLER, Scenario
-from core.workload import Workload
+from dtemu.core.errors import DtemuError
+from dtemu.core.ml.params import sha256_of
+from dtemu.core.fl.client import client
+from dtemu.core.ddp.collectives import COLL_FRAMES
+from dtemu.core.fl.controller import controller
+from dtemu.core.ddp.worker import worker
+from dtemu.host.rundir import RunDir
+from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.core.ml.workload import Workload
 
-from .compute import ComputeTimer
-from .faults import DropoutFilter, schedule_offline, schedule_partitions
-from .network import Network, link_from_spec
-from .runtime import EmuNode, World
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.emu.faults import DropoutFilter, schedule_offline, schedule_partitions
+from dtemu.emu.network import Network, link_from_spec
+from dtemu.emu.runtime import EmuNode, World
 
 
 def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run: RunDir,

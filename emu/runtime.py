@@ -27,13 +27,13 @@ from typing import Any, Callable, Iterable
 
 import simpy
 
-from core import faults as faultlib
-from core.runtime import CLIENT_UPDATE, DURABLE_TOPICS, Compute, Message, Recv, Send, Sleep, WaitPeers
+from dtemu.core.runtime import faults as faultlib
+from dtemu.core.runtime.requests import CLIENT_UPDATE, DURABLE_TOPICS, Compute, Message, Recv, Send, Sleep, WaitPeers
 
-from core.scenario import FaultSpec
+from dtemu.core.scenario import FaultSpec
 
-from .compute import ComputeTimer
-from .network import Network
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.emu.network import Network
 
 
 @dataclass

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from core.auth import load_key
-from core.errors import DtemuError, KeyFileError, ScenarioError
-from core.scenario import CONTROLLER, load_scenario
+from dtemu.core.wire.auth import load_key
+from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
+from dtemu.core.scenario import CONTROLLER, load_scenario
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
 EXIT_PEER_LOST = 5
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     args.key, args.key_from = key, key_from
     if args.command == "launch":
-        from .launch import launch
+        from dtemu.real.launch import launch
 
         return launch(args, scenario)
     return run_rank(args, scenario)
@@ -99,9 +99,9 @@ def run_rank(args, scenario) -> int:
 
     from cyclonedds.core import DDSException
 
-    from tools.dashboard import Dashboard
+    from dtemu.host.dashboard import Dashboard
 
-    from .node import run_node
+    from dtemu.real.node import run_node
 
     if scenario.faults.offline and not os.environ.get("DTEMU_LAUNCHED"):
         print("real: note: faults.offline windows are carried out by `real launch` (it kills and restarts "
@@ -129,7 +129,7 @@ def run_rank(args, scenario) -> int:
         print(f"real: {name}: DDS failed: {err}", file=sys.stderr)
         return EXIT_DDS
     if scenario.mode == "ddp" and summary.get("stop_reason"):
-        from core.roles.worker import BARRIER_STOP
+        from dtemu.core.ddp.worker import BARRIER_STOP
 
         # A peer missing at the start stays a barrier timeout (3); one lost mid-run is 5.
         print(f"real: {name} stopped: {summary['stop_reason']}; summary in {out}", file=sys.stderr)

@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from core.rundir import CHECKPOINT, read_events, write_json
-from core.scenario import CONTROLLER, Scenario
+from dtemu.host.rundir import CHECKPOINT, read_events, write_json
+from dtemu.core.scenario import CONTROLLER, Scenario
 
-from .runtime import CRASH_EXIT
+from dtemu.real.runtime import CRASH_EXIT
 
 GRACE_S = 15.0  # how long clients may take to exit after the controller did
 
@@ -64,7 +64,7 @@ def _domain_id() -> int:
 
 
 def launch(args, scenario: Scenario) -> int:
-    from tools.dashboard import Dashboard
+    from dtemu.host.dashboard import Dashboard
 
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-real-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,7 @@ def launch(args, scenario: Scenario) -> int:
     fired: dict[int, list[int]] = {r: [] for r in range(ranks)}
 
     def start(rank: int, restart: bool = False) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "real.cli", "run", args.scenario, "--rank", str(rank),
+        cmd = [sys.executable, "-m", "dtemu.real.cli", "run", args.scenario, "--rank", str(rank),
                "--out", str(out / f"rank{rank}"), "--no-tui", "--domain", str(domain),
                "--threads", str(threads), "--profile", args.profile]
         for o in args.overrides:

@@ -9,18 +9,18 @@ from typing import Callable, Iterable
 
 import torch
 
-from core.collectives import COLL_FRAMES
-from core.params import sha256_of
-from core.roles.client import client
-from core.roles.controller import controller
-from core.roles.worker import worker
-from core.rundir import RunDir
-from core.runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
-from core.scenario import CONTROLLER, Scenario
-from core.workload import Workload
+from dtemu.core.ddp.collectives import COLL_FRAMES
+from dtemu.core.ml.params import sha256_of
+from dtemu.core.fl.client import client
+from dtemu.core.fl.controller import controller
+from dtemu.core.ddp.worker import worker
+from dtemu.host.rundir import RunDir
+from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.core.ml.workload import Workload
 
-from .runtime import RealNode
-from .transport import DdsTransport
+from dtemu.real.runtime import RealNode
+from dtemu.real.transport import DdsTransport
 
 
 def _role(scenario: Scenario, rank: int, work: Workload, init: bytes | None, key: bytes | None):

@@ -30,13 +30,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from core.rundir import RunDir
-from core import faults as faultlib
-from core.messages import TrainCmd
-from core.runtime import CLIENT_UPDATE, TRAIN_CMD, Compute, Message, Recv, Send, Sleep, WaitPeers
-from core.scenario import ComputeSpec, FaultSpec
+from dtemu.host.rundir import RunDir
+from dtemu.core.runtime import faults as faultlib
+from dtemu.core.wire.messages import TrainCmd
+from dtemu.core.runtime.requests import CLIENT_UPDATE, TRAIN_CMD, Compute, Message, Recv, Send, Sleep, WaitPeers
+from dtemu.core.scenario import ComputeSpec, FaultSpec
 
-from .transport import DdsTransport, RejectLimiter
+from dtemu.real.transport import DdsTransport, RejectLimiter
 
 
 # A process that crashes at faults.crashes[i] exits with CRASH_EXIT + i (i < 100).

@@ -2,7 +2,7 @@
 
 ::
 
-    from real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
+    from dtemu.real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
 
     with DdsTransport("server", profile="loopback", domain_id=7) as t:
         t.subscribe([CLIENT_UPDATE])
@@ -80,8 +80,8 @@ from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
-from real.config import config_xml
-from real.wire import Frame, Hello, WireError, decode_frame, encode_frame
+from dtemu.real.config import config_xml
+from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame
 
 try:  # the raw take the stock DataReader.take uses, without its per-batch deserialization
     from cyclonedds._clayer import ddspy_take as _ddspy_take

@@ -41,7 +41,7 @@ from cyclonedds.idl._support import Endianness
 from cyclonedds.idl.annotations import key
 from cyclonedds.idl.types import sequence, uint8, uint32, uint64
 
-from core.errors import DecodeError
+from dtemu.core.errors import DecodeError
 
 __all__ = ["Frame", "Hello", "WireError", "encode_frame", "decode_frame"]
 

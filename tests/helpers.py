@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from core.rundir import read_events_partial
+from dtemu.host.rundir import read_events_partial
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
@@ -66,7 +66,7 @@ class Ranks:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, rank: int, name: str, *overrides: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "real.cli", "run", str(self.scenario), "--rank", str(rank),
+        cmd = [sys.executable, "-m", "dtemu.real.cli", "run", str(self.scenario), "--rank", str(rank),
                "--out", str(self.folder / name), "--no-tui", "--domain", str(self.domain), "--threads", "1"]
         for o in overrides:
             cmd += ["--set", o]

@@ -5,9 +5,9 @@ import random
 import numpy as np
 import pytest
 
-from core.aggregate import FedAvg, Update, check_update
-from core.codecs import CodecParams, Dense, Sparse, decode, encode
-from core.errors import RejectedUpdate
+from dtemu.core.fl.aggregate import FedAvg, Update, check_update
+from dtemu.core.compression.codecs import CodecParams, Dense, Sparse, decode, encode
+from dtemu.core.errors import RejectedUpdate
 
 DIM = 1000
 

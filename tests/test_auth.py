@@ -3,11 +3,11 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from core.auth import WINDOW, Sealer, load_key, parse_key
-from core.errors import AuthError, KeyFileError
-from core.rundir import read_events
-from core.scenario import parse_scenario
-from emu.run import run_emulation
+from dtemu.core.wire.auth import WINDOW, Sealer, load_key, parse_key
+from dtemu.core.errors import AuthError, KeyFileError
+from dtemu.host.rundir import read_events
+from dtemu.core.scenario import parse_scenario
+from dtemu.emu.run import run_emulation
 from test_fl_faults import BASE
 from test_fl_protocol import StandIn, of
 

@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from core.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from core.errors import CheckpointError
-from core.rundir import CHECKPOINT, atomic_write
+from dtemu.core.wire.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from dtemu.core.errors import CheckpointError
+from dtemu.host.rundir import CHECKPOINT, atomic_write
 from helpers import ROOT, kill_group
 
 
@@ -111,8 +111,8 @@ def test_any_buffer_decodes():
 SAVER = textwrap.dedent("""
     import sys
     import numpy as np
-    from core.checkpoint import Checkpoint, encode_checkpoint
-    from core.rundir import RunDir
+    from dtemu.core.wire.checkpoint import Checkpoint, encode_checkpoint
+    from dtemu.host.rundir import RunDir
     run, r = RunDir(sys.argv[1]), int(sys.argv[2])
     w = np.empty(1 << 20, np.float32)  # a 4 MB model
     while True:

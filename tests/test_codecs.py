@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.codecs import (
+from dtemu.core.compression.codecs import (
     CODECS,
     HEADER,
     HEADER_SIZE,
@@ -22,7 +22,7 @@ from core.codecs import (
     peek_codec,
     topk_count,
 )
-from core.errors import CodecError
+from dtemu.core.errors import CodecError
 
 MODEL_DIM = 1_199_882  # the real model's parameter count
 MAGIC = {"fp32": b"FP32", "q8": b"Q8\x00\x00", "s4": b"S4\x00\x00", "sq8": b"SQ8\x00"}

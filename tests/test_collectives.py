@@ -7,14 +7,14 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from core.collectives import (
+from dtemu.core.ddp.collectives import (
     COLL_FRAMES, Collective, CollectiveTimeout, Frame, FrameError, decode_frame, encode_frame, split_payload,
 )
-from core.runtime import Message, Recv, RecordingContext, Send
-from emu.compute import ComputeTimer
-from emu.network import Network, link_from_spec
-from emu.runtime import EmuNode, World
-from core.scenario import ComputeSpec
+from dtemu.core.runtime.requests import Message, Recv, RecordingContext, Send
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.emu.network import Network, link_from_spec
+from dtemu.emu.runtime import EmuNode, World
+from dtemu.core.scenario import ComputeSpec
 
 
 def frames_of(rank, world, round_, name, payload, frame_bytes, part=0, group=0):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tools import report
-from tools.dashboard import (
+from dtemu.report import report
+from dtemu.host.dashboard import (
     DONE,
     DROPPED,
     IDLE,

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import data
-from core.data import (
+from dtemu.core.ml import data
+from dtemu.core.ml.data import (
     Dataset,
     ensure_archives,
     load_dataset,
@@ -27,7 +27,7 @@ from core.data import (
     resolve_root,
     round_subset,
 )
-from core.errors import DataError
+from dtemu.core.errors import DataError
 from helpers import DATA, needs_mnist
 
 ARCHIVES = tuple(data.SOURCES["mnist"].md5)

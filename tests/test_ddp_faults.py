@@ -20,12 +20,12 @@ import time
 import numpy as np
 import pytest
 
-from core.collectives import COLL_FRAMES, Collective, LossNotice
-from core.errors import ScenarioError
-from core.rundir import read_events
-from core.runtime import Message, RecordingContext
-from core.scenario import parse_scenario
-from emu.run import run_emulation
+from dtemu.core.ddp.collectives import COLL_FRAMES, Collective, LossNotice
+from dtemu.core.errors import ScenarioError
+from dtemu.host.rundir import read_events
+from dtemu.core.runtime.requests import Message, RecordingContext
+from dtemu.core.scenario import parse_scenario
+from dtemu.emu.run import run_emulation
 from helpers import DATA, Ranks, needs_mnist, scenario_file
 from test_collectives import drive, frames_of
 
@@ -230,11 +230,11 @@ def test_a_peers_notice_ends_a_wait():
 
 
 def test_ring_allreduce_among_members_only():
-    from emu.compute import ComputeTimer
-    from emu.network import Network, link_from_spec
-    from emu.runtime import EmuNode, World
+    from dtemu.core.runtime.compute import ComputeTimer
+    from dtemu.emu.network import Network, link_from_spec
+    from dtemu.emu.runtime import EmuNode, World
     import simpy
-    from core.scenario import ComputeSpec
+    from dtemu.core.scenario import ComputeSpec
 
     names = ["w0", "w1", "w2", "w3"]
     vecs = [np.random.default_rng(i).standard_normal(999).astype(np.float32) for i in range(4)]
@@ -326,7 +326,7 @@ def test_real_worker_killed_the_others_continue_identical(tmp_path):
 def test_launch_gathers_the_survivors(tmp_path):
     """`real launch`'s summary of a DDP run in which rank 2 was killed (no summary of its own)."""
     pytest.importorskip("cyclonedds")
-    from real.launch import gather
+    from dtemu.real.launch import gather
 
     for rank in (0, 1):
         folder = tmp_path / f"rank{rank}"

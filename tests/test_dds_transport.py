@@ -17,13 +17,13 @@ import pytest
 
 pytest.importorskip("cyclonedds")
 
-from core.rundir import RunDir, read_events  # noqa: E402
+from dtemu.host.rundir import RunDir, read_events  # noqa: E402
 from helpers import new_domain  # noqa: E402
-from real.runtime import RealNode  # noqa: E402
-from real.transport import (  # noqa: E402
+from dtemu.real.runtime import RealNode  # noqa: E402
+from dtemu.real.transport import (  # noqa: E402
     CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD, DdsTransport, Message, RejectLimiter,
 )
-from real.wire import Frame, encode_frame  # noqa: E402
+from dtemu.real.wire import Frame, encode_frame  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PID = os.getpid()
@@ -231,7 +231,7 @@ def test_presence_and_matching_report_missing_peers(domain):
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
+    from dtemu.real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
     dom, me, peer = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     end = time.monotonic() + 60
     with DdsTransport(me, domain_id=dom, subscribe=[TRAIN_CMD, MODEL_BLOB]) as t:
@@ -309,7 +309,7 @@ def test_send_accepts_buffers_like_numpy_arrays(domain):
 
 
 def test_config_profiles():
-    from real.config import config_xml
+    from dtemu.real.config import config_xml
     lo = config_xml("loopback")
     assert '<NetworkInterface address="127.0.0.1"/>' in lo and '<Peer address="127.0.0.1"/>' in lo
     assert "<AllowMulticast>false</AllowMulticast>" in lo and "${" not in lo

@@ -14,7 +14,7 @@ pytest.importorskip("cyclonedds")
 
 from cyclonedds.idl._support import Endianness  # noqa: E402
 
-from real.wire import Frame, Hello, WireError, decode_frame, encode_frame  # noqa: E402
+from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame  # noqa: E402
 
 SIZES = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000, 4093]
 STRINGS = ["", "a", "ab", "abc", "abcd", "abcde", "client12", "train/model_blob", "n\u00f8de-\u00e9\u6f22"]
@@ -123,7 +123,7 @@ def test_malformed_bytes_raise_wire_error():
         with pytest.raises(WireError):
             decode_frame(x)
     # one error class for every malformed input of dtemu: a listener catches DecodeError
-    from core.errors import DecodeError
+    from dtemu.core.errors import DecodeError
     assert issubclass(WireError, DecodeError) and issubclass(WireError, ValueError)
 
 
@@ -161,8 +161,8 @@ def test_frame_through_cyclonedds_stock_reader_and_writer():
     from cyclonedds.topic import Topic
     from cyclonedds.util import duration
 
-    from real.config import config_xml
-    from real.transport import _acquire_domain, _release_domain
+    from dtemu.real.config import config_xml
+    from dtemu.real.transport import _acquire_domain, _release_domain
 
     domain = 1 + (os.getpid() * 13 + 7) % 230
     _acquire_domain(domain, config_xml("loopback"))

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.bucket import (
+from dtemu.core.wire.bucket import (
     ENTRY,
     ENTRY_SIZE,
     HEADER_SIZE,
@@ -22,8 +22,8 @@ from core.bucket import (
     decode_bucket,
     encode_bucket,
 )
-from core.codecs import topk_count
-from core.dgc import (
+from dtemu.core.compression.codecs import topk_count
+from dtemu.core.compression.dgc import (
     DGCSGD,
     DGCCompressor,
     DGCConfig,
@@ -32,7 +32,7 @@ from core.dgc import (
     param_shapes,
     select_indices,
 )
-from core.errors import DecodeError, FrameError, RejectedUpdate
+from dtemu.core.errors import DecodeError, FrameError, RejectedUpdate
 
 # examples/mnist's Net, as core.models.MnistCnn builds it.
 MNIST_SHAPES = [
@@ -73,7 +73,7 @@ def flat_sent(payload):
 
 
 def test_mnist_shapes_are_the_model_s():
-    from core.models import build_model
+    from dtemu.core.ml.models import build_model
 
     shapes = param_shapes(build_model("mnist_cnn", 0))
     assert shapes == MNIST_SHAPES

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from core.data import resolve_root
-from core.rundir import read_summary
-from core.scenario import load_scenario, parse_scenario
-from emu.cli import main as emu_main
-from emu.run import run_emulation
+from dtemu.core.ml.data import resolve_root
+from dtemu.host.rundir import read_summary
+from dtemu.core.scenario import load_scenario, parse_scenario
+from dtemu.emu.cli import main as emu_main
+from dtemu.emu.run import run_emulation
 from helpers import DATA, needs_mnist
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_cli_reports_a_bad_checkpoint(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fl_straggler", "fl_faults"])
 def test_shipped_scenario_runs(tmp_path, name):
-    from tools.audit import audit
+    from dtemu.report.audit import audit
 
     summary = run_emulation(load_scenario(ROOT / "scenarios" / f"{name}.yaml"), tmp_path / name)
     assert summary["rounds"] > 0 and summary["final_accuracy"] > 0.8

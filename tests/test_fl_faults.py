@@ -9,10 +9,10 @@ should not change it: nothing is lost and nothing counted twice).
 
 import pytest
 
-from core.errors import DtemuError
-from core.rundir import read_events
-from core.scenario import parse_scenario
-from emu.run import run_emulation
+from dtemu.core.errors import DtemuError
+from dtemu.host.rundir import read_events
+from dtemu.core.scenario import parse_scenario
+from dtemu.emu.run import run_emulation
 from test_fl_protocol import StandIn, of
 
 BASE = {
@@ -183,7 +183,7 @@ def test_fault_runs_are_deterministic(tmp_path):
     ({"message_loss": 1.5}, "faults.message_loss"),
 ])
 def test_fault_specs_that_cannot_work_are_refused(faults, path):
-    from core.errors import ScenarioError
+    from dtemu.core.errors import ScenarioError
     with pytest.raises(ScenarioError) as info:
         scenario(faults)
     assert info.value.path == path

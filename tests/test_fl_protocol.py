@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core.errors import BarrierTimeout, CheckpointError
-from core.rundir import read_events, read_summary
-from core.scenario import parse_scenario
-from emu.run import run_emulation
+from dtemu.core.errors import BarrierTimeout, CheckpointError
+from dtemu.host.rundir import read_events, read_summary
+from dtemu.core.scenario import parse_scenario
+from dtemu.emu.run import run_emulation
 
 COST = 0.001  # modelled seconds per sample
 

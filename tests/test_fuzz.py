@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from core import codecs, messages
-from core.bucket import ENTRY, HEADER as BUCKET_HEADER, decode_bucket
-from core.checkpoint import decode_checkpoint
-from core.collectives import COLL_FRAMES, Collective, Frame, decode_frame, encode_frame
-from core.errors import CheckpointError, CodecError, DecodeError, FrameError
-from core.runtime import Message, RecordingContext
+from dtemu.core.compression import codecs
+from dtemu.core.wire import messages
+from dtemu.core.wire.bucket import ENTRY, HEADER as BUCKET_HEADER, decode_bucket
+from dtemu.core.wire.checkpoint import decode_checkpoint
+from dtemu.core.ddp.collectives import COLL_FRAMES, Collective, Frame, decode_frame, encode_frame
+from dtemu.core.errors import CheckpointError, CodecError, DecodeError, FrameError
+from dtemu.core.runtime.requests import Message, RecordingContext
 from tools import fuzz
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -210,8 +211,8 @@ def test_size_bounds_hold_even_with_permissive_limits():
 
 def test_transport_reassembly_holds_only_what_arrived():
     pytest.importorskip("cyclonedds")
-    from real.transport import MAX_MESSAGE_BYTES, Reassembler
-    from real.wire import Frame as WireFrame, decode_frame as decode_wire, encode_frame as encode_wire
+    from dtemu.real.transport import MAX_MESSAGE_BYTES, Reassembler
+    from dtemu.real.wire import Frame as WireFrame, decode_frame as decode_wire, encode_frame as encode_wire
 
     r = Reassembler("me")  # the transport's defaults: messages up to 1 GiB
     data = encode_wire(WireFrame(src="a", topic="t", msg_id=1, part=0, parts=1 << 20, total=MAX_MESSAGE_BYTES,

@@ -2,9 +2,9 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from core import messages
-from core.errors import MessageError
-from core.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from dtemu.core.wire import messages
+from dtemu.core.errors import MessageError
+from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 
 SAMPLES = [
     TrainCmd(3, 6000, 1, 0.05, 2**62),

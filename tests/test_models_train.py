@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from core.errors import RejectedUpdate, ScenarioError
-from core.models import MODELS, build_model, model_cost
-from core.params import flatten, load_flat, num_params, sha256_of
-from core.train import TrainResult, evaluate, train_local
+from dtemu.core.errors import RejectedUpdate, ScenarioError
+from dtemu.core.ml.models import MODELS, build_model, model_cost
+from dtemu.core.ml.params import flatten, load_flat, num_params, sha256_of
+from dtemu.core.ml.train import TrainResult, evaluate, train_local
 from helpers import DATA, needs_mnist
 
 
@@ -186,7 +186,7 @@ def test_evaluate_restores_mode():
 
 @needs_real
 def test_small_cnn_learns_mnist():
-    from core.data import load_dataset
+    from dtemu.core.ml.data import load_dataset
 
     ds = load_dataset("mnist", REAL_ROOT)
     m = build_model("small_cnn", 0)

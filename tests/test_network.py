@@ -8,7 +8,7 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from emu.network import FlowResult, Link, Network, link_from_spec
+from dtemu.emu.network import FlowResult, Link, Network, link_from_spec
 
 MBPS = 1e6
 

@@ -21,9 +21,9 @@ import pytest
 
 pytest.importorskip("cyclonedds")
 
-from core.rundir import read_summary  # noqa: E402
-from core.scenario import parse_scenario  # noqa: E402
-from emu.run import run_emulation  # noqa: E402
+from dtemu.host.rundir import read_summary  # noqa: E402
+from dtemu.core.scenario import parse_scenario  # noqa: E402
+from dtemu.emu.run import run_emulation  # noqa: E402
 from helpers import DATA, ROOT, Ranks, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
 
 pytestmark = needs_mnist
@@ -220,7 +220,7 @@ def test_launch_carries_out_crashes_and_restarts(tmp_path):
     """client2 dies with 2 of its 5 frames sent; the controller dies mid-round 4 and resumes
     from its checkpoint; the run completes every round and counts every update once."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
+    cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
            "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "200"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)

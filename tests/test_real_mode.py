@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("cyclonedds")
 
-from core.rundir import read_events, read_summary  # noqa: E402
-from core.scenario import parse_scenario  # noqa: E402
-from emu.run import run_emulation  # noqa: E402
+from dtemu.host.rundir import read_events, read_summary  # noqa: E402
+from dtemu.core.scenario import parse_scenario  # noqa: E402
+from dtemu.emu.run import run_emulation  # noqa: E402
 from helpers import DATA, ROOT, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
 
 pytestmark = needs_mnist
@@ -32,8 +32,8 @@ def data_root(monkeypatch):
 
 
 def real(args: list, timeout: float) -> subprocess.CompletedProcess:
-    """``python -m real.cli ARGS`` in a session of its own, killed with its children on timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", "real.cli", *map(str, args)], cwd=ROOT, env=env(),
+    """``python -m dtemu.real.cli ARGS`` in a session of its own, killed with its children on timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", "dtemu.real.cli", *map(str, args)], cwd=ROOT, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -221,7 +221,7 @@ def test_a_signal_stops_a_rank_cleanly(tmp_path, sig, code):
     """A controller waiting at its barrier stops on Ctrl-C / SIGTERM with its exit code."""
     scenario = scenario_file(tmp_path, FL)
     out = tmp_path / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "real.cli", "run", scenario, "--rank", "0", "--no-tui",
+    proc = subprocess.Popen([sys.executable, "-m", "dtemu.real.cli", "run", scenario, "--rank", "0", "--no-tui",
                              "--out", str(out), "--domain", str(new_domain())], cwd=ROOT, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:

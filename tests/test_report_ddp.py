@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import report
+from dtemu.report import report
 
 KEYS = ("bytes_sent", "bytes_received", "compute_s", "compress_s", "send_s", "wait_s", "comm_s")
 DGC_SCHEDULE = [0.25, 0.25, 0.0625, 0.0625, 0.001, 0.001, 0.001, 0.001]

@@ -1,7 +1,7 @@
 import pytest
 
-from core.errors import ScenarioError
-from core.scenario import apply_override, load_scenario, parse_scenario
+from dtemu.core.errors import ScenarioError
+from dtemu.core.scenario import apply_override, load_scenario, parse_scenario
 
 BASE = {"name": "t"}
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from core.scenario import parse_scenario
-from emu.run import run_emulation
+from dtemu.core.scenario import parse_scenario
+from dtemu.emu.run import run_emulation
 from helpers import needs_mnist
-from tools.audit import audit
+from dtemu.report.audit import audit
 from tools.soak import soak_scenario
 
 

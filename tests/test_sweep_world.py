@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.collectives import Collective
+from dtemu.core.ddp.collectives import Collective
 from tools import sweep_world as sw
 from tools.sweep_world import DGC, GATHER, RING, Method, NetSpec
 
@@ -12,7 +12,7 @@ GBIT = NetSpec(1000.0, 0.1)
 
 
 def test_shapes_are_mnist_cnns():
-    from core.models import MnistCnn
+    from dtemu.core.ml.models import MnistCnn
 
     shapes = tuple((n, tuple(p.shape)) for n, p in MnistCnn().named_parameters())
     assert shapes == sw.MNIST_CNN_SHAPES
@@ -24,9 +24,9 @@ def test_shapes_are_mnist_cnns():
 def test_dgc_payload_is_the_bucket_formats_size(density, fp16):
     import torch
 
-    from core.bucket import Bucket, TensorPayload, bucket_size
-    from core.codecs import topk_count
-    from core.dgc import DGCConfig
+    from dtemu.core.wire.bucket import Bucket, TensorPayload, bucket_size
+    from dtemu.core.compression.codecs import topk_count
+    from dtemu.core.compression.dgc import DGCConfig
 
     kinds = DGCConfig(density=density).kinds(list(sw.MNIST_CNN_SHAPES))
     payloads = []

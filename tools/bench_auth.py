@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from core.auth import Sealer
+from dtemu.core.wire.auth import Sealer
 
 SIZES = {"TrainCmd (34 B)": 34, "small_cnn fp32 update": 73_600, "mnist_cnn sq8 update": 600_000,
          "mnist_cnn fp32 update": 4_799_600}

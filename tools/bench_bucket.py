@@ -24,9 +24,9 @@ def payload_sizes(fp16: bool) -> tuple[int, list[int]]:
     """(bucket bytes, per-tensor bytes) of one step after warm-up."""
     import torch
 
-    from core.bucket import encode_bucket
-    from core.dgc import DGCCompressor, DGCConfig, param_shapes
-    from core.models import build_model
+    from dtemu.core.wire.bucket import encode_bucket
+    from dtemu.core.compression.dgc import DGCCompressor, DGCConfig, param_shapes
+    from dtemu.core.ml.models import build_model
 
     model = build_model("mnist_cnn", seed=0)
     shapes = param_shapes(model)
@@ -39,7 +39,7 @@ def payload_sizes(fp16: bool) -> tuple[int, list[int]]:
 
 
 def _role(ctx, rank, names, bucket_bytes, tensor_bytes, repeats, warmup):
-    from core.collectives import Collective
+    from dtemu.core.ddp.collectives import Collective
 
     coll = Collective(ctx, rank, names)
     yield from coll.barrier(ctx.now() + 60)
@@ -68,10 +68,10 @@ def _role(ctx, rank, names, bucket_bytes, tensor_bytes, repeats, warmup):
 def _worker(rank, world, domain, bucket_bytes, tensor_bytes, repeats, warmup, queue):
     try:
         _one_thread()
-        from core.collectives import COLL_FRAMES
-        from core.rundir import RunDir
-        from real.runtime import RealNode
-        from real.transport import DdsTransport
+        from dtemu.core.ddp.collectives import COLL_FRAMES
+        from dtemu.host.rundir import RunDir
+        from dtemu.real.runtime import RealNode
+        from dtemu.real.transport import DdsTransport
 
         names = [f"bench{r}" for r in range(world)]
         with tempfile.TemporaryDirectory(prefix="bench-bucket-") as tmp:

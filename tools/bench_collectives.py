@@ -85,7 +85,7 @@ def _expected_mean(world: int, n: int):
 def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps):
     import numpy as np
 
-    from core.collectives import Collective
+    from dtemu.core.ddp.collectives import Collective
 
     kw = {"frame_bytes": frame_bytes} if frame_bytes else {}
     coll = Collective(ctx, rank, names, max_payload=64 * max(sizes) + (1 << 20), **kw)
@@ -133,10 +133,10 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         import torch
 
         torch.set_num_threads(1)
-        from core.collectives import COLL_FRAMES
-        from core.rundir import RunDir
-        from real.runtime import RealNode
-        from real.transport import DdsTransport
+        from dtemu.core.ddp.collectives import COLL_FRAMES
+        from dtemu.host.rundir import RunDir
+        from dtemu.real.runtime import RealNode
+        from dtemu.real.transport import DdsTransport
 
         Transport, Node = DdsTransport, RealNode
         names = [f"bench{r}" for r in range(world)]

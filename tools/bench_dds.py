@@ -29,8 +29,8 @@ import subprocess
 import sys
 import time
 
-from real.transport import CLIENT_UPDATE, COLL_FRAMES, TRAIN_CMD, DdsTransport
-from real.wire import Frame, decode_frame, encode_frame
+from dtemu.real.transport import CLIENT_UPDATE, COLL_FRAMES, TRAIN_CMD, DdsTransport
+from dtemu.real.wire import Frame, decode_frame, encode_frame
 
 WARMUP = 3
 ACK = struct.Struct("<dQ")  # echo's received_at (monotonic), bytes received

@@ -17,11 +17,11 @@ import time
 import numpy as np
 import torch
 
-from core.bucket import decode_bucket, encode_bucket
-from core.data import load_dataset, resolve_root
-from core.dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
-from core.models import build_model
-from core.train import compute_gradients
+from dtemu.core.wire.bucket import decode_bucket, encode_bucket
+from dtemu.core.ml.data import load_dataset, resolve_root
+from dtemu.core.compression.dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
+from dtemu.core.ml.models import build_model
+from dtemu.core.ml.train import compute_gradients
 
 DENSE_BYTES = 4 * 1_199_882
 

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from core.data import round_subset
-from core.models import build_model
-from core.params import flatten, load_flat
-from core.scenario import load_scenario
-from core.train import evaluate
-from core.workload import Workload, round_seed
-from emu.run import run_emulation
+from dtemu.core.ml.data import round_subset
+from dtemu.core.ml.models import build_model
+from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.scenario import load_scenario
+from dtemu.core.ml.train import evaluate
+from dtemu.core.ml.workload import Workload, round_seed
+from dtemu.emu.run import run_emulation
 
 
 def bare_loop(scenario, work: Workload) -> float:

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import torch
 
-from core.models import MODELS, build_model
-from core.train import train_local
+from dtemu.core.ml.models import MODELS, build_model
+from dtemu.core.ml.train import train_local
 
 
 def main(argv=None) -> int:

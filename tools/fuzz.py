@@ -59,14 +59,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from core import codecs, messages
-from core.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from core.collectives import (
+from dtemu.core.compression import codecs
+from dtemu.core.wire import messages
+from dtemu.core.wire.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from dtemu.core.ddp.collectives import (
     BARRIER_ROUND, COLL_FRAMES, Collective, Frame as CollFrame, decode_frame as decode_coll_frame,
     encode_frame as encode_coll_frame, split_payload,
 )
-from core.errors import CheckpointError, CodecError, DecodeError, FrameError, MessageError
-from core.runtime import Message, RecordingContext
+from dtemu.core.errors import CheckpointError, CodecError, DecodeError, FrameError, MessageError
+from dtemu.core.runtime.requests import Message, RecordingContext
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
@@ -403,7 +404,7 @@ AUTH_SRC = "client1"
 def _reseal(envelope: bytes) -> bytes:
     """``envelope`` with its MAC made right again for whatever header and body it now has
     (what a peer holding the key could send), if it still has the envelope's shape."""
-    from core.auth import _HEADER as AUTH_HEADER, _MAC, MAGIC as AUTH_MAGIC, _mac
+    from dtemu.core.wire.auth import _HEADER as AUTH_HEADER, _MAC, MAGIC as AUTH_MAGIC, _mac
     if len(envelope) < AUTH_HEADER.size or envelope[:4] != AUTH_MAGIC:
         return envelope
     end = AUTH_HEADER.size + envelope[5]
@@ -416,7 +417,7 @@ def _reseal(envelope: bytes) -> bytes:
 def auth_target() -> Target:
     """Sealed messages through ``Sealer.open`` (MAC, sender, replay window) and ``messages.decode``,
     as the controller reads ``train/client_update``: one receiver, a sequence of envelopes."""
-    from core.auth import Sealer
+    from dtemu.core.wire.auth import Sealer
 
     packet = codecs.encode(np.arange(5, dtype=np.float32), codecs.CodecParams("fp32"))
     sender = Sealer(AUTH_KEY, AUTH_SRC, incarnation=5)
@@ -525,7 +526,7 @@ BUCKET_SHAPES = [("w", (6, 5)), ("b", (3,)), ("v", (40,)), ("e", (0,))]
 
 
 def _bucket_fields(data: bytes) -> list[tuple[int, str]]:
-    from core.bucket import ENTRY, ENTRY_SIZE, HEADER_SIZE
+    from dtemu.core.wire.bucket import ENTRY, ENTRY_SIZE, HEADER_SIZE
     fields = [(4, "<B"), (5, "<B"), (6, "<H"), (8, "<I"), (12, "<I"), (16, "<I")]
     off, vb = HEADER_SIZE, 2 if data[5] == 1 else 4
     while off + ENTRY_SIZE <= len(data):
@@ -540,7 +541,7 @@ def _bucket_fields(data: bytes) -> list[tuple[int, str]]:
 def dgc_bucket_target() -> Target:
     import torch
 
-    from core.bucket import Bucket, TensorPayload, decode_bucket, encode_bucket
+    from dtemu.core.wire.bucket import Bucket, TensorPayload, decode_bucket, encode_bucket
 
     gen = torch.Generator().manual_seed(2)
     seeds = []
@@ -600,7 +601,7 @@ def _wire_fields(data: bytes) -> list[tuple[int, str]]:
 def _wire_frames():
     from cyclonedds.idl._support import Endianness
 
-    from real.wire import Frame, encode_frame
+    from dtemu.real.wire import Frame, encode_frame
     out = []
     cases = [Frame(src="a", dst="", topic="train/client_update", msg_id=1, part=0, parts=1, total=3, payload=b"abc"),
              Frame(src="node-1", dst="me", topic="t", msg_id=2**40, part=1, parts=3, total=20, payload=bytes(7)),
@@ -615,7 +616,7 @@ def _wire_frames():
 
 
 def dds_wire_target() -> Target:
-    from real.wire import WireError, decode_frame
+    from dtemu.real.wire import WireError, decode_frame
 
     seeds = [Seed(d, _wire_fields(d)) for d in _wire_frames()]
 
@@ -641,8 +642,8 @@ def dds_reassembly_target() -> Target:
     """Serialized frames through real.wire.decode_frame and ``Reassembler._on_frame``, as the receive thread does."""
     from cyclonedds.idl._support import Endianness
 
-    from real.transport import REASSEMBLY_STATS, Reassembler
-    from real.wire import Frame, WireError, decode_frame, encode_frame
+    from dtemu.real.transport import REASSEMBLY_STATS, Reassembler
+    from dtemu.real.wire import Frame, WireError, decode_frame, encode_frame
 
     def message(src, msg_id, data, frame_bytes, dst="", tag=REASM_TOPIC, end=Endianness.Little, v2=False):
         parts = max(1, -(-len(data) // frame_bytes))
@@ -754,7 +755,7 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
         ("ModelBlob carrying a packet of D=2^31", messages.encode(messages.ModelBlob.of(1, inner))),
         ("Stop with a 65535-byte reason", _pad(b"DTMS\x01\x02\x00\x00" + struct.pack("<IH", 1, 0xFFFF))),
     ]
-    from core.auth import _HEADER as AUTH_HEADER, MAGIC as AUTH_MAGIC, Sealer
+    from dtemu.core.wire.auth import _HEADER as AUTH_HEADER, MAGIC as AUTH_MAGIC, Sealer
     update = messages.encode(messages.ClientUpdate(1, 1, AUTH_SRC, 10, "delta", 1, 0.5, inner))
     out["auth"] = [
         ("sender of 255 bytes", pack_sequence([_pad(AUTH_HEADER.pack(AUTH_MAGIC, 1, 255, 0, 1, 1))])),
@@ -776,7 +777,7 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
         ("dim=2^31", _pad(struct.pack("<4sB3xI", b"DTCK", 1, len(header)) + header)),
         ("header of 2^32-1 bytes", _pad(struct.pack("<4sB3xI", b"DTCK", 1, U32))),
     ]
-    from core.bucket import ENTRY, HEADER as BUCKET_HEADER
+    from dtemu.core.wire.bucket import ENTRY, HEADER as BUCKET_HEADER
     out["dgc_bucket"] = [
         ("dense tensor of 2^31 values", _pad(BUCKET_HEADER.pack(b"DGC\0", 1, 0, len(BUCKET_SHAPES), 0, 1, 4)
                                              + ENTRY.pack(0, 0, 0, U31, U31))),
@@ -790,7 +791,7 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
             ("payload of 2^32-1 bytes", _pad(le + struct.pack("<I", 2) + b"a\0\0\0" + struct.pack("<I", 1) + b"\0\0\0\0"
                                              + struct.pack("<I", 1) + b"\0\0\0\0" + struct.pack("<QIIQI", 1, 0, 2, U31, U32))),
         ]
-        from real.wire import Frame, encode_frame
+        from dtemu.real.wire import Frame, encode_frame
         big = encode_frame(Frame(src="a", topic="t", msg_id=1, part=0, parts=U31, total=U31, payload=b"x" * 40))
         ok = encode_frame(Frame(src="a", topic="t", msg_id=2, part=0, parts=2, total=REASM_LIMITS["max_message_bytes"],
                                 payload=b"x" * 40))

@@ -24,7 +24,7 @@ end (``finally`` + SIGTERM/SIGINT handlers; ``--keep`` leaves it up to look at):
   link latency + receiver's link latency).  Kernels without netem (e.g. this
   box's: CONFIG_NET_SCH_NETEM is not set) get rate only; the tool says so and
   emu is given the measured base latency instead;
-* rank N runs ``python -m real.cli run SCEN --rank N --profile lan --peers
+* rank N runs ``python -m dtemu.real.cli run SCEN --rank N --profile lan --peers
   <the other nodes' addresses> --domain D --no-tui`` under ``ip netns exec``
   with ``DTEMU_DDS_INTERFACE=eth0``.
 
@@ -54,7 +54,7 @@ import sys
 import time
 from pathlib import Path
 
-from core.rundir import read_events_partial
+from dtemu.host.rundir import read_events_partial
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBNET = "10.231.0"
@@ -293,8 +293,8 @@ def train_times(events: list[dict]) -> dict[str, dict[int, tuple[float, int]]]:
 def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeout_s: float,
              threads: int = 1) -> dict:
     """Every rank in its namespace; returns the merged summary (real.launch.gather)."""
-    from core.scenario import load_scenario
-    from real.launch import gather
+    from dtemu.core.scenario import load_scenario
+    from dtemu.real.launch import gather
 
     scenario = load_scenario(scenario_path, sets)
     ranks = len(scenario.node_names)
@@ -310,7 +310,7 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
         for rank in range(ranks):
             peers = ",".join(a for j, a in enumerate(bed.addresses) if j != rank)
             cmd = bed.exec_prefix(rank) + [
-                sys.executable, "-m", "real.cli", "run", scenario_path, "--rank", str(rank),
+                sys.executable, "-m", "dtemu.real.cli", "run", scenario_path, "--rank", str(rank),
                 "--profile", "lan", "--peers", peers, "--domain", str(DOMAIN), "--out", str(out / f"rank{rank}"),
                 "--no-tui", "--threads", str(threads)]
             for s in sets:
@@ -349,7 +349,7 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
 
 
 def run_emu(scenario_path: str, sets: list[str], out: Path) -> dict:
-    cmd = [sys.executable, "-m", "emu.cli", "run", scenario_path, "--out", str(out), "--no-tui"]
+    cmd = [sys.executable, "-m", "dtemu.emu.cli", "run", scenario_path, "--out", str(out), "--no-tui"]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -370,9 +370,9 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: di
     import numpy as np
 
     import emu.run as er
-    from core.scenario import load_scenario
-    from core.train import TrainResult
-    from core.workload import Workload
+    from dtemu.core.scenario import load_scenario
+    from dtemu.core.ml.train import TrainResult
+    from dtemu.core.ml.workload import Workload
 
     scenario = load_scenario(scenario_path, sets)
     names = scenario.node_names
@@ -517,7 +517,7 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
     run_emu_replay(scenario_path, replay_sets, out / "emu-replay", train_times(real_events))
     print(f"netns: emu replay run {time.monotonic() - t0:.1f} s -> {out / 'emu-replay'}", file=sys.stderr, flush=True)
     replay_events = read_events_partial(out / "emu-replay")[0]
-    from core.scenario import load_scenario
+    from dtemu.core.scenario import load_scenario
 
     scen = load_scenario(scenario_path, sets)
     model_bytes = next((e["bytes"] for e in real_events if e["kind"] == "upload_start"), 0)

@@ -28,13 +28,14 @@ import time
 
 import numpy as np
 
-from core import codecs, messages
-from core.auth import Sealer, peek_inner
-from core.errors import DecodeError
-from core.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
-from core.runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
-from real.transport import DdsTransport
-from real.wire import Frame
+from dtemu.core.compression import codecs
+from dtemu.core.wire import messages
+from dtemu.core.wire.auth import Sealer, peek_inner
+from dtemu.core.errors import DecodeError
+from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from dtemu.real.transport import DdsTransport
+from dtemu.real.wire import Frame
 
 
 class Snooper(DdsTransport):

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from core.scenario import CLIENT_CRASH_POINTS, CONTROLLER_CRASH_POINTS, parse_scenario
-from tools.audit import audit
+from dtemu.core.scenario import CLIENT_CRASH_POINTS, CONTROLLER_CRASH_POINTS, parse_scenario
+from dtemu.report.audit import audit
 
 CORRUPTIONS = ("nan", "inf", "scale", "garbage", "stale")
 
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     run = out / "run"
     started = time.monotonic()
     if args.mode == "emu":
-        cmd = [sys.executable, "-m", "emu.cli", "run", str(path), "--out", str(run), "--no-tui"]
+        cmd = [sys.executable, "-m", "dtemu.emu.cli", "run", str(path), "--out", str(run), "--no-tui"]
     else:
-        cmd = [sys.executable, "-m", "real.cli", "launch", str(path), "--out", str(run), "--no-tui",
+        cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(run), "--no-tui",
                "--timeout", str(rounds * 20 + 300)]
     if args.key_file:
         cmd += ["--key-file", args.key_file]

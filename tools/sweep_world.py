@@ -56,15 +56,15 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from core.codecs import topk_count
-from core.collectives import _HEADER, COLL_FRAMES, Collective, Frame, Handle, encode_frame
-from core.dgc import PAPER_WARMUP, param_shapes
-from core.models import build_model
-from core.runtime import Send, Sleep
-from core.scenario import ComputeSpec
-from emu.compute import ComputeTimer
-from emu.network import Network, link_from_spec
-from emu.runtime import EmuNode, World
+from dtemu.core.compression.codecs import topk_count
+from dtemu.core.ddp.collectives import _HEADER, COLL_FRAMES, Collective, Frame, Handle, encode_frame
+from dtemu.core.compression.dgc import PAPER_WARMUP, param_shapes
+from dtemu.core.ml.models import build_model
+from dtemu.core.runtime.requests import Send, Sleep
+from dtemu.core.scenario import ComputeSpec
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.emu.network import Network, link_from_spec
+from dtemu.emu.runtime import EmuNode, World
 
 # core.models.MnistCnn's parameters in named_parameters() order.
 MNIST_CNN_SHAPES: tuple[tuple[str, tuple[int, ...]], ...] = tuple(param_shapes(build_model("mnist_cnn", seed=0)))

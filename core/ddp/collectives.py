@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import DtemuError, FrameError
-from .runtime import Recv, Send, WaitPeers
+from dtemu.core.errors import DtemuError, FrameError
+from dtemu.core.runtime.requests import Recv, Send, WaitPeers
 
 COLL_FRAMES = "coll/frames"
 MAGIC = b"DTCF"

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import RejectedUpdate
+from dtemu.core.errors import RejectedUpdate
 
 
 def _float_tensors(model: nn.Module) -> list[torch.Tensor]:

@@ -51,9 +51,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .bucket import DENSE, SPARSE, Bucket, Shapes, TensorPayload, numels
-from .codecs import topk_count
-from .errors import RejectedUpdate
+from dtemu.core.wire.bucket import DENSE, SPARSE, Bucket, Shapes, TensorPayload, numels
+from dtemu.core.compression.codecs import topk_count
+from dtemu.core.errors import RejectedUpdate
 
 # Adaptation of the sampled threshold (the reference's defaults).  The
 # reference's upper bound (exact top-k above 1.3·k candidates) is subsumed:

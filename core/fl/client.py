@@ -13,13 +13,14 @@ from collections import Counter
 
 import numpy as np
 
-from .. import codecs, messages
-from ..auth import Sealer
-from ..errors import AuthError, DecodeError
-from ..messages import ClientUpdate, ModelBlob, Stop, TrainCmd
-from ..runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send
-from ..scenario import CONTROLLER, Scenario
-from ..workload import Workload
+from dtemu.core.compression import codecs
+from dtemu.core.wire import messages
+from dtemu.core.wire.auth import Sealer
+from dtemu.core.errors import AuthError, DecodeError
+from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send
+from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.core.ml.workload import Workload
 
 
 class _State:

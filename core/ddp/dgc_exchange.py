@@ -11,10 +11,10 @@ gradient, like a dropped step.
 
 from __future__ import annotations
 
-from ..bucket import decode_bucket, encode_bucket
-from ..collectives import Collective
-from .exchange import pack_buffers, unpack_buffers
-from ..dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
+from dtemu.core.wire.bucket import decode_bucket, encode_bucket
+from dtemu.core.ddp.collectives import Collective
+from dtemu.core.ddp.exchange import pack_buffers, unpack_buffers
+from dtemu.core.compression.dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
 
 
 class DGCExchange:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..collectives import Collective, mean_in_rank_order
-from ..errors import FrameError
+from dtemu.core.ddp.collectives import Collective, mean_in_rank_order
+from dtemu.core.errors import FrameError
 
 
 def _flat_grads(params) -> np.ndarray:
@@ -124,7 +124,7 @@ class DenseExchange:
 
 def make_exchange(scenario, model, rank: int, world: int, steps_per_epoch: int):
     if scenario.ddp.compression == "dgc":
-        from .dgc_exchange import DGCExchange
+        from dtemu.core.ddp.dgc_exchange import DGCExchange
 
         return DGCExchange(scenario, model, rank, world, steps_per_epoch)
     return DenseExchange(scenario, model, rank, world)

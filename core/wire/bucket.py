@@ -29,8 +29,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .codecs import byte_view
-from .errors import FrameError
+from dtemu.core.compression.codecs import byte_view
+from dtemu.core.errors import FrameError
 
 VERSION = 1
 MAGIC = b"DGC\x00"

@@ -36,7 +36,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import AuthError, KeyFileError
+from dtemu.core.errors import AuthError, KeyFileError
 
 MAGIC = b"DTAU"
 VERSION = 1

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ScenarioError
+from dtemu.core.errors import ScenarioError
 
 
 class MnistCnn(nn.Module):

@@ -12,11 +12,11 @@ from functools import cached_property
 
 import numpy as np
 
-from . import data as datasets
-from .models import build_model, model_cost
-from .params import flatten, load_flat
-from .scenario import Scenario
-from .train import compute_gradients, evaluate, train_local
+from dtemu.core.ml import data as datasets
+from dtemu.core.ml.models import build_model, model_cost
+from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.scenario import Scenario
+from dtemu.core.ml.train import compute_gradients, evaluate, train_local
 
 
 def round_seed(seed: int, round_: int, attempt: int = 0) -> int:

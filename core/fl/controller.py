@@ -14,16 +14,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import codecs, messages
-from ..aggregate import FedAvg, Update, check_update
-from ..checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from ..auth import Sealer
-from ..errors import AuthError, BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
-from ..messages import ClientUpdate, ModelBlob, Stop, TrainCmd
-from ..params import sha256_of
-from ..runtime import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send, WaitPeers
-from ..scenario import Scenario
-from ..workload import Workload, round_seed
+from dtemu.core.compression import codecs
+from dtemu.core.wire import messages
+from dtemu.core.fl.aggregate import FedAvg, Update, check_update
+from dtemu.core.wire.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from dtemu.core.wire.auth import Sealer
+from dtemu.core.errors import AuthError, BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
+from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from dtemu.core.ml.params import sha256_of
+from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send, WaitPeers
+from dtemu.core.scenario import Scenario
+from dtemu.core.ml.workload import Workload, round_seed
 
 FP32 = codecs.CodecParams("fp32")
 

@@ -35,7 +35,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .errors import CodecError
+from dtemu.core.errors import CodecError
 
 CODECS = ("fp32", "q8", "s4", "sq8")
 

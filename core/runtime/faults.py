@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import auth, codecs, messages
-from .errors import DecodeError
-from .messages import ClientUpdate
-from .scenario import CrashSpec, CorruptSpec, FaultSpec
+from dtemu.core.wire import auth
+from dtemu.core.compression import codecs
+from dtemu.core.wire import messages
+from dtemu.core.errors import DecodeError
+from dtemu.core.wire.messages import ClientUpdate
+from dtemu.core.scenario import CrashSpec, CorruptSpec, FaultSpec
 
 NOW, IN_COMPUTE, IN_SEND, AFTER_SEND = "now", "in_compute", "in_send", "after_send"
 

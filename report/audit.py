@@ -24,7 +24,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from core.rundir import read_events_partial, read_summary
+from dtemu.host.rundir import read_events_partial, read_summary
 
 
 def audit(folder: str | Path) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.scenario import ComputeSpec
+from dtemu.core.scenario import ComputeSpec
 
 
 class ComputeTimer:

@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..collectives import Collective, CollectiveTimeout, FrameError, LossNotice
-from ..errors import RejectedUpdate
-from ..params import flatten, load_flat, num_params, sha256_of
-from ..runtime import Compute
-from ..scenario import Scenario
-from ..workload import Workload
-from .exchange import make_exchange
+from dtemu.core.ddp.collectives import Collective, CollectiveTimeout, FrameError, LossNotice
+from dtemu.core.errors import RejectedUpdate
+from dtemu.core.ml.params import flatten, load_flat, num_params, sha256_of
+from dtemu.core.runtime.requests import Compute
+from dtemu.core.scenario import Scenario
+from dtemu.core.ml.workload import Workload
+from dtemu.core.ddp.exchange import make_exchange
 
 PROFILE_KEYS = ("bytes_sent", "bytes_received", "compute_s", "compress_s", "send_s", "wait_s", "comm_s")
 BARRIER_STOP = "barrier"  # how the stop_reason of a worker that never got past its barrier begins

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .errors import DataError
+from dtemu.core.errors import DataError
 
 log = logging.getLogger(__name__)
 

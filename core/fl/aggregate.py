@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .codecs import Dense, Sparse
-from .errors import RejectedUpdate
+from dtemu.core.compression.codecs import Dense, Sparse
+from dtemu.core.errors import RejectedUpdate
 
 KINDS = ("delta", "weights")
 

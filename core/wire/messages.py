@@ -16,7 +16,7 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from .errors import MessageError
+from dtemu.core.errors import MessageError
 
 MAGIC = b"DTMS"
 VERSION = 1

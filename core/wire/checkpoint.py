@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CheckpointError
+from dtemu.core.errors import CheckpointError
 
 MAGIC = b"DTCK"
 VERSION = 1
