@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{scenario.name}: {progress}, "
         f"accuracy {'n/a' if acc is None else f'{acc:.4f}'}, "
         f"up {summary['bytes_up'] / 1e6:.2f} MB, down {summary['bytes_down'] / 1e6:.2f} MB, "
-        f"sim {summary['sim_time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s -> {out}"
+        f"sim {summary['time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s -> {out}"
     )
     return 0
 

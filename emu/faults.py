@@ -1,19 +1,16 @@
-"""Faults of an emulated run: crash windows with restarts, per-round dropouts, partitions.
+"""Faults from outside a node, in virtual time: offline windows, and the log of partitions.
 
-All are decided from the scenario's seed (core.faults), so a run is repeatable.
+Everything else (crashes at protocol points, lost / duplicated / held-back
+messages, partitions' cuts, dropouts, corrupt updates) is the driver's
+(``core.runtime.driver``), the same in both runtimes.
 
 - ``faults.offline``: at ``start_s`` the node crashes (state, inbox and flows
   lost); at ``end_s`` it restarts from scratch and gets the latest model.
-- ``faults.dropout_p``: each client sits out each round with this probability:
-  the round's TrainCmd does not reach it (it is busy, asleep, out of battery),
-  so it neither trains nor answers in that round.
 """
 
 from __future__ import annotations
 
-from dtemu.core.runtime.faults import drops_round, peek
-from dtemu.core.wire.messages import TrainCmd
-from dtemu.core.runtime.requests import TRAIN_CMD, Message
+from dtemu.core import events as ev
 from dtemu.core.scenario import Scenario
 
 
@@ -28,16 +25,16 @@ def schedule_offline(world, scenario: Scenario) -> set[str]:
 
 
 def schedule_partitions(world, scenario: Scenario) -> None:
-    """Log each partition as it starts and heals (the cut itself is World.delivery's)."""
+    """Log each partition as it starts and heals (the cut itself is the receiving driver's)."""
     for part in scenario.faults.partitions:
         world.env.process(_partition(world, part))
 
 
 def _partition(world, part):
     yield world.env.timeout(part.start_s)
-    world.emit(part.nodes[0], "fault", fault="partition_start", nodes=list(part.nodes))
+    world.emit(part.nodes[0], ev.FAULT, fault="partition_start", nodes=list(part.nodes))
     yield world.env.timeout(part.end_s - part.start_s)
-    world.emit(part.nodes[0], "fault", fault="partition_end", nodes=list(part.nodes))
+    world.emit(part.nodes[0], ev.FAULT, fault="partition_end", nodes=list(part.nodes))
 
 
 def _offline(world, node: str, start_s: float, end_s: float | None):
@@ -49,22 +46,3 @@ def _offline(world, node: str, start_s: float, end_s: float | None):
     if end_s is not None:
         yield world.env.timeout(end_s - start_s)
         world.restart(node)
-
-
-class DropoutFilter:
-    """A delivery hook: swallows the TrainCmd of a round a client sits out."""
-
-    def __init__(self, scenario: Scenario, emit):
-        self.seed = scenario.seed
-        self.p = scenario.faults.dropout_p
-        self.ranks = {name: rank for rank, name in enumerate(scenario.node_names)}
-        self.emit = emit
-
-    def __call__(self, msg: Message, dst: str) -> bool:
-        if self.p <= 0 or msg.topic != TRAIN_CMD:
-            return True
-        cmd = peek(msg.data)  # sealed or not; anything else is the client's to judge
-        if isinstance(cmd, TrainCmd) and drops_round(self.seed, self.ranks[dst], cmd.round, self.p):
-            self.emit(dst, "dropout", round=cmd.round)
-            return False
-        return True

@@ -1,5 +1,7 @@
 """The emulated network: a star of access links with max-min fair flows.
 
+(About 400 lines: the flow model is one piece — links, max-min fair rates, loss — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
+
 Topology.  Every node has one access link to a central switch: an uplink and
 a downlink (bits/s), a one-way latency and a packet-loss probability.  The
 switch itself never limits anything.  A message from A to B is one *flow*

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dtemu.core.wire.auth import load_key
 from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
+from dtemu.core.runtime.summary import DONE
 from dtemu.core.scenario import CONTROLLER, load_scenario
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
@@ -128,7 +129,7 @@ def run_rank(args, scenario) -> int:
     except DDSException as err:
         print(f"real: {name}: DDS failed: {err}", file=sys.stderr)
         return EXIT_DDS
-    if scenario.mode == "ddp" and summary.get("stop_reason"):
+    if scenario.mode == "ddp" and summary.get("stop_reason", DONE) != DONE:
         from dtemu.core.ddp.worker import BARRIER_STOP
 
         # A peer missing at the start stays a barrier timeout (3); one lost mid-run is 5.

@@ -26,7 +26,9 @@ from pathlib import Path
 from dtemu.host.rundir import CHECKPOINT, read_events, write_json
 from dtemu.core.scenario import CONTROLLER, Scenario
 
-from dtemu.real.runtime import CRASH_EXIT
+from dtemu.core import events as ev
+from dtemu.core.runtime.summary import run_summary
+from dtemu.real.primitives import CRASH_EXIT
 
 GRACE_S = 15.0  # how long clients may take to exit after the controller did
 
@@ -153,9 +155,8 @@ def launch(args, scenario: Scenario) -> int:
         if p is not None:
             p.wait()
             codes[rank] = p.returncode
-    summary = gather(out, scenario, time.monotonic() - started)
+    summary = gather(out, scenario, time.monotonic() - started, codes)
     bad = {r: c for r, c in codes.items() if c not in (0, "down", "stopped")}
-    summary["exit_codes"] = codes
     write_json(out, "summary.json", summary)
     if bad:
         print(f"real launch: ranks exited with {bad}; logs in {out}/rank<N>.log", file=sys.stderr)
@@ -172,7 +173,7 @@ def _log_kill(folder: Path, node: str, t: float) -> None:
     path = folder / "events.jsonl"
     torn = path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n")
     with open(path, "a", encoding="utf-8") as f:
-        f.write(("\n" if torn else "") + json.dumps({"t": round(t, 6), "node": node, "kind": "fault", "fault": "killed"},
+        f.write(("\n" if torn else "") + json.dumps({"t": round(t, 6), "node": node, "kind": ev.FAULT, "fault": "killed"},
                            separators=(",", ":")) + "\n")
 
 
@@ -238,49 +239,27 @@ def _stop(procs, codes, sig=signal.SIGTERM) -> None:
         codes[rank] = p.returncode
 
 
-def gather(out: Path, scenario: Scenario, wall: float) -> dict:
-    """Merge the ranks' folders: every event by time, one summary like emu's."""
+def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None) -> dict:
+    """Merge the ranks' folders: every event by time, and the run's summary from their records
+    (``core.runtime.summary``, the same schema as emu's)."""
     ranks = len(scenario.node_names)
-    events, summaries = [], []
+    events, records = [], []
     for rank in range(ranks):
         folder = out / f"rank{rank}"
         if (folder / "events.jsonl").exists():
             events += [(e.get("t", 0), rank, i, e) for i, e in enumerate(read_events(folder))]
         try:
-            summaries.append(json.loads((folder / "summary.json").read_text()))
+            records.append(json.loads((folder / "summary.json").read_text()))
         except (OSError, ValueError):
-            summaries.append({})
+            records.append({})
     events.sort(key=lambda x: x[:3])
     with open(out / "events.jsonl", "w") as f:
         for *_, e in events:
             f.write(json.dumps(e, separators=(",", ":")) + "\n")
-    training = [s for s, name in zip(summaries, scenario.node_names) if name in scenario.training_nodes]
-    traffic = {"bytes_up": sum(s.get("bytes_sent", 0) for s in training),
-               "bytes_down": sum(s.get("bytes_received", 0) for s in training)}
     if scenario.mode == "ddp":
-        # As emu's: the numbers of the survivors, the ranks that wrote a summary and that no
-        # survivor lost (a killed rank writes none; one restarted after it was lost is refused).
-        done = {r: s for r, s in enumerate(summaries) if s.get("model_sha256")}
-        lost = sorted({k for s in done.values() for k in s.get("lost_ranks") or []}
-                      | {r for r in range(ranks) if r not in done})
-        survivors = [s for r, s in done.items() if r not in lost]
-        hashes = sorted({s["model_sha256"] for s in survivors})
-        steps = min((s.get("steps", 0) for s in survivors), default=0)
-        reasons = [s["stop_reason"] for s in survivors if s.get("stop_reason")]
-        return {"scenario": scenario.name, "runtime": "real", "mode": "ddp",
-                "compression": scenario.ddp.compression, "workers": ranks, "seed": scenario.seed,
-                "final_accuracy": survivors[0].get("final_accuracy") if survivors else None,
-                "steps": steps, **traffic,
-                # As emu: what the steps' exchanges sent (no barrier, no evaluation), per step and rank.
-                "bytes_per_step": round(sum(s.get("step_bytes_sent", 0) for s in survivors)
-                                        / max(steps, 1) / max(len(survivors), 1), 3),
-                "model_sha256": hashes[0] if hashes else None, "models_agree": len(hashes) == 1,
-                "stop_reason": reasons[0] if reasons else None, "lost_ranks": lost,
-                "survivors": [r for r in done if r not in lost],
-                "wall_time_s": round(wall, 3)}
-    lead = dict(summaries[0])
-    for own in ("node", "bytes_sent", "bytes_received"):  # the controller's own view; replaced below
-        lead.pop(own, None)
-    lead.update(traffic)
-    lead["wall_time_s"] = round(wall, 3)
-    return lead
+        ends = [r["time_s"] for r in records if r.get("model_sha256") and "time_s" in r]
+        time_s = max(ends, default=None)
+    else:
+        time_s = records[0].get("time_s")
+    extra = {"exit_codes": codes or {}, "transport": (records[0].get("real") or {}).get("transport", {})}
+    return run_summary(scenario, "real", records, time_s=time_s, wall_time_s=wall, extra=extra)

@@ -2,7 +2,8 @@
 
 ::
 
-    from dtemu.real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
+    from dtemu.real.transport import DdsTransport
+    from dtemu.core.wire.topics import TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
 
     with DdsTransport("server", profile="loopback", domain_id=7) as t:
         t.subscribe([CLIENT_UPDATE])
@@ -11,6 +12,11 @@
         t.send(MODEL_BLOB, model_bytes)                # to everyone (late joiners get it too)
         t.send(TRAIN_CMD, cmd_bytes, to="client1")     # addressed
         msg = t.recv([CLIENT_UPDATE], timeout_s=60)    # Message or None on timeout
+
+Why one long file: ``DdsTransport`` is one object that owns every DDS entity
+of a node and the thread that reads them (writing, presence, matching, the
+receive loop, teardown share its state and lock); the pieces that are not
+DDS are apart (``real.reassembly``, ``real.dds_support``, ``real.wire``).
 
 Design
 ------
@@ -69,18 +75,21 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from cyclonedds.core import DDSException, GuardCondition, InstanceState, Qos, Policy, ReadCondition, \
     SampleState, ViewState, WaitSet
-from cyclonedds.domain import Domain, DomainParticipant
+from cyclonedds.domain import DomainParticipant
 from cyclonedds.pub import DataWriter
 from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
 from dtemu.real.config import config_xml
+from dtemu.core.wire import topics as wire_topics
+from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, _release_domain, _SampleContainer, \
+    _wait_for_acks
+from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, Message, Reassembler
 from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame
 
 try:  # the raw take the stock DataReader.take uses, without its per-batch deserialization
@@ -90,328 +99,9 @@ except Exception:  # pragma: no cover - only if cyclonedds changes its internals
 
 log = logging.getLogger(__name__)
 
-TRAIN_CMD = "train/train_cmd"
-CLIENT_UPDATE = "train/client_update"
-MODEL_BLOB = "train/model_blob"
-COLL_FRAMES = "coll/frames"
-HELLO = "ctl/hello"
-TOPICS = (TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB, COLL_FRAMES)
-DURABLE_TOPICS = frozenset({MODEL_BLOB})
-
-FRAME_BYTES = 1 << 20
-MAX_MESSAGE_BYTES = 1 << 30
+HELLO = "ctl/hello"  # presence, real mode's own topic; the roles' topics are core.wire.topics
 
 _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
-
-
-@dataclass
-class Message:
-    """A reassembled message.  Times are on this process's ``time.monotonic()`` clock:
-    ``sent_at`` is the DDS source timestamp of the first frame (sender's wall clock,
-    moved to this clock; 0.0 if unknown), ``received_at`` when the last frame arrived."""
-    topic: str
-    src: str
-    data: bytes
-    sent_at: float
-    received_at: float
-    dst: str = ""
-    tag: str = ""
-    msg_id: int = 0
-
-
-@dataclass
-class _Pending:
-    topic: str
-    src: str
-    msg_id: int
-    parts: int
-    total: int
-    tag: str
-    dst: str
-    source_ts: int
-    chunks: list = field(default_factory=list)
-    got: int = 0
-    next_part: int = 1
-    touched: float = 0.0
-
-
-REASSEMBLY_STATS = ("recv_msgs", "recv_bytes", "malformed", "orphan_frames", "incomplete_dropped",
-                    "own_frames", "not_for_me", "errors")
-REJECT_KINDS = ("malformed", "orphan", "incomplete_dropped")
-_MAX_DETAIL = 300
-
-
-class Reassembler:
-    """The receive side of ``DdsTransport`` without DDS: decoded frames in, messages out.
-
-    ``_on_frame`` checks each frame, keeps the pieces of incomplete messages per
-    (topic, src, msg_id) within the bounds (count, bytes, age) and hands complete
-    messages to ``_deliver`` (the transport queues them for ``recv``; this base
-    class keeps them in ``delivered``).  Only the receive thread calls it, so it
-    has no lock.  ``tools/fuzz.py`` drives it with arbitrary frames.
-
-    ``on_reject(kind, detail)``, if set, is called for every frame or message
-    dropped: ``kind`` is "malformed", "orphan" or "incomplete_dropped".  It runs on
-    the receive thread and must be quick; whatever it raises is counted in
-    ``stats["errors"]`` and never leaves the thread.  If it has a ``flush()``
-    method, that is called about once a second and when the transport closes.
-    """
-
-    def __init__(self, node: str, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 max_pending_messages: int = 64, max_pending_bytes: int = 2 * MAX_MESSAGE_BYTES,
-                 pending_timeout_s: float = 120.0, stats: Optional[dict] = None, on_reject=None):
-        self.node = node
-        self.max_message_bytes = int(max_message_bytes)
-        self.max_pending_messages = int(max_pending_messages)
-        self.max_pending_bytes = int(max_pending_bytes)
-        self.pending_timeout_s = float(pending_timeout_s)
-        self.stats: dict[str, int] = stats if stats is not None else dict.fromkeys(REASSEMBLY_STATS, 0)
-        self.on_reject = on_reject
-        self.last_error: str = ""
-        self._pending: dict[tuple, _Pending] = {}
-        self._current: dict[tuple, tuple] = {}  # (topic, src) -> key of its pending message
-        self._pending_bytes = 0
-        self.delivered: list[Message] = []  # only with the base class's _deliver
-
-    def _reject(self, kind: str, detail: str) -> None:
-        cb = self.on_reject
-        if cb is None:
-            return
-        try:
-            cb(kind, detail[:_MAX_DETAIL])
-        except Exception as exc:  # the callback's bug must not kill the receiver
-            self.stats["errors"] += 1
-            self.last_error = repr(exc)
-            log.exception("on_reject callback of %s", self.node)
-
-    def _flush_rejects(self) -> None:
-        flush = getattr(self.on_reject, "flush", None)
-        if flush is None:
-            return
-        try:
-            flush()
-        except Exception as exc:
-            self.stats["errors"] += 1
-            self.last_error = repr(exc)
-            log.exception("on_reject flush of %s", self.node)
-
-    def _malformed(self, why: str, key: Optional[tuple] = None) -> None:
-        self.stats["malformed"] += 1
-        log.debug("%s: malformed frame dropped: %s", self.node, why)
-        self._reject("malformed", why)
-        if key is not None:
-            self._drop_pending(key)
-
-    def _on_frame(self, topic: str, f: Frame, source_ts: int) -> None:
-        payload = f.payload
-        if f.src == self.node:
-            self.stats["own_frames"] += 1
-            return
-        if f.dst and f.dst != self.node:
-            self.stats["not_for_me"] += 1
-            return
-        n = len(payload)
-        if (not f.src or f.parts == 0 or f.part >= f.parts or f.total > self.max_message_bytes
-                or n > f.total or (f.total > 0 and n == 0) or f.parts > max(1, f.total)):
-            self._malformed(f"src={f.src!r} part={f.part}/{f.parts} total={f.total} len={n}")
-            return
-        key = (topic, f.src, f.msg_id)
-        p = self._pending.get(key)
-        if p is None:
-            if f.part != 0:
-                self.stats["orphan_frames"] += 1  # e.g. a late joiner's replay of an older, larger blob
-                self._reject("orphan", f"part {f.part}/{f.parts} of message {f.msg_id} of {f.src!r} on {topic}")
-                return
-            old = self._current.get((topic, f.src))
-            if old is not None:  # its sender moved on: the older message can never complete
-                self._drop_pending(old)
-            if f.parts == 1:
-                if n != f.total:
-                    self._malformed("single-frame message with the wrong size")
-                    return
-                self._deliver(topic, f.src, f.dst, f.topic, f.msg_id, payload.tobytes(), source_ts)
-                return
-            p = _Pending(topic, f.src, f.msg_id, f.parts, f.total, f.topic, f.dst, source_ts,
-                         [payload], n, 1, time.monotonic())
-            self._pending[key] = p
-            self._current[(topic, f.src)] = key
-            self._pending_bytes += n
-            self._enforce_bounds(key)
-            return
-        if (f.parts != p.parts or f.total != p.total or f.part != p.next_part or p.got + n > p.total
-                or f.topic != p.tag or f.dst != p.dst):
-            self._malformed(f"inconsistent frame {f.part}/{f.parts} for message {f.msg_id} of {f.src}", key)
-            return
-        p.chunks.append(payload)
-        p.got += n
-        p.next_part += 1
-        p.touched = time.monotonic()
-        self._pending_bytes += n
-        if p.next_part < p.parts:
-            self._enforce_bounds(key)
-            return
-        self._drop_pending(key, counted=False)
-        if p.got != p.total:
-            self._malformed(f"message {f.msg_id} of {f.src}: {p.got} bytes for total {p.total}")
-            return
-        self._deliver(topic, p.src, p.dst, p.tag, p.msg_id, b"".join(p.chunks), p.source_ts)
-
-    def _drop_pending(self, key: tuple, counted: bool = True) -> None:
-        p = self._pending.pop(key, None)
-        if p is None:
-            return
-        self._pending_bytes -= p.got
-        if self._current.get((p.topic, p.src)) == key:
-            del self._current[(p.topic, p.src)]
-        if counted:
-            self.stats["incomplete_dropped"] += 1
-            self._reject("incomplete_dropped",
-                         f"message {p.msg_id} of {p.src!r} on {p.topic}: {p.got} of {p.total} bytes")
-
-    def _enforce_bounds(self, keep: tuple) -> None:
-        while (len(self._pending) > self.max_pending_messages or self._pending_bytes > self.max_pending_bytes):
-            victims = [k for k in self._pending if k != keep]
-            if not victims:
-                if self._pending_bytes > self.max_pending_bytes:
-                    self._drop_pending(keep)
-                return
-            oldest = min(victims, key=lambda k: self._pending[k].touched)
-            self._drop_pending(oldest)
-
-    def _expire(self, now: float) -> None:
-        for k in [k for k, p in self._pending.items() if now - p.touched > self.pending_timeout_s]:
-            self._drop_pending(k)
-
-    def _deliver(self, topic, src, dst, tag, msg_id, data: bytes, source_ts: int) -> None:
-        self.stats["recv_msgs"] += 1
-        self.stats["recv_bytes"] += len(data)
-        self.delivered.append(Message(topic=topic, src=src, data=data, sent_at=0.0, received_at=0.0,
-                                      dst=dst, tag=tag, msg_id=msg_id))
-
-
-class RejectLimiter:
-    """An ``on_reject`` callback that logs rejects as events without letting a flood fill the disk.
-
-    ``emit(kind, **fields)`` (a node's ``emit``) gets a ``frame_rejected`` event
-    (layer "transport", reason, detail) for at most ``per_window`` rejects of each
-    reason per ``window_s``; the others are only counted, and ``flush()`` (called by
-    the transport about once a second and when it closes) or the start of the
-    reason's next window reports them as one ``frame_rejected_summary`` event
-    (reason, suppressed since the last report, total so far).  Thread-safe.
-    """
-
-    def __init__(self, emit, per_window: int = 20, window_s: float = 1.0, clock=time.monotonic):
-        self.emit = emit
-        self.per_window = int(per_window)
-        self.window_s = float(window_s)
-        self.clock = clock
-        self.totals: dict[str, int] = {}
-        self._windows: dict[str, list] = {}  # reason -> [window start, emitted in it, suppressed unreported]
-        self._lock = threading.Lock()
-
-    def __call__(self, kind: str, detail: str) -> None:
-        now = self.clock()
-        with self._lock:
-            w = self._windows.get(kind)
-            if w is None or now - w[0] >= self.window_s:
-                if w is not None:
-                    self._summary(kind, w)
-                w = self._windows[kind] = [now, 0, 0]
-            self.totals[kind] = self.totals.get(kind, 0) + 1
-            if w[1] < self.per_window:
-                w[1] += 1
-                self.emit("frame_rejected", layer="transport", reason=kind, detail=detail)
-            else:
-                w[2] += 1
-
-    def flush(self) -> None:
-        with self._lock:
-            for kind, w in self._windows.items():
-                self._summary(kind, w)
-
-    def _summary(self, kind: str, w: list) -> None:
-        if w[2]:
-            self.emit("frame_rejected_summary", layer="transport", reason=kind, suppressed=w[2],
-                      total=self.totals[kind])
-            w[2] = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Domains: one cyclonedds Domain (= configuration) per domain id and process
-
-_domains_lock = threading.Lock()
-_domains: dict[int, list] = {}  # domain_id -> [Domain, xml, refcount]
-
-
-def _acquire_domain(domain_id: int, xml: str) -> None:
-    with _domains_lock:
-        ent = _domains.get(domain_id)
-        if ent is not None:
-            if ent[1] != xml:
-                raise RuntimeError(f"DDS domain {domain_id} is already open in this process with another configuration")
-            ent[2] += 1
-            return
-        try:
-            dom = Domain(domain_id, xml)
-        except DDSException as exc:
-            raise RuntimeError(f"cannot create DDS domain {domain_id} (already created in this process "
-                               f"without real.config, or a bad configuration?): {exc}") from exc
-        _domains[domain_id] = [dom, xml, 1]
-
-
-def _release_domain(domain_id: int) -> None:
-    with _domains_lock:
-        ent = _domains.get(domain_id)
-        if ent is None:
-            return
-        ent[2] -= 1
-        if ent[2] <= 0:
-            del _domains[domain_id]
-            _delete_entity(ent[0])
-
-
-def _delete_entity(e) -> None:
-    """dds_delete now (Entity.__del__ also unregisters it, so the later GC call is a no-op)."""
-    if e is None:
-        return
-    try:
-        e.__del__()
-    except Exception:  # already gone
-        pass
-
-
-# ---------------------------------------------------------------------------------------------
-# dds_write through ctypes (releases the GIL while CycloneDDS blocks)
-
-class _SampleContainer(ct.Structure):  # cyclonedds-python's ddspy_sample_container_t
-    _fields_ = [("usample", ct.c_void_p), ("usample_size", ct.c_size_t)]
-
-
-def _load_dds_write():
-    try:
-        from cyclonedds.internal import DDS
-        proto = ct.CFUNCTYPE(ct.c_int32, ct.c_int32, ct.POINTER(_SampleContainer))
-        return proto(("dds_write", DDS._dll_handle))
-    except Exception:  # pragma: no cover
-        return None
-
-
-_dds_write = _load_dds_write()
-
-
-def _wait_for_acks(writer: DataWriter, seconds: float) -> bool:
-    """``DataWriter.wait_for_acks``, False on a timeout.
-
-    cyclonedds-python 11.0.1 compares the C return code with a name that does
-    not exist (``Exception.DDS_RETCODE_TIMEOUT``), so a timeout surfaces as an
-    AttributeError; we call the C function and read its code ourselves.
-    """
-    ret = writer._wait_for_acks(writer._ref, duration(seconds=max(0.0, seconds)))
-    if ret == 0:
-        return True
-    if ret == DDSException.DDS_RETCODE_TIMEOUT:
-        return False
-    raise DDSException(ret, f"while waiting for acks from {writer!r}")
 
 
 def _default_domain_id() -> int:
@@ -479,7 +169,7 @@ class DdsTransport(Reassembler):
             self._hello_alive = ReadCondition(self._hello_reader,
                                               SampleState.Any | ViewState.Any | InstanceState.Alive)
             self._entities += [hello_topic, self._hello_writer, self._hello_reader, self._hello_alive]
-            for t in TOPICS:
+            for t in wire_topics.ALL:
                 self._writer(t)
             self._hello_writer.write(Hello(node=node, guid=self.guid, pid=os.getpid(), host=socket.gethostname()))
             self._thread = threading.Thread(target=self._run, name=f"dds-recv-{node}", daemon=True)
@@ -508,7 +198,7 @@ class DdsTransport(Reassembler):
                 raise RuntimeError("transport is closed")
             policies = [Policy.Reliability.Reliable(duration(seconds=self.write_timeout_s)),
                         Policy.History.KeepAll]
-            if name in DURABLE_TOPICS:
+            if name in wire_topics.DURABLE_TOPICS:
                 policies += [Policy.Durability.TransientLocal,
                              Policy.DurabilityService(cleanup_delay=0, history=Policy.History.KeepLast(1),
                                                       max_samples=-1, max_instances=-1,
@@ -538,7 +228,7 @@ class DdsTransport(Reassembler):
                 policies = [Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepAll,
                             Policy.ResourceLimits(max_samples=n, max_instances=-1, max_samples_per_instance=n),
                             Policy.IgnoreLocal.Participant]
-                if name in DURABLE_TOPICS:
+                if name in wire_topics.DURABLE_TOPICS:
                     policies.append(Policy.Durability.TransientLocal)
                 r = DataReader(self._dp, self._topic(name), qos=Qos(*policies))
                 cond = ReadCondition(r, _ANY_STATE)

@@ -68,8 +68,8 @@ class Run:
     @property
     def clock(self) -> tuple[str, float | None]:
         """How long the run took, on its own clock: ("sim", s) in emu, ("wall", s) in real."""
-        if self.runtime == "emu" and self.summary.get("sim_time_s") is not None:
-            return "sim", self.summary["sim_time_s"]
+        if self.runtime == "emu" and self.summary.get("time_s") is not None:
+            return "sim", self.summary["time_s"]
         return "wall", self.summary.get("wall_time_s")
 
     def of(self, *kinds: str) -> list[dict]:

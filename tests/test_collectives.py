@@ -13,7 +13,7 @@ from dtemu.core.ddp.collectives import (
 from dtemu.core.runtime.requests import Message, Recv, RecordingContext, Send
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.emu.network import Network, link_from_spec
-from dtemu.emu.runtime import EmuNode, World
+from dtemu.emu.world import EmuNode, World
 from dtemu.core.scenario import ComputeSpec
 
 
@@ -106,7 +106,7 @@ def emu_world(names, role, up_mbps=100.0, down=()):
     world = World(env, net, events.append, lambda data: "none")
     timer = ComputeTimer(ComputeSpec(train_s_per_sample=0.001), None, seed=0)
     for rank, name in enumerate(names):
-        world.add(EmuNode(world, name, (COLL_FRAMES,), lambda ctx, r=rank: role(ctx, r), timer))
+        world.add(EmuNode(world, name, rank, (COLL_FRAMES,), lambda ctx, r=rank: role(ctx, r), timer))
     procs = {}
     for name in names:
         if name in down:

@@ -69,7 +69,7 @@ def write_run(folder: Path, *, codec: str, update_bytes: int, round_s: list[floa
         "bytes_up": rounds * clients * update_bytes,
         "bytes_down": rounds * clients * BLOB_BYTES,
         "wire_bytes": 0, "updates": {"accepted": clients * rounds}, "model_sha256": "ab",
-        "sim_time_s": t, "wall_time_s": 1.5,
+        "time_s": t, "wall_time_s": 1.5,
     }
     scenario = {"name": name, "mode": "fl", "seed": 0, "model": "mnist_cnn",
                 "fl": {"clients": clients, "rounds": rounds, "codec": codec}}

@@ -20,7 +20,8 @@ import time
 import numpy as np
 import pytest
 
-from dtemu.core.ddp.collectives import COLL_FRAMES, Collective, LossNotice
+from dtemu.core.wire.topics import COLL_FRAMES
+from dtemu.core.ddp.collectives import Collective, LossNotice
 from dtemu.core.errors import ScenarioError
 from dtemu.host.rundir import read_events
 from dtemu.core.runtime.requests import Message, RecordingContext
@@ -85,7 +86,7 @@ def test_stop_names_the_lost_rank_and_every_survivor_stops(tmp_path):
         assert STEP_TIMEOUT <= lost[0]["t"] - LOSS_AT <= STEP_TIMEOUT + 0.05
         end = of(events, "worker_end", node)[0]
         assert end["steps"] == lost[0]["step"] and end["lost_ranks"] == [2]
-    assert summary["sim_time_s"] <= LOSS_AT + STEP_TIMEOUT + 0.05
+    assert summary["time_s"] <= LOSS_AT + STEP_TIMEOUT + 0.05
     assert json.loads((tmp_path / "ddp_lost" / "summary.json").read_text())["lost_ranks"] == [2]
 
 
@@ -107,7 +108,7 @@ def test_continue_finishes_every_step_among_the_survivors(tmp_path, compression,
     raw = scenario(f"go_{compression}_{allreduce}", on="continue", min_workers=2, compression=compression,
                    allreduce=allreduce)
     summary, events = run(tmp_path, raw)
-    assert summary["steps"] == 40 and summary["stop_reason"] is None
+    assert summary["steps"] == 40 and summary["stop_reason"] == "done"
     assert summary["models_agree"] is True and summary["lost_ranks"] == [2] and summary["survivors"] == [0, 1]
     ends = {e["node"]: e for e in of(events, "worker_end")}
     assert set(ends) == set(SURVIVORS) and ends["worker0"]["model_sha256"] == ends["worker1"]["model_sha256"]
@@ -121,7 +122,7 @@ def test_continue_finishes_every_step_among_the_survivors(tmp_path, compression,
         steps = [e["step"] for e in of(events, "step", node)]
         assert steps[-1] == 39 and set(range(40)) <= set(steps)
     assert summary["final_accuracy"] > 0.8
-    assert summary["sim_time_s"] < 2 * STEP_TIMEOUT + 0.5
+    assert summary["time_s"] < 2 * STEP_TIMEOUT + 0.5
 
 
 @pytest.mark.parametrize("slow", ["worker1", "worker0"])
@@ -232,7 +233,7 @@ def test_a_peers_notice_ends_a_wait():
 def test_ring_allreduce_among_members_only():
     from dtemu.core.runtime.compute import ComputeTimer
     from dtemu.emu.network import Network, link_from_spec
-    from dtemu.emu.runtime import EmuNode, World
+    from dtemu.emu.world import EmuNode, World
     import simpy
     from dtemu.core.scenario import ComputeSpec
 
@@ -251,7 +252,7 @@ def test_ring_allreduce_among_members_only():
     timer = ComputeTimer(ComputeSpec(train_s_per_sample=0.001), None, seed=0)
     for rank, name in enumerate(names):
         if rank != 2:
-            world.add(EmuNode(world, name, (COLL_FRAMES,), lambda ctx, r=rank: role(ctx, r), timer))
+            world.add(EmuNode(world, name, rank, (COLL_FRAMES,), lambda ctx, r=rank: role(ctx, r), timer))
     procs = [world.start(n) for n in world.nodes]
     simenv.run(until=simenv.all_of(procs))
     expected = (vecs[0].astype(np.float64) + vecs[1] + vecs[3]) / 3
@@ -316,7 +317,7 @@ def test_real_worker_killed_the_others_continue_identical(tmp_path):
     assert s0["model_sha256"] == s1["model_sha256"]
     assert s0["steps"] == s1["steps"] == 150 and s0["final_accuracy"] == s1["final_accuracy"]
     for s in (s0, s1):
-        assert s["stop_reason"] is None and s["lost_ranks"] == [2]
+        assert s["stop_reason"] == "done" and s["lost_ranks"] == [2]
         assert s["members"] == [0, 1] and s["generation"] >= 1
     for name in SURVIVORS:
         memberships = [e for e in ranks.events(name) if e["kind"] == "membership"]

@@ -19,10 +19,10 @@ pytest.importorskip("cyclonedds")
 
 from dtemu.host.rundir import RunDir, read_events  # noqa: E402
 from helpers import new_domain  # noqa: E402
-from dtemu.real.runtime import RealNode  # noqa: E402
-from dtemu.real.transport import (  # noqa: E402
-    CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD, DdsTransport, Message, RejectLimiter,
-)
+from dtemu.real.node import real_driver  # noqa: E402
+from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD  # noqa: E402
+from dtemu.real.reassembly import Message, RejectLimiter  # noqa: E402
+from dtemu.real.transport import DdsTransport  # noqa: E402
 from dtemu.real.wire import Frame, encode_frame  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,7 +231,8 @@ def test_presence_and_matching_report_missing_peers(domain):
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from dtemu.real.transport import DdsTransport, TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
+    from dtemu.real.transport import DdsTransport
+    from dtemu.core.wire.topics import TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB
     dom, me, peer = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     end = time.monotonic() + 60
     with DdsTransport(me, domain_id=dom, subscribe=[TRAIN_CMD, MODEL_BLOB]) as t:
@@ -336,7 +337,7 @@ def test_garbage_frames_are_counted_as_rate_limited_events(domain, tmp_path):
     run = RunDir(tmp_path / "run")
     with DdsTransport(r, domain_id=domain, subscribe=[TRAIN_CMD], max_message_bytes=1_000_000) as tr, \
             DdsTransport(w, domain_id=domain) as tw:
-        node = RealNode(r, tr, run, publishes=())
+        node = real_driver(r, tr, run)
         limiter = tr.on_reject
         assert isinstance(limiter, RejectLimiter)
         limiter.window_s = 60.0  # one window for the whole test: the cap does not depend on timing

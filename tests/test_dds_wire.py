@@ -162,7 +162,7 @@ def test_frame_through_cyclonedds_stock_reader_and_writer():
     from cyclonedds.util import duration
 
     from dtemu.real.config import config_xml
-    from dtemu.real.transport import _acquire_domain, _release_domain
+    from dtemu.real.dds_support import _acquire_domain, _release_domain
 
     domain = 1 + (os.getpid() * 13 + 7) % 230
     _acquire_domain(domain, config_xml("loopback"))

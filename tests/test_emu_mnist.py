@@ -75,7 +75,7 @@ def test_cli_writes_the_run_folder(tmp_path, capsys):
     out = tmp_path / "run"
     assert emu_main(["run", str(scenario), "--no-tui", "--out", str(out), "--set", "fl.rounds=1"]) == 0
     summary = read_summary(out)
-    for key in ("final_accuracy", "bytes_up", "bytes_down", "model_sha256", "sim_time_s", "wall_time_s", "rounds"):
+    for key in ("final_accuracy", "bytes_up", "bytes_down", "model_sha256", "time_s", "wall_time_s", "rounds"):
         assert key in summary
     assert (out / "checkpoint.dtck").exists() and (out / "scenario.json").exists()
     assert "tiny: 1 rounds" in capsys.readouterr().out

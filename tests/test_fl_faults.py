@@ -197,3 +197,24 @@ def test_a_crash_and_an_offline_window_that_overlap(tmp_path):
     assert summary["rounds"] == 4
     ups = [e["t"] for e in of(events, "node_up", node="client2")]
     assert len(ups) == 2 and ups[1] == pytest.approx(2.5)
+
+
+def test_crash_during_training_lands_halfway_through_the_job(tmp_path):
+    """One behaviour in both runtimes: the node dies after half the job's modelled duration,
+    and the job (whose result dies with it) is not run."""
+    trained = []
+
+    class Counting(StandIn):
+        def train(self, weights, cmd, client):
+            trained.append((client, cmd.round))
+            return super().train(weights, cmd, client)
+
+    out = tmp_path / "run"
+    run_emulation(scenario(crash("client2", 2, "during_train")), out, work=Counting())
+    events = read_events(out)
+    fault = of(events, "fault", node="client2", fault="crash")[0]
+    start = of(events, "train_start", node="client2", round=2)[0]
+    down = [e for e in of(events, "node_down", node="client2") if e["t"] >= fault["t"]][0]
+    modelled = start["samples"] * StandIn.reference_cost
+    assert down["t"] == pytest.approx(fault["t"] + modelled / 2, abs=1e-9)
+    assert (2, 2) not in trained and (2, 3) in trained

@@ -20,7 +20,8 @@ from dtemu.core.compression import codecs
 from dtemu.core.wire import messages
 from dtemu.core.wire.bucket import ENTRY, HEADER as BUCKET_HEADER, decode_bucket
 from dtemu.core.wire.checkpoint import decode_checkpoint
-from dtemu.core.ddp.collectives import COLL_FRAMES, Collective, Frame, decode_frame, encode_frame
+from dtemu.core.wire.topics import COLL_FRAMES
+from dtemu.core.ddp.collectives import Collective, Frame, decode_frame, encode_frame
 from dtemu.core.errors import CheckpointError, CodecError, DecodeError, FrameError
 from dtemu.core.runtime.requests import Message, RecordingContext
 from tools import fuzz
@@ -211,7 +212,7 @@ def test_size_bounds_hold_even_with_permissive_limits():
 
 def test_transport_reassembly_holds_only_what_arrived():
     pytest.importorskip("cyclonedds")
-    from dtemu.real.transport import MAX_MESSAGE_BYTES, Reassembler
+    from dtemu.real.reassembly import MAX_MESSAGE_BYTES, Reassembler
     from dtemu.real.wire import Frame as WireFrame, decode_frame as decode_wire, encode_frame as encode_wire
 
     r = Reassembler("me")  # the transport's defaults: messages up to 1 GiB

@@ -64,7 +64,7 @@ def test_two_rounds_real_vs_emu(netns_ok, tmp_path):
                  test_samples=500)
     assert not _our_namespaces()
     assert result["real_summary"]["rounds"] == 2
-    assert result["real_summary"]["exit_codes"][0] == 0
+    assert result["real_summary"]["real"]["exit_codes"][0] == 0
     assert result["emu_summary"]["rounds"] == 2
     replay = result["compare_replay"]
     assert len(replay["rounds"]) == 2

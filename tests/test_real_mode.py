@@ -112,7 +112,7 @@ def test_fl_launch_runs_two_rounds(fl_run):
     assert summary["runtime"] == "real" and summary["mode"] == "fl"
     assert summary["rounds"] == 2 and summary["rounds_failed"] == 0
     assert summary["final_accuracy"] > 0.3
-    assert summary["exit_codes"] == {"0": 0, "1": 0, "2": 0}
+    assert summary["real"]["exit_codes"] == {"0": 0, "1": 0, "2": 0}
     assert summary["updates"] == {"accepted": 4}
     assert summary["bytes_up"] > 0 and summary["bytes_down"] > summary["bytes_up"]
     for rank, node in enumerate(("controller", "client1", "client2")):
@@ -136,7 +136,7 @@ def test_ddp_dgc_launch_workers_agree(ddp_run):
     summary = read_summary(out)
     assert summary["models_agree"] is True and summary["model_sha256"]
     assert summary["steps"] == 20 and summary["compression"] == "dgc"
-    assert summary["exit_codes"] == {"0": 0, "1": 0}
+    assert summary["real"]["exit_codes"] == {"0": 0, "1": 0}
     assert 0 < summary["final_accuracy"] <= 1
     ends = [e for e in read_events(out) if e["kind"] == "worker_end"]
     assert sorted(e["node"] for e in ends) == ["worker0", "worker1"]

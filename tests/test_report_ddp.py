@@ -62,7 +62,7 @@ def write_ddp_run(folder: Path, *, compression: str, mbps: float = 1000, workers
         "workers": workers, "seed": 1, "final_accuracy": accuracy[-1], "steps": steps,
         "bytes_up": total, "bytes_down": total, "wire_bytes": total,
         "bytes_per_step": total / steps / workers, "model_sha256": "ab", "models_agree": True,
-        "sim_time_s": t, "wall_time_s": 2.0,
+        "time_s": t, "wall_time_s": 2.0,
     }
     scenario = {"name": f"ddp_{compression}", "mode": "ddp", "seed": 1, "model": "mnist_cnn",
                 "ddp": {"workers": workers, "compression": compression, "window": window},

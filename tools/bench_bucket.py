@@ -68,9 +68,10 @@ def _role(ctx, rank, names, bucket_bytes, tensor_bytes, repeats, warmup):
 def _worker(rank, world, domain, bucket_bytes, tensor_bytes, repeats, warmup, queue):
     try:
         _one_thread()
-        from dtemu.core.ddp.collectives import COLL_FRAMES
+        from dtemu.core.wire.topics import COLL_FRAMES
         from dtemu.host.rundir import RunDir
-        from dtemu.real.runtime import RealNode
+        from dtemu.core.runtime.driver import run_blocking
+        from dtemu.real.node import real_driver
         from dtemu.real.transport import DdsTransport
 
         names = [f"bench{r}" for r in range(world)]
@@ -78,8 +79,8 @@ def _worker(rank, world, domain, bucket_bytes, tensor_bytes, repeats, warmup, qu
             run = RunDir(tmp)
             try:
                 with DdsTransport(names[rank], domain_id=domain, subscribe=[COLL_FRAMES]) as transport:
-                    node = RealNode(names[rank], transport, run, publishes=[COLL_FRAMES])
-                    result = node.drive(_role(node, rank, names, bucket_bytes, tensor_bytes, repeats, warmup))
+                    node = real_driver(names[rank], transport, run, publishes=[COLL_FRAMES])
+                    result = run_blocking(node.run(_role(node, rank, names, bucket_bytes, tensor_bytes, repeats, warmup)))
                     transport.flush(timeout_s=5.0)
             finally:
                 run.close()

@@ -8,13 +8,13 @@ For each world size W, W processes (multiprocessing, spawn; torch and BLAS
 threads 1 each) on this machine:
 
 ``dds``   each process: ``DdsTransport`` (profile "loopback": 127.0.0.1 only,
-          a DDS domain of its own) subscribed to ``coll/frames``, ``RealNode``
+          a DDS domain of its own) subscribed to ``coll/frames``, ``real.node.real_driver``
           driving one role generator that uses ``core.collectives.Collective``:
           the barrier first, then per size and op ``--warmup`` + ``--repeats``
           repetitions of ``allreduce_mean(step, vec, deadline, "gather")``,
           ``allreduce_mean(..., "ring")`` and ``allgather`` (every rank's
           4·n-byte vector).  Exactly what a DDP worker does per step, event
-          log included (``RealNode`` writes one ``deliver`` event per message
+          log included (``real.node.real_driver`` writes one ``deliver`` event per message
           to its run folder, here a temporary one).
 ``gloo``  ``torch.distributed`` with the gloo backend
           (``init_method=tcp://127.0.0.1:PORT``): ``all_reduce`` (+ divide by W:
@@ -133,12 +133,13 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         import torch
 
         torch.set_num_threads(1)
-        from dtemu.core.ddp.collectives import COLL_FRAMES
+        from dtemu.core.wire.topics import COLL_FRAMES
         from dtemu.host.rundir import RunDir
-        from dtemu.real.runtime import RealNode
+        from dtemu.core.runtime.driver import run_blocking
+        from dtemu.real.node import real_driver
         from dtemu.real.transport import DdsTransport
 
-        Transport, Node = DdsTransport, RealNode
+        Transport, Node = DdsTransport, real_driver
         names = [f"bench{r}" for r in range(world)]
         prof = drain_cpu = None
         if profile_dir and rank == 0:
@@ -168,7 +169,7 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
                     if prof is not None:
                         prof.enable()
                     cpu0, wall0 = time.process_time(), time.perf_counter()
-                    result = node.drive(role)
+                    result = run_blocking(node.run(role))
                     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
                     if prof is not None:
                         prof.disable()

@@ -29,7 +29,8 @@ import subprocess
 import sys
 import time
 
-from dtemu.real.transport import CLIENT_UPDATE, COLL_FRAMES, TRAIN_CMD, DdsTransport
+from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, TRAIN_CMD
+from dtemu.real.transport import DdsTransport
 from dtemu.real.wire import Frame, decode_frame, encode_frame
 
 WARMUP = 3

@@ -642,7 +642,7 @@ def dds_reassembly_target() -> Target:
     """Serialized frames through real.wire.decode_frame and ``Reassembler._on_frame``, as the receive thread does."""
     from cyclonedds.idl._support import Endianness
 
-    from dtemu.real.transport import REASSEMBLY_STATS, Reassembler
+    from dtemu.real.reassembly import REASSEMBLY_STATS, Reassembler
     from dtemu.real.wire import Frame, WireError, decode_frame, encode_frame
 
     def message(src, msg_id, data, frame_bytes, dst="", tag=REASM_TOPIC, end=Endianness.Little, v2=False):

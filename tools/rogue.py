@@ -33,7 +33,7 @@ from dtemu.core.wire import messages
 from dtemu.core.wire.auth import Sealer, peek_inner
 from dtemu.core.errors import DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
-from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.real.transport import DdsTransport
 from dtemu.real.wire import Frame
 

@@ -4,7 +4,7 @@
 
 No training: for each world size W this emulates one step's gradient exchange
 of the 1.2M-parameter ``mnist_cnn`` (D = 1,199,882 float32) with the real
-emulator (``emu.runtime.World`` over ``emu.network``'s max-min fair flows) and
+emulator (``emu.world.World`` over ``emu.network``'s max-min fair flows) and
 the real framed collectives (``core.collectives``), with synthetic payloads of
 the right size:
 
@@ -57,14 +57,15 @@ import numpy as np
 import simpy
 
 from dtemu.core.compression.codecs import topk_count
-from dtemu.core.ddp.collectives import _HEADER, COLL_FRAMES, Collective, Frame, Handle, encode_frame
+from dtemu.core.wire.topics import COLL_FRAMES
+from dtemu.core.ddp.collectives import _HEADER, Collective, Frame, Handle, encode_frame
 from dtemu.core.compression.dgc import PAPER_WARMUP, param_shapes
 from dtemu.core.ml.models import build_model
 from dtemu.core.runtime.requests import Send, Sleep
 from dtemu.core.scenario import ComputeSpec
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.emu.network import Network, link_from_spec
-from dtemu.emu.runtime import EmuNode, World
+from dtemu.emu.world import EmuNode, World
 
 # core.models.MnistCnn's parameters in named_parameters() order.
 MNIST_CNN_SHAPES: tuple[tuple[str, tuple[int, ...]], ...] = tuple(param_shapes(build_model("mnist_cnn", seed=0)))
@@ -186,7 +187,7 @@ def _make_world(world: int, net: NetSpec, role) -> tuple[simpy.Environment, list
     w = World(env, network, lambda event: None, lambda data: "none")  # events are not kept
     timer = ComputeTimer(ComputeSpec(train_s_per_sample=1e-3), None, seed=0)  # no compute here
     for rank, name in enumerate(names):
-        w.add(EmuNode(w, name, (COLL_FRAMES,), lambda ctx, r=rank: role(ctx, r, names), timer))
+        w.add(EmuNode(w, name, rank, (COLL_FRAMES,), lambda ctx, r=rank: role(ctx, r, names), timer))
     procs = [w.start(n) for n in names]
     return env, procs
 

@@ -1,6 +1,8 @@
 """Deep Gradient Compression (Lin et al., ICLR 2018) for data-parallel SGD.
 
-Each rank turns one step's gradients into a ``Bucket`` (``core/bucket.py``);
+(About 430 lines: DGC's six parts act on the same per-tensor state — momentum, residuals, masks — so they stay together.)
+
+Each rank turns one step's gradients into a ``Bucket`` (``core/wire/bucket.py``);
 every rank averages all ranks' buckets and applies the result with ``DGCSGD``.
 The six parts of the paper, and where they live:
 
@@ -406,6 +408,17 @@ class DGCSGD:
         if self.config.nesterov:
             return buf.mul(m).add_(d, alpha=scale)
         return buf
+
+    def buffers(self) -> list[torch.Tensor | None]:
+        """The momentum buffers (None until first used): per tensor the gradient's, then the decay's."""
+        return self._grad_momentum + self._decay_momentum
+
+    def load_buffers(self, buffers: Sequence[torch.Tensor | None]) -> None:
+        """The inverse of ``buffers`` (a survivor takes its group leader's state)."""
+        n = len(self.shapes)
+        if len(buffers) != 2 * n:
+            raise ValueError(f"{len(buffers)} buffers for {n} tensors (want {2 * n})")
+        self._grad_momentum, self._decay_momentum = list(buffers[:n]), list(buffers[n:])
 
     @torch.no_grad()
     def step(self, params: Sequence[torch.Tensor], averaged: Sequence[torch.Tensor], lr: float) -> None:

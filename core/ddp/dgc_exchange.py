@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dtemu.core.wire.bucket import decode_bucket, encode_bucket
 from dtemu.core.ddp.collectives import Collective
-from dtemu.core.ddp.exchange import pack_buffers, unpack_buffers
+from dtemu.core.ddp.optstate import pack_buffers, unpack_buffers
 from dtemu.core.compression.dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
 
 
@@ -68,11 +68,9 @@ class DGCExchange:
         self.world = size
         self.compressor.rank, self.compressor.world_size = index, size
 
-    # DGCSGD keeps its buffers as lists (None until first used); dgc.py has no accessor for them.
     def state_bytes(self) -> bytes:
-        return pack_buffers(self.opt._grad_momentum + self.opt._decay_momentum)
+        return pack_buffers(self.opt.buffers())
 
     def load_state(self, data: bytes) -> None:
         shapes = [shape for _, shape in self.shapes]
-        buffers = unpack_buffers(data, shapes + shapes)
-        self.opt._grad_momentum, self.opt._decay_momentum = buffers[: len(shapes)], buffers[len(shapes):]
+        self.opt.load_buffers(unpack_buffers(data, shapes + shapes))

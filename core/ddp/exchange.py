@@ -15,11 +15,43 @@ from the same state.
 
 from __future__ import annotations
 
+from typing import Generator, Protocol
+
 import numpy as np
 import torch
 
 from dtemu.core.ddp.collectives import Collective, mean_in_rank_order
-from dtemu.core.errors import FrameError
+from dtemu.core.ddp.optstate import pack_buffers, unpack_buffers
+
+
+class Exchange(Protocol):
+    """How one step's gradients travel between the workers and become an optimizer step."""
+
+    sent: int  # bytes this rank put on the wire during the step
+
+    def density(self, step: int) -> float:
+        """The fraction of the gradient sent at ``step`` (1.0: dense)."""
+
+    def compress(self, step: int) -> bytes:
+        """This rank's gradients (already in its parameters' .grad) as a payload."""
+
+    def send(self, coll: Collective, step: int, payload: bytes) -> Generator:
+        """Send this rank's payload (role requests); returns the bytes sent."""
+
+    def wait(self, coll: Collective, step: int, deadline: float) -> Generator:
+        """Until every member's payload is in (the pure network wait), or CollectiveTimeout."""
+
+    def apply(self, coll: Collective, step: int) -> None:
+        """Average what came in and take the optimizer step."""
+
+    def regroup(self, index: int, size: int) -> None:
+        """After a loss: this rank's place among ``size`` survivors."""
+
+    def state_bytes(self) -> bytes:
+        """The optimizer state the group's leader hands to the survivors."""
+
+    def load_state(self, data: bytes) -> None:
+        """Take the leader's ``state_bytes``; checks all of it before it changes anything."""
 
 
 def _flat_grads(params) -> np.ndarray:
@@ -33,37 +65,6 @@ def _set_grads(params, flat: np.ndarray) -> None:
         n = p.numel()
         p.grad.copy_(src[offset : offset + n].view_as(p))
         offset += n
-
-
-def pack_buffers(buffers) -> bytes:
-    """Optional tensors (momentum buffers) as bytes: per tensor a presence byte, then float32 values."""
-    out = []
-    for b in buffers:
-        if b is None:
-            out.append(b"\x00")
-        else:
-            out += [b"\x01", b.detach().reshape(-1).to(torch.float32).numpy().tobytes()]
-    return b"".join(out)
-
-
-def unpack_buffers(data: bytes, shapes) -> list:
-    """The inverse of ``pack_buffers`` for tensors of ``shapes``; FrameError if it does not fit."""
-    view, off, out = memoryview(data), 0, []
-    for shape in shapes:
-        if off >= len(view) or view[off] not in (0, 1):
-            raise FrameError("optimizer state is truncated or malformed")
-        present, off = view[off], off + 1
-        if not present:
-            out.append(None)
-            continue
-        nbytes = 4 * int(np.prod(shape, dtype=np.int64))
-        if off + nbytes > len(view):
-            raise FrameError("optimizer state is truncated")
-        out.append(torch.from_numpy(np.frombuffer(view[off : off + nbytes], np.float32).copy()).view(shape))
-        off += nbytes
-    if off != len(view):
-        raise FrameError(f"optimizer state has {len(view) - off} bytes too many")
-    return out
 
 
 class DenseExchange:
@@ -122,9 +123,3 @@ class DenseExchange:
                 self.opt.state[p]["momentum_buffer"] = buf
 
 
-def make_exchange(scenario, model, rank: int, world: int, steps_per_epoch: int):
-    if scenario.ddp.compression == "dgc":
-        from dtemu.core.ddp.dgc_exchange import DGCExchange
-
-        return DGCExchange(scenario, model, rank, world, steps_per_epoch)
-    return DenseExchange(scenario, model, rank, world)

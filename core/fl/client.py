@@ -18,9 +18,12 @@ from dtemu.core.wire import messages
 from dtemu.core.wire.auth import Sealer
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
-from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send
+from dtemu.core.runtime import points
+from dtemu.core.runtime.requests import Compute, Point, Recv, Send
+from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.scenario import CONTROLLER, Scenario
 from dtemu.core.ml.workload import Workload
+from dtemu.core import events as ev
 
 
 class _State:
@@ -50,7 +53,7 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | Non
         if state.resend:
             state.resend = False
             (round_, _), data = state.last_sent
-            ctx.emit("update_resent", round=round_, bytes=len(data))
+            ctx.emit(ev.UPDATE_RESENT, round=round_, bytes=len(data))
             yield Send(CLIENT_UPDATE, auth.seal(CLIENT_UPDATE, round_, data), to=CONTROLLER)
             continue
         cmd = state.cmd
@@ -67,7 +70,7 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | Non
         while msg is not None:
             _handle(ctx, state, msg, work.dim, auth)
             msg = yield Recv((TRAIN_CMD, MODEL_BLOB), deadline=ctx.now())
-    ctx.emit("client_stop", round=state.stop.round, reason=state.stop.reason, rejected=dict(state.rejected))
+    ctx.emit(ev.CLIENT_STOP, round=state.stop.round, reason=state.stop.reason, rejected=dict(state.rejected))
     return state.model_round
 
 
@@ -87,7 +90,7 @@ def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
                 pass  # answered already, overtaken by a newer model, or a duplicate
             elif state.cmd is None or m.round >= state.cmd.round:
                 if state.cmd is not None:
-                    ctx.emit("cmd_skipped", round=state.cmd.round, newer=m.round)
+                    ctx.emit(ev.CMD_SKIPPED, round=state.cmd.round, newer=m.round)
                 state.cmd = m
         elif isinstance(m, Stop):
             state.stop = m
@@ -96,21 +99,22 @@ def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
     except DecodeError as err:
         reason = err.reason if isinstance(err, AuthError) else "malformed"
         state.rejected[reason] += 1
-        ctx.emit("message_rejected", topic=msg.topic, src=msg.src, reason=reason, error=str(err))
+        ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=reason, error=str(err))
     # A command the model we hold has overtaken can never run: drop it.
     if state.cmd is not None and state.cmd.round <= state.model_round:
-        ctx.emit("cmd_skipped", round=state.cmd.round, model_round=state.model_round)
+        ctx.emit(ev.CMD_SKIPPED, round=state.cmd.round, model_round=state.model_round)
         state.cmd = None
 
 
 def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, params, feedback, auth: Sealer):
     samples = cmd.epochs * work.subset_size(index, cmd.subset)
-    ctx.emit("train_start", round=cmd.round, samples=samples)
+    ctx.emit(ev.TRAIN_START, round=cmd.round, samples=samples)
+    yield Point(points.TRAIN, cmd.round)
     new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
     delta = new_weights - base
     if not np.isfinite(delta).all():
         # A diverged client: nothing a codec could carry; the round goes on without it.
-        ctx.emit("update_not_finite", round=cmd.round)
+        ctx.emit(ev.UPDATE_NOT_FINITE, round=cmd.round)
         return
     packet = feedback.encode(delta) if feedback is not None else codecs.encode(delta, params)
     update = ClientUpdate(
@@ -125,7 +129,9 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
     )
     data = messages.encode(update)
     sealed = auth.seal(CLIENT_UPDATE, cmd.round, data)
-    ctx.emit("upload_start", round=cmd.round, bytes=len(sealed), steps=result.steps, loss=float(result.mean_loss))
+    ctx.emit(ev.UPLOAD_START, round=cmd.round, bytes=len(sealed), steps=result.steps, loss=float(result.mean_loss))
+    yield Point(points.UPLOAD, cmd.round)
     yield Send(CLIENT_UPDATE, sealed, to=CONTROLLER)
-    ctx.emit("upload_done", round=cmd.round, bytes=len(sealed))
+    ctx.emit(ev.UPLOAD_DONE, round=cmd.round, bytes=len(sealed))
+    yield Point(points.UPLOADED, cmd.round)
     return data

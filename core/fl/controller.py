@@ -22,9 +22,12 @@ from dtemu.core.wire.auth import Sealer
 from dtemu.core.errors import AuthError, BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from dtemu.core.ml.params import sha256_of
-from dtemu.core.runtime.requests import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD, Compute, Recv, Send, WaitPeers
+from dtemu.core.runtime import points
+from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
+from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.scenario import Scenario
 from dtemu.core.ml.workload import Workload, round_seed
+from dtemu.core import events as ev
 
 FP32 = codecs.CodecParams("fp32")
 
@@ -59,8 +62,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         counts = ckpt.extra.get("counts", {})  # the tallies survive a restart too
         if isinstance(counts, dict):
             result.counts.update({k: v for k, v in counts.items() if isinstance(v, int)})
-        ctx.emit("resume", round=ckpt.round, model_sha256=sha256_of(result.weights))
-    ctx.emit("run_start", clients=list(clients), rounds=fl.rounds, first_round=start, dim=work.dim,
+        ctx.emit(ev.RESUME, round=ckpt.round, model_sha256=sha256_of(result.weights))
+    ctx.emit(ev.RUN_START, clients=list(clients), rounds=fl.rounds, first_round=start, dim=work.dim,
              authenticated=auth.enabled)
 
     yield from _barrier(ctx, fl, clients)
@@ -70,13 +73,14 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     round_, attempt = start, 0
     while round_ <= fl.rounds:
         cmd = TrainCmd(round_, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, round_, attempt))
-        ctx.emit("round_start", round=round_, attempt=attempt)
+        ctx.emit(ev.ROUND_START, round=round_, attempt=attempt)
+        yield Point(points.ROUND, round_)
         deadline = ctx.now() + fl.round_timeout_s  # the round's clock starts before the command leaves
         yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)))
         updates = yield from _collect(ctx, scenario, work.dim, cmd, clients, deadline, result.counts, auth)
         ready = len(updates)
         ctx.emit(
-            "round_close",
+            ev.ROUND_CLOSE,
             round=round_,
             ready=ready,
             expected=len(clients),
@@ -88,10 +92,11 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         if ready >= fl.min_clients:
             result.weights = strategy.aggregate(result.weights, list(updates.values()))
             result.rounds_completed += 1
-            ctx.emit("aggregated", round=round_, model_sha256=sha256_of(result.weights))
+            ctx.emit(ev.AGGREGATED, round=round_, model_sha256=sha256_of(result.weights))
+            yield Point(points.AGGREGATED, round_)
         else:
             result.rounds_failed += 1
-            ctx.emit("round_failed", round=round_, ready=ready, min=fl.min_clients, policy=fl.on_failed_round)
+            ctx.emit(ev.ROUND_FAILED, round=round_, ready=ready, min=fl.min_clients, policy=fl.on_failed_round)
             if fl.on_failed_round == "stop":
                 result.stop_reason = f"round {round_} got {ready} of the {fl.min_clients} updates it needs"
                 break
@@ -103,18 +108,19 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         where = ctx.save_checkpoint(
             encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra))
         )
-        ctx.emit("checkpoint", round=round_, path=where)
+        ctx.emit(ev.CHECKPOINT, round=round_, path=where)
+        yield Point(points.CHECKPOINTED, round_)
         yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, _blob(round_, result.weights)))
         if round_ % fl.eval_every == 0 or round_ == fl.rounds:
             weights = result.weights
             accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval")
             result.final_accuracy = accuracy
-            ctx.emit("eval", round=round_, accuracy=accuracy)
+            ctx.emit(ev.EVAL, round=round_, accuracy=accuracy)
         round_, attempt = round_ + 1, 0
 
     last = min(round_, fl.rounds)
     yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, last, messages.encode(Stop(last, result.stop_reason))))
-    ctx.emit("run_end", reason=result.stop_reason, rounds_completed=result.rounds_completed,
+    ctx.emit(ev.RUN_END, reason=result.stop_reason, rounds_completed=result.rounds_completed,
              rounds_failed=result.rounds_failed, model_sha256=sha256_of(result.weights),
              counts=dict(sorted(result.counts.items())))
     return result
@@ -129,7 +135,7 @@ def _barrier(ctx, fl, clients):
     t0 = ctx.now()
     matched = yield WaitPeers(clients, deadline=t0 + fl.barrier_timeout_s)
     missing = sorted(set(clients) - set(matched))
-    ctx.emit("barrier", matched=sorted(matched), missing=missing, waited_s=ctx.now() - t0)
+    ctx.emit(ev.BARRIER, matched=sorted(matched), missing=missing, waited_s=ctx.now() - t0)
     enough = len(matched) >= fl.min_clients and fl.barrier_require == "min_clients"
     if missing and not enough:
         raise BarrierTimeout(missing, fl.barrier_timeout_s)
@@ -146,7 +152,7 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
             sealed = auth.open(CLIENT_UPDATE, msg.src, msg.data)
         except AuthError as err:
             counts[err.reason] += 1
-            ctx.emit("update_rejected", src=msg.src, reason=err.reason, error=str(err))
+            ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason=err.reason, error=str(err))
             continue
         try:
             up = messages.decode(sealed.data)
@@ -157,20 +163,20 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
                                           f"for round {up.round} as round {sealed.round}")
         except AuthError as err:
             counts[err.reason] += 1
-            ctx.emit("update_rejected", src=msg.src, reason=err.reason, error=str(err))
+            ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason=err.reason, error=str(err))
             continue
         except DecodeError as err:
             counts["malformed"] += 1
-            ctx.emit("update_rejected", src=msg.src, reason="malformed", error=str(err))
+            ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason="malformed", error=str(err))
             continue
         if (up.round, up.seed) != (cmd.round, cmd.seed):
             counts["late"] += 1
-            ctx.emit("update_late", client=up.client, round=up.round, current=cmd.round)
+            ctx.emit(ev.UPDATE_LATE, client=up.client, round=up.round, current=cmd.round)
             continue
         if up.client not in clients or up.client in got:
             reason = "duplicate" if up.client in got else "unknown client"
             counts[reason.replace(" ", "_")] += 1
-            ctx.emit("update_rejected", client=up.client, round=up.round, reason=reason)
+            ctx.emit(ev.UPDATE_REJECTED, client=up.client, round=up.round, reason=reason)
             continue
         try:
             payload = codecs.decode(up.packet, expected_dim=dim)
@@ -178,12 +184,12 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
             check_update(update, dim, scenario.fl.max_update_norm)
         except (DecodeError, RejectedUpdate) as err:
             counts["rejected"] += 1
-            ctx.emit("update_rejected", client=up.client, round=up.round, reason="invalid", error=str(err))
+            ctx.emit(ev.UPDATE_REJECTED, client=up.client, round=up.round, reason="invalid", error=str(err))
             continue
         got[up.client] = update
         counts["accepted"] += 1
         ctx.emit(
-            "update_accepted",
+            ev.UPDATE_ACCEPTED,
             client=up.client,
             round=up.round,
             bytes=len(msg.data),

@@ -6,6 +6,9 @@ timeouts and stragglers are decided the same way on any machine:
 
     duration = samples * train_s_per_sample * slowdown * (1 + U(-jitter, +jitter))
 
+Real mode uses the same model to stage a straggler (``stretch``) and to time
+a crash halfway through a job (``core.runtime.driver``).
+
 ``train_s_per_sample`` defaults to the model's reference cost (core.models),
 measured on the reference machine.  Evaluation is the experimenter's
 instrument, not part of the emulated system, so it takes no virtual time.
@@ -19,18 +22,34 @@ from dtemu.core.scenario import ComputeSpec
 
 
 class ComputeTimer:
-    def __init__(self, spec: ComputeSpec, reference_s_per_sample: float | None, seed: int):
-        cost = spec.train_s_per_sample or reference_s_per_sample
-        if cost is None:
-            raise ValueError(
-                "compute.default.train_s_per_sample must be set for a model with no reference cost"
-            )
-        self.s_per_sample = cost * spec.slowdown
+    """One node's compute model; jitter is drawn from the node's own seeded stream."""
+
+    def __init__(self, spec: ComputeSpec, reference_s_per_sample: float | None, seed):
+        self.cost = spec.train_s_per_sample or reference_s_per_sample
+        self.slowdown = spec.slowdown
+        self.s_per_sample = None if self.cost is None else self.cost * spec.slowdown
         self.jitter = spec.jitter
         self.rng = np.random.default_rng(seed)
 
+    @property
+    def modelled(self) -> bool:
+        """Is a cost per sample known (the scenario's, or the model's reference cost)?"""
+        return self.cost is not None
+
+    def _factor(self) -> float:
+        return 1.0 + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0)
+
     def duration(self, samples: int, kind: str = "train") -> float:
+        """Modelled seconds of ``samples`` samples of ``kind`` work (only training takes time)."""
         if kind != "train" or samples <= 0:
             return 0.0
-        factor = 1.0 + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0)
-        return samples * self.s_per_sample * factor
+        if self.cost is None:
+            raise ValueError("compute.default.train_s_per_sample must be set for a model with no reference cost")
+        return samples * self.s_per_sample * self._factor()
+
+    def stretch(self, kind: str = "train") -> float:
+        """How many times its measured time a job should take on this node (real mode stages
+        a straggler by idling for the rest): the slowdown, with jitter."""
+        if kind != "train" or (self.slowdown == 1 and not self.jitter):
+            return 1.0
+        return self.slowdown * self._factor()

@@ -1,17 +1,20 @@
 """Faults of a scenario, decided once for both runtimes (no I/O, no clock).
 
-The runtimes carry faults out; this module only decides them, from the
-scenario and its seed, so that emu and real mode inject the same thing:
+The driver (``core.runtime.driver``) carries faults out; this module only
+decides them, from the scenario and its seed, so that emu and real mode
+inject the same thing:
 
-- ``CrashPlan``: crashes at protocol points (``faults.crashes``).  A runtime
-  hands it every event a role emits; it answers which crash, if any, that
-  event triggers and how it lands (``NOW``: the node dies before its next
-  step; ``IN_COMPUTE`` / ``IN_SEND``: halfway through the next training job /
-  upload; ``AFTER_SEND``: as soon as the next message has gone out).  Each
-  crash fires once, even if the restarted node goes through the same point.
-- ``DeliveryFaults``: per delivered message, lost / duplicated / held back,
-  and partitions; draws come from its own seeded stream in delivery order.
+- ``CrashPlan``: crashes at protocol points (``faults.crashes``).  A role
+  passes named points (``core.runtime.requests.Point``); ``CRASH_POINTS`` maps
+  each ``at:`` of a crash to the point that arms it and how it lands (``NOW``:
+  the node dies there; ``IN_COMPUTE`` / ``IN_SEND``: halfway through the next
+  training job / upload; ``AFTER_SEND``: as soon as the next message has gone
+  out).  Each crash fires once, even if the restarted node passes the point again.
+- ``DeliveryFaults``: per received message, lost / duplicated / held back,
+  and partitions; draws come from the receiving node's own seeded stream, in
+  the order it receives.
 - ``corrupt_update``: a client update damaged as ``faults.corrupt`` says.
+- ``NodeFaults``: all of it for one node's life, as its driver asks.
 """
 
 from __future__ import annotations
@@ -20,24 +23,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dtemu.core.wire import auth
 from dtemu.core.compression import codecs
-from dtemu.core.wire import messages
 from dtemu.core.errors import DecodeError
-from dtemu.core.wire.messages import ClientUpdate
-from dtemu.core.scenario import CrashSpec, CorruptSpec, FaultSpec
+from dtemu.core.runtime import points
+from dtemu.core.runtime.requests import Message
+from dtemu.core.scenario import CorruptSpec, CrashSpec, FaultSpec
+from dtemu.core.wire import auth, messages
+from dtemu.core.wire.messages import ClientUpdate, TrainCmd
+from dtemu.core.wire.topics import CLIENT_UPDATE, TRAIN_CMD
 
 NOW, IN_COMPUTE, IN_SEND, AFTER_SEND = "now", "in_compute", "in_send", "after_send"
 
-# (the event that arms the crash, how it lands), by crash point
-_TRIGGERS = {
-    "before_train": ("train_start", NOW),
-    "during_train": ("train_start", IN_COMPUTE),
-    "mid_upload": ("upload_start", IN_SEND),
-    "after_upload": ("upload_done", NOW),
-    "mid_round": ("round_start", AFTER_SEND),
-    "before_checkpoint": ("aggregated", NOW),
-    "after_checkpoint": ("checkpoint", NOW),
+# faults.crashes[].at: (the protocol point that arms the crash, how it lands)
+CRASH_POINTS = {
+    "before_train": (points.TRAIN, NOW),
+    "during_train": (points.TRAIN, IN_COMPUTE),
+    "mid_upload": (points.UPLOAD, IN_SEND),
+    "after_upload": (points.UPLOADED, NOW),
+    "mid_round": (points.ROUND, AFTER_SEND),
+    "before_checkpoint": (points.AGGREGATED, NOW),
+    "after_checkpoint": (points.CHECKPOINTED, NOW),
 }
 
 _DELIVERY_STREAM = 0xFA17  # keeps these draws apart from other uses of the seed
@@ -62,11 +67,11 @@ class CrashPlan:
     def for_node(self, node: str) -> bool:
         return any(c.node == node for c in self.crashes)
 
-    def trigger(self, node: str, kind: str, fields: dict) -> Crash | None:
-        """The crash that event ``kind`` of ``node`` sets off, marked as fired."""
+    def trigger(self, node: str, point: str, round_: int) -> Crash | None:
+        """The crash that ``node`` passing ``point`` of ``round_`` sets off, marked as fired."""
         for i, spec in enumerate(self.crashes):
-            event, landing = _TRIGGERS[spec.at]
-            if i in self.fired or spec.node != node or kind != event or fields.get("round") != spec.round:
+            armed_at, landing = CRASH_POINTS[spec.at]
+            if i in self.fired or spec.node != node or point != armed_at or round_ != spec.round:
                 continue
             self.fired.add(i)
             self._last[node] = spec
@@ -172,3 +177,53 @@ def corrupt_update(data: bytes, spec: CorruptSpec, seed: int) -> bytes:
 
 def _replace(up: ClientUpdate, **changes) -> ClientUpdate:
     return ClientUpdate(**{**up.__dict__, **changes})
+
+
+@dataclass(frozen=True)
+class Damage:
+    spec: CorruptSpec
+    round: int
+
+
+class NodeFaults:
+    """The faults of one life of one node, as its driver asks for them.
+
+    ``plan`` is shared by every node of a run (emu) or given the crashes that
+    already fired (a restarted real process); the delivery stream starts anew
+    with each life, in both runtimes."""
+
+    def __init__(self, faults: FaultSpec, seed: int, node: str, rank: int, plan: CrashPlan):
+        self.spec, self.seed, self.node, self.rank, self.plan = faults, seed, node, rank, plan
+        self.delivery = DeliveryFaults(faults, seed, stream=rank) if faults.perturbs_delivery else None
+        # Does anything happen to what this node receives?
+        self.on_receive = self.delivery is not None or faults.dropout_p > 0
+
+    def crash_at(self, point: str, round_: int) -> Crash | None:
+        return self.plan.trigger(self.node, point, round_)
+
+    def outgoing(self, topic: str, data: bytes) -> tuple[bytes, Damage | None]:
+        """``data`` as it leaves (a corrupt client damages its updates)."""
+        if topic != CLIENT_UPDATE or not self.spec.corrupt:
+            return data, None
+        damaged, spec, round_ = damage(self.spec, self.node, data, self.seed)
+        return damaged, (None if spec is None else Damage(spec, round_))
+
+    def sits_out(self, msg: Message) -> int | None:
+        """The round of a TrainCmd this client does not get (faults.dropout_p), else None."""
+        if not self.spec.dropout_p or msg.topic != TRAIN_CMD:
+            return None
+        cmd = peek(msg.data)  # sealed or not; anything else is the client's to judge
+        if isinstance(cmd, TrainCmd) and drops_round(self.seed, self.rank, cmd.round, self.spec.dropout_p):
+            return cmd.round
+        return None
+
+    def copies(self, msg: Message) -> tuple[list[float], str | None]:
+        """The extra delays of the copies of ``msg`` that arrive, and the fault's name if any
+        (``message_lost``, ``partition``, ``duplicate``)."""
+        if self.delivery is None:
+            return [0.0], None
+        copies = self.delivery.copies(msg.src, self.node, msg.received_at)
+        if not copies:
+            lost = "partition" if self.delivery.partitioned(msg.src, self.node, msg.received_at) else "message_lost"
+            return [], lost
+        return copies, ("duplicate" if len(copies) > 1 else None)

@@ -10,21 +10,17 @@ the ``Context`` the role is given.
     def client(ctx, ...):
         msg = yield Recv((TRAIN_CMD,), deadline=None)
         result = yield Compute(train, samples=6000)
+        yield Point(UPLOAD, round=3)
         yield Send(CLIENT_UPDATE, payload, to="controller")
+
+The driver that answers them is written once (``core.runtime.driver``);
+emu and real supply only its primitives.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
-
-# Topics, as the original system named them.
-TRAIN_CMD = "train/train_cmd"  # controller -> clients
-CLIENT_UPDATE = "train/client_update"  # clients -> controller
-MODEL_BLOB = "train/model_blob"  # controller -> clients; the latest one is durable
-
-# A late joiner gets the latest sample of these topics (DDS TRANSIENT_LOCAL).
-DURABLE_TOPICS = frozenset({MODEL_BLOB})
 
 
 @dataclass(frozen=True)
@@ -80,6 +76,17 @@ class WaitPeers:
 
     peers: tuple[str, ...]
     deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """The role has reached a point of its protocol (``core.runtime.points``); no time passes.
+
+    A crash the scenario plans there (``faults.crashes``) lands now or in the
+    role's next request; otherwise the role goes on at once."""
+
+    name: str
+    round: int
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,119 @@
+"""Every kind of event a run logs, with its fields: declared once, here.
+
+An event is one line of ``events.jsonl``: ``t`` (seconds on the runtime's
+clock), ``node``, ``kind``, then the fields of its kind.  Writers (roles,
+the driver, the runtimes' lifecycle) name a kind by its constant below;
+readers (the report, the audit, the dashboard) compare against the same
+constants, so renaming an event is one edit and a typo is a NameError.
+
+A kind is a ``str`` (it is written and compared as its name) that also knows
+its fields: ``required`` are always present, ``optional`` may be.  ``check``
+says what is wrong with an event; the tests run it over whole runs.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class EventKind(str):
+    """An event's name, with the fields it carries."""
+
+    required: frozenset[str]
+    optional: frozenset[str]
+    doc: str
+
+    def __new__(cls, name: str, required: str = "", optional: str = "", doc: str = "") -> "EventKind":
+        kind = super().__new__(cls, name)
+        kind.required = frozenset(required.split())
+        kind.optional = frozenset(optional.split())
+        kind.doc = doc
+        return kind
+
+
+KINDS: dict[str, EventKind] = {}
+
+
+def _kind(name: str, required: str = "", optional: str = "", doc: str = "") -> EventKind:
+    kind = EventKind(name, required, optional, doc)
+    KINDS[name] = kind
+    return kind
+
+
+# --- a node's life (the runtimes) ------------------------------------------------
+NODE_UP = _kind("node_up", doc="the node (re)started")
+NODE_DOWN = _kind("node_down", doc="the node crashed, was switched off or killed")
+DELIVER = _kind("deliver", "src topic bytes sent_at comm_s", doc="a message reached the node's role")
+DROPOUT = _kind("dropout", "round", doc="the client sits out this round (faults.dropout_p)")
+FAULT = _kind("fault", "fault",
+              "at round src topic bytes corruption nodes",
+              doc="a fault of the scenario was carried out (fault: crash, corrupt, message_lost, "
+                  "partition, duplicate, partition_start, partition_end, killed)")
+FRAME_REJECTED = _kind("frame_rejected", "", "src error layer reason detail",
+                       doc="a frame or control message that could not be used (rate-limited for DDS)")
+FRAME_REJECTED_SUMMARY = _kind("frame_rejected_summary", "layer reason suppressed", "window_s",
+                               doc="how many frame_rejected events a rate limit held back")
+
+# --- federated learning: the controller ------------------------------------------
+RUN_START = _kind("run_start", "clients rounds first_round dim", "authenticated")
+RESUME = _kind("resume", "round model_sha256", doc="the controller resumed from a checkpoint")
+BARRIER = _kind("barrier", "matched", "missing waited_s", doc="every expected peer is there (or enough)")
+ROUND_START = _kind("round_start", "round attempt")
+UPDATE_ACCEPTED = _kind("update_accepted", "client round bytes num_samples sent_at comm_s")
+UPDATE_LATE = _kind("update_late", "client round current")
+UPDATE_REJECTED = _kind("update_rejected", "reason", "src client round error")
+ROUND_CLOSE = _kind("round_close", "round ready expected min clients timed_out note")
+AGGREGATED = _kind("aggregated", "round model_sha256")
+ROUND_FAILED = _kind("round_failed", "round ready min policy")
+CHECKPOINT = _kind("checkpoint", "round path")
+EVAL = _kind("eval", "accuracy", "round epoch step", doc="test accuracy (FL: after a round; DDP: an epoch)")
+RUN_END = _kind("run_end", "reason rounds_completed rounds_failed model_sha256 counts")
+
+# --- federated learning: a client ------------------------------------------------
+TRAIN_START = _kind("train_start", "round samples")
+UPLOAD_START = _kind("upload_start", "round bytes", "steps loss")
+UPLOAD_DONE = _kind("upload_done", "round bytes")
+UPDATE_RESENT = _kind("update_resent", "round bytes", doc="the same command again: the answer was lost")
+UPDATE_NOT_FINITE = _kind("update_not_finite", "round", doc="training diverged; nothing is sent")
+CMD_SKIPPED = _kind("cmd_skipped", "round", "newer model_round")
+MESSAGE_REJECTED = _kind("message_rejected", "topic src reason", "error")
+CLIENT_STOP = _kind("client_stop", "round reason", "rejected")
+
+# --- data-parallel training: a worker --------------------------------------------
+WORKER_START = _kind("worker_start", "rank world dim steps_per_epoch compression")
+BARRIER_FAILED = _kind("barrier_failed", "missing error")
+STEP = _kind("step", "step epoch loss density bytes_sent bytes_received compute_s compress_s send_s wait_s comm_s")
+WINDOW = _kind("window", "epoch steps first_step",
+               " ".join(f"{k}_{s}" for k in ("bytes_sent", "bytes_received", "compute_s", "compress_s",
+                                             "send_s", "wait_s", "comm_s") for s in ("mean", "max")))
+WORKER_LOST = _kind("worker_lost", "ranks step waiting_for generation action")
+MEMBERSHIP = _kind("membership", "generation members step leader", "excluded")
+WORKER_END = _kind("worker_end", "steps model_sha256 bytes_sent bytes_received counts",
+                   "stop_reason lost_ranks members generation")
+
+BASE_FIELDS = frozenset({"t", "node", "kind"})
+
+
+def check(event: dict) -> str | None:
+    """What is wrong with ``event`` (None: nothing): an unknown kind, a missing or unknown field."""
+    kind = KINDS.get(event.get("kind"))
+    if kind is None:
+        return f"unknown event kind {event.get('kind')!r}"
+    fields = set(event) - BASE_FIELDS
+    missing = kind.required - fields
+    extra = fields - kind.required - kind.optional
+    if missing:
+        return f"{kind}: missing {', '.join(sorted(missing))}"
+    if extra:
+        return f"{kind}: undeclared {', '.join(sorted(extra))}"
+    return None
+
+
+def problems(events: Iterable[dict]) -> list[str]:
+    """``check`` over many events; each distinct problem once."""
+    seen: dict[str, None] = {}
+    for e in events:
+        why = check(e)
+        if why is not None:
+            seen.setdefault(why)
+    return list(seen)

@@ -1,0 +1,93 @@
+"""``summary.json``: one schema for both runtimes, written once.
+
+Each node's numbers are a *record* (``node_record``): what its role returned
+and the bytes it sent and received.  emu makes every record in one process;
+real writes each rank's record into its own folder, and ``real launch`` reads
+them back.  ``run_summary`` turns the records into the run's summary:
+
+    scenario, runtime, mode, seed, final_accuracy, model_sha256, stop_reason ("done" or why not),
+    bytes_up / bytes_down (sent / received by the training nodes: FL clients, DDP workers),
+    time_s (the run's length on the runtime's clock: virtual in emu, wall from the common start in real),
+    wall_time_s,
+    FL:  codec, rounds, rounds_failed, updates (accepted / late / rejected / ... counts)
+    DDP: compression, workers, steps, bytes_per_step, models_agree, lost_ranks, survivors
+    and what only one runtime knows under its own key: "emu" (wire_bytes, with
+    retransmissions) or "real" (exit codes, transport counters).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dtemu.core.ml.params import sha256_of
+from dtemu.core.scenario import CONTROLLER, Scenario
+
+DONE = "done"
+
+
+def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, bytes_received: int,
+                time_s: float | None = None) -> dict:
+    """One node's numbers; ``result`` is what its role returned (None: it never finished)."""
+    record: dict[str, Any] = {"node": name, "bytes_sent": bytes_sent, "bytes_received": bytes_received}
+    if time_s is not None:
+        record["time_s"] = round(time_s, 9)
+    if result is None:
+        return record
+    if scenario.mode == "ddp":
+        record.update(final_accuracy=result.final_accuracy, steps=result.steps,
+                      # what the steps' exchanges sent (no barrier, no evaluation)
+                      step_bytes_sent=result.bytes_sent, model_sha256=sha256_of(result.weights),
+                      # after a loss (ddp.on_worker_lost): why it stopped, the ranks lost, its membership
+                      stop_reason=result.stop_reason or DONE, lost_ranks=list(result.lost_ranks),
+                      members=list(result.members), generation=result.generation)
+    elif name == CONTROLLER:
+        record.update(final_accuracy=result.final_accuracy, rounds=result.rounds_completed,
+                      rounds_failed=result.rounds_failed, stop_reason=result.stop_reason,
+                      updates=dict(sorted(result.counts.items())), model_sha256=sha256_of(result.weights))
+    else:
+        record["model_round"] = result
+    return record
+
+
+def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *, time_s: float | None,
+                wall_time_s: float, extra: dict | None = None) -> dict:
+    """The run's summary from every rank's record (None or {} for a rank that left none)."""
+    records = [r or {} for r in records]
+    training = [r for r, name in zip(records, scenario.node_names) if name in scenario.training_nodes]
+    summary: dict[str, Any] = {
+        "scenario": scenario.name, "runtime": runtime, "mode": scenario.mode, "seed": scenario.seed,
+        "bytes_up": sum(r.get("bytes_sent", 0) for r in training),
+        "bytes_down": sum(r.get("bytes_received", 0) for r in training),
+        "time_s": None if time_s is None else round(time_s, 9),
+        "wall_time_s": round(wall_time_s, 3),
+    }
+    summary.update(_ddp(scenario, records) if scenario.mode == "ddp" else _fl(scenario, records[0]))
+    summary[runtime] = extra or {}
+    return summary
+
+
+def _fl(scenario: Scenario, lead: dict) -> dict:
+    return {"codec": scenario.fl.codec, "final_accuracy": lead.get("final_accuracy"),
+            "rounds": lead.get("rounds", 0), "rounds_failed": lead.get("rounds_failed", 0),
+            "stop_reason": lead.get("stop_reason", "the controller left no record"),
+            "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256")}
+
+
+def _ddp(scenario: Scenario, records: list[dict]) -> dict:
+    """The numbers of the survivors: the ranks that finished and that no survivor lost (a crashed
+    rank leaves no record; one restarted after it was lost is refused, so it is not one)."""
+    done = {rank: r for rank, r in enumerate(records) if r.get("model_sha256")}
+    lost = sorted({k for r in done.values() for k in r.get("lost_ranks", [])}
+                  | {rank for rank in range(len(records)) if rank not in done})
+    survivors = {rank: r for rank, r in done.items() if rank not in lost}
+    hashes = sorted({r["model_sha256"] for r in survivors.values()})
+    steps = min((r.get("steps", 0) for r in survivors.values()), default=0)
+    reasons = [r["stop_reason"] for r in survivors.values() if r.get("stop_reason", DONE) != DONE]
+    first = next(iter(survivors.values()), {})
+    return {"compression": scenario.ddp.compression, "workers": scenario.ddp.workers,
+            "final_accuracy": first.get("final_accuracy"), "steps": steps,
+            "bytes_per_step": round(sum(r.get("step_bytes_sent", 0) for r in survivors.values())
+                                    / max(steps, 1) / max(len(survivors), 1), 3),
+            "model_sha256": hashes[0] if hashes else None, "models_agree": len(hashes) == 1,
+            "stop_reason": reasons[0] if reasons else DONE, "lost_ranks": lost,
+            "survivors": sorted(survivors)}

@@ -1,0 +1,15 @@
+"""Every topic a role sends on, named once (the transport and the emulated network use these).
+
+The FL names are the original system's; a topic's traffic is described by the
+messages on it (``core.wire.messages``, ``core.ddp.collectives``).
+"""
+
+TRAIN_CMD = "train/train_cmd"  # controller -> clients: TrainCmd, Stop
+CLIENT_UPDATE = "train/client_update"  # clients -> controller: ClientUpdate
+MODEL_BLOB = "train/model_blob"  # controller -> clients: ModelBlob; the latest one is durable
+COLL_FRAMES = "coll/frames"  # data-parallel workers: collective frames
+
+ALL = (TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB, COLL_FRAMES)
+
+# A late joiner gets the latest message of these topics (DDS TRANSIENT_LOCAL).
+DURABLE_TOPICS = frozenset({MODEL_BLOB})

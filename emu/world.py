@@ -1,0 +1,259 @@
+"""The SimPy world: every node's primitives, their membership, and the messages between them.
+
+Each node is a SimPy process running ``core.runtime.driver.Driver`` over its
+role; ``EmuNode`` supplies the driver's primitives in virtual time:
+
+- send:      one flow per receiver through ``emu.network``; returns when all ended.
+- recv:      the node's inbox, with an exact virtual-time deadline.
+- computed:  the job already ran for real (the virtual clock did not move);
+             advance the clock by its modelled duration (``ComputeTimer``), so
+             timeouts do not depend on how fast this machine is.
+- wait_peers: until the peers are up (matched), or the deadline.
+- die:       the node goes down (state, inbox and flows lost) and, if the
+             crash says so, restarts later.
+
+A crash from outside (``faults.offline``) interrupts the process the same way.
+``restart`` starts the role again from scratch and hands it the latest message
+of every durable topic, as DDS TRANSIENT_LOCAL would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import simpy
+
+from dtemu.core import events as ev
+from dtemu.core.runtime import faults as faultlib
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.core.runtime.driver import CRASHED, Driver
+from dtemu.core.runtime.requests import Message
+from dtemu.core.scenario import FaultSpec
+from dtemu.core.wire.topics import DURABLE_TOPICS
+
+from .network import Network
+
+
+@dataclass
+class _Inbox:
+    messages: list[Message] = field(default_factory=list)
+    waiter: simpy.Event | None = None
+    waiting_for: tuple[str, ...] = ()
+
+    def take(self, topics: tuple[str, ...]) -> Message | None:
+        for i, msg in enumerate(self.messages):
+            if msg.topic in topics:
+                return self.messages.pop(i)
+        return None
+
+
+class EmuNode:
+    """One emulated node: the primitives its driver uses, and its life (start, crash)."""
+
+    def __init__(self, world: "World", name: str, rank: int, subscribes: Iterable[str],
+                 make_role: Callable[[Driver], Any], timer: ComputeTimer):
+        self.world = world
+        self.node = name
+        self.rank = rank
+        self.subscribes = frozenset(subscribes)
+        self.make_role = make_role
+        self.timer = timer
+        self.inbox = _Inbox()
+        self.process: simpy.Process | None = None
+        self.up = False
+        self.starts = 0
+        self.result: Any = None
+        # Succeeds when the role returns (not when a crash ends the process).
+        self.finished = world.env.event()
+
+    # --- primitives ----------------------------------------------------
+    @property
+    def incarnation(self) -> int:
+        return self.starts
+
+    def now(self) -> float:
+        return self.world.env.now
+
+    def log(self, event: dict) -> None:
+        self.world.log(event)
+
+    def save_checkpoint(self, data: bytes) -> str:
+        return self.world.save_checkpoint(data)
+
+    def send(self, topic: str, data: bytes, to: str | None):
+        targets = self.world.receivers(self.node, topic, to)
+        if topic in DURABLE_TOPICS:
+            self.world.durable[(self.node, topic)] = data
+        flows = [self.world.transmit(self.node, dst, topic, data) for dst in targets]
+        if flows:
+            yield self.world.env.all_of(flows)
+        return len(targets)
+
+    def send_half(self, topic: str, data: bytes, to: str | None):
+        for dst in self.world.receivers(self.node, topic, to):
+            self.world.transmit(self.node, dst, topic, data)
+        # Half of the bytes at the uplink's full rate: the flows are still going (the crash cuts them).
+        yield self.world.env.timeout(len(data) * 8 / self.world.network.links[self.node].up_bps / 2)
+
+    def recv(self, topics: tuple[str, ...], deadline: float | None):
+        env = self.world.env
+        while True:
+            msg = self.inbox.take(topics)
+            if msg is not None:
+                return msg
+            if deadline is not None and deadline <= env.now:
+                return None
+            waiter = env.event()
+            self.inbox.waiter, self.inbox.waiting_for = waiter, topics
+            if deadline is None:
+                yield waiter
+            else:
+                yield waiter | env.timeout(deadline - env.now)
+                if not waiter.triggered:
+                    self.inbox.waiter = None
+
+    def computed(self, req, elapsed: float):
+        yield self.world.env.timeout(self.timer.duration(req.samples, req.kind))
+
+    def idle(self, seconds: float):
+        yield self.world.env.timeout(seconds)
+
+    def wait_peers(self, peers: tuple[str, ...], deadline: float | None):
+        return (yield from self.world.wait_peers(peers, deadline))
+
+    def die(self, crash: faultlib.Crash) -> None:
+        self.world.crash(self.node, interrupt=False)
+        restart = self.world.crash_plan.restart_after(self.node)
+        if restart is not None:
+            self.world.env.process(self.world.restart_after(self.node, restart))
+
+    # --- life ----------------------------------------------------------
+    def start(self) -> simpy.Process:
+        self.up = True
+        self.starts += 1
+        self.inbox = _Inbox()
+        faults = faultlib.NodeFaults(self.world.faults, self.world.seed, self.node, self.rank, self.world.crash_plan)
+        driver = Driver(self, faults)
+        self.process = self.world.env.process(self._life(driver, self.make_role(driver)))
+        return self.process
+
+    def _life(self, driver: Driver, role):
+        try:
+            result = yield from driver.run(role)
+        except simpy.Interrupt:
+            role.close()  # crashed from outside: the role's state is gone
+            return None
+        except Exception as err:
+            if not self.finished.callbacks:
+                raise
+            self.finished.fail(err)  # whoever waits for the role gets its error as it was
+            return None
+        if result is CRASHED:
+            return None
+        self.result = result
+        self.finished.succeed(result)
+        return result
+
+    def crash(self, interrupt: bool = True) -> None:
+        self.up = False
+        if interrupt and self.process is not None and self.process.is_alive:
+            self.process.interrupt("crash")
+        self.inbox = _Inbox()
+
+    def deliver(self, msg: Message) -> None:
+        if not self.up:
+            return
+        inbox = self.inbox
+        inbox.messages.append(msg)
+        if inbox.waiter is not None and msg.topic in inbox.waiting_for:
+            waiter, inbox.waiter = inbox.waiter, None
+            waiter.succeed()
+
+
+class World:
+    """Every node, the network and the event log of one emulated run."""
+
+    def __init__(self, env: simpy.Environment, network: Network,
+                 log: Callable[[dict], None], save_checkpoint: Callable[[bytes], str],
+                 faults: FaultSpec | None = None, seed: int = 0):
+        self.env = env
+        self.faults = faults or FaultSpec()
+        self.seed = seed
+        self.crash_plan = faultlib.CrashPlan(self.faults)
+        self.last_checkpoint: bytes | None = None
+        self.network = network
+        self.nodes: dict[str, EmuNode] = {}
+        self.durable: dict[tuple[str, str], bytes] = {}
+        self.log = log
+        self._save_checkpoint = save_checkpoint
+        self._peers_changed = env.event()
+
+    def add(self, node: EmuNode) -> EmuNode:
+        self.nodes[node.node] = node
+        return node
+
+    def emit(self, node: str, kind: str, **fields: Any) -> None:
+        self.log({"t": round(self.env.now, 9), "node": node, "kind": kind, **fields})
+
+    def save_checkpoint(self, data: bytes) -> str:
+        self.last_checkpoint = data  # a restarted controller resumes from it
+        return self._save_checkpoint(data)
+
+    # --- membership ----------------------------------------------------
+    def start(self, name: str) -> simpy.Process:
+        self.network.restore_node(name)
+        proc = self.nodes[name].start()
+        self.emit(name, ev.NODE_UP)
+        self._membership_changed()
+        return proc
+
+    def crash(self, name: str, interrupt: bool = True) -> None:
+        self.nodes[name].crash(interrupt)
+        self.network.fail_node(name)
+        self.emit(name, ev.NODE_DOWN)
+        self._membership_changed()
+
+    def restart_after(self, name: str, delay: float):
+        yield self.env.timeout(delay)
+        self.restart(name)
+
+    def restart(self, name: str) -> None:
+        if self.nodes[name].up:
+            return  # up already (a crash's restart and an offline window's end can meet)
+        self.start(name)
+        node = self.nodes[name]
+        # The latest message of each durable topic reaches the newcomer.
+        for (src, topic), data in sorted(self.durable.items()):
+            if topic in node.subscribes and src != name and self.nodes[src].up:
+                self.transmit(src, name, topic, data)
+
+    def _membership_changed(self) -> None:
+        changed, self._peers_changed = self._peers_changed, self.env.event()
+        changed.succeed()
+
+    def wait_peers(self, peers: tuple[str, ...], deadline: float | None):
+        while True:
+            up = frozenset(p for p in peers if p in self.nodes and self.nodes[p].up)
+            if len(up) == len(peers):
+                return up
+            if deadline is not None and deadline <= self.env.now:
+                return up
+            if deadline is None:
+                yield self._peers_changed
+            else:
+                yield self._peers_changed | self.env.timeout(deadline - self.env.now)
+
+    # --- messages ------------------------------------------------------
+    def receivers(self, src: str, topic: str, to: str | None) -> list[str]:
+        if to is not None:
+            return [to] if to in self.nodes else []
+        return [n for n, node in self.nodes.items() if n != src and topic in node.subscribes]
+
+    def transmit(self, src: str, dst: str, topic: str, data: bytes) -> simpy.Event:
+        sent_at = self.env.now
+
+        def land() -> None:
+            self.nodes[dst].deliver(Message(topic, src, data, sent_at=sent_at, received_at=self.env.now))
+
+        return self.network.send(src, dst, len(data), land)

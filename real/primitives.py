@@ -1,0 +1,135 @@
+"""Real mode's primitives: the driver's operations over CycloneDDS, in wall-clock time.
+
+``core.runtime.driver.Driver`` runs the role and its faults; this supplies
+what it asks of the runtime, each a blocking call (``blocking``: a primitive
+that never yields, so ``run_blocking`` drives the role to its end):
+
+- send:       ``DdsTransport.send`` (frames of 1 MiB); the number of readers.
+- send_half:  the first half of the message's frames (a crash mid-upload).
+- recv:       ``DdsTransport.recv`` with the time left to the deadline.
+- computed:   a node with ``compute.slowdown`` > 1 (or jitter) idles for the
+              rest of its stretched time, so a straggler can be staged on one machine.
+- wait_peers: every peer present (``ctl/hello``) and matched as a reader of
+              the topics this node publishes.
+- die:        flush what was sent, log ``node_down`` and exit with
+              ``CRASH_EXIT + i`` (``real launch`` restarts the rank if the fault says so).
+
+Time is ``time.monotonic()``, counted from ``epoch`` (the instant ``real
+launch`` gave every rank) so that the ranks' events line up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable
+
+from dtemu.core import events as ev
+from dtemu.core.runtime import faults as faultlib
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.core.runtime.driver import blocking
+from dtemu.core.runtime.requests import Compute, Message
+from dtemu.host.rundir import RunDir
+
+from .reassembly import RejectLimiter
+from .transport import DdsTransport
+
+# A process that crashes at faults.crashes[i] exits with CRASH_EXIT + i (i < 100).
+CRASH_EXIT = 100
+
+
+class RealPrimitives:
+    def __init__(self, name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str],
+                 timer: ComputeTimer, epoch: float | None = None):
+        self.node = name
+        # Sealed messages count from here: a restarted process goes on above its previous life.
+        self.incarnation = int(time.time() * 1000)
+        self.transport = transport
+        self.run = run
+        self.publishes = tuple(publishes)
+        self.timer = timer
+        start = time.time()
+        self.t0 = time.monotonic() - (start - epoch if epoch is not None else 0.0)
+        self._readers: dict[str, tuple[int, int]] = {}
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        # Frames the transport drops (malformed, orphan, incomplete) become frame_rejected
+        # events, rate-limited per reason so a flood cannot fill the disk.
+        transport.on_reject = RejectLimiter(self._emit)  # called from the receive thread
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def log(self, event: dict) -> None:
+        self.run.event(event)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        self.log({"t": round(self.now(), 9), "node": self.node, "kind": kind, **fields})
+
+    def save_checkpoint(self, data: bytes) -> str:
+        return self.run.save_checkpoint(data)
+
+    @blocking
+    def send(self, topic: str, data: bytes, to: str | None) -> int:
+        self.transport.send(topic, data, to=to)
+        receivers = 1 if to is not None else self._readers_of(topic)
+        self.bytes_sent += len(data) * receivers
+        return receivers
+
+    @blocking
+    def send_half(self, topic: str, data: bytes, to: str | None) -> None:
+        frames = -(-len(data) // self.transport.frame_bytes)
+        self.transport.send(topic, data, to=to, only_frames=max(0, frames // 2))
+
+    def _readers_of(self, topic: str) -> int:
+        """Peers reading ``topic``; recounted by name only when the match count moves
+        (``matched_peers`` costs ~1 ms, too much for every collective frame)."""
+        count = self.transport.matched_count(topic)
+        cached = self._readers.get(topic)
+        if cached is None or cached[0] != count:
+            readers = self.transport.matched_peers([topic]).get(topic, {}).get("readers", [])
+            cached = self._readers[topic] = (count, len({r for r in readers if r != self.node}))
+        return cached[1]
+
+    @blocking
+    def recv(self, topics: tuple[str, ...], deadline: float | None) -> Message | None:
+        timeout = None if deadline is None else max(0.0, deadline - self.now())
+        msg = self.transport.recv(list(topics), timeout_s=timeout)
+        if msg is None:
+            return None
+        self.bytes_received += len(msg.data)
+        received_at = msg.received_at - self.t0
+        sent_at = msg.sent_at - self.t0 if msg.sent_at else received_at
+        return Message(msg.topic, msg.src, msg.data, sent_at=sent_at, received_at=received_at)
+
+    @blocking
+    def computed(self, req: Compute, elapsed: float) -> None:
+        stretch = self.timer.stretch(req.kind)
+        if stretch != 1.0:
+            time.sleep(max(0.0, (stretch - 1) * elapsed))
+
+    @blocking
+    def idle(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @blocking
+    def wait_peers(self, peers: tuple[str, ...], deadline: float | None) -> frozenset:
+        def left() -> float:
+            return 3600.0 if deadline is None else max(0.0, deadline - self.now())
+
+        missing = set(self.transport.wait_peers(list(peers), timeout_s=left()))
+        present = [p for p in peers if p not in missing]
+        if present and self.publishes:
+            unmatched = self.transport.wait_matched({t: present for t in self.publishes},
+                                                    timeout_s=left(), role="readers")
+            for names in unmatched.values():
+                if isinstance(names, (list, tuple, set)):
+                    missing.update(names)
+        return frozenset(p for p in peers if p not in missing)
+
+    def die(self, crash: faultlib.Crash) -> None:
+        """The crash: what was sent is flushed (as emu's sends end when delivered), then no
+        clean-up, no summary."""
+        self.transport.flush(timeout_s=5.0)
+        self._emit(ev.NODE_DOWN)
+        os._exit(CRASH_EXIT + crash.index)
