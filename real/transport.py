@@ -13,10 +13,10 @@
         t.send(TRAIN_CMD, cmd_bytes, to="client1")     # addressed
         msg = t.recv([CLIENT_UPDATE], timeout_s=60)    # Message or None on timeout
 
-Why one long file: ``DdsTransport`` is one object that owns every DDS entity
-of a node and the thread that reads them (writing, presence, matching, the
-receive loop, teardown share its state and lock); the pieces that are not
-DDS are apart (``real.reassembly``, ``real.dds_support``, ``real.wire``).
+(About 570 lines: ``DdsTransport`` is one object that owns every DDS entity
+of a node and the thread that reads them; writing, presence, matching, the
+receive loop and teardown share its state and lock.  The pieces that are
+not DDS are apart: ``real.reassembly``, ``real.dds_support``, ``real.wire``.)
 
 Design
 ------

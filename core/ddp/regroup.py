@@ -13,17 +13,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from dtemu.core import events as ev
 from dtemu.core.ddp.collectives import Collective, CollectiveTimeout, FrameError, LossNotice
 from dtemu.core.errors import RejectedUpdate
 from dtemu.core.ml.params import flatten, load_flat, num_params
-
-if TYPE_CHECKING:
-    from dtemu.core.ddp.worker import WorkerResult
 
 BARRIER_STOP = "barrier"  # how the stop_reason of a worker that never got past its barrier begins
 
@@ -84,7 +79,7 @@ def _decode_state(data: bytes, dim: int, world: int):
     return Position(step, bool(eval_due)), members, weights, data[off + 4 * n :]
 
 
-def on_loss(ctx, d, coll: Collective, exchange, model, pos: Position, rank: int, err, result: WorkerResult):
+def on_loss(ctx, d, coll: Collective, exchange, model, pos: Position, rank: int, err, result):
     """A peer is missing (``err`` a timeout) or a peer said so (a ``LossNotice``).
 
     Returns None when training goes on (in a new membership), else the stop reason.
