@@ -434,6 +434,9 @@ class DdsTransport(Reassembler):
             if self._closing:
                 return {}
             samples = self._hello_reader.read(N=100000, condition=self._hello_alive)
+        # Invalid presence samples (real.wire.INVALID_HELLO: undecodable, or no sensible name)
+        # are skipped; the count of those currently on the domain is kept.
+        self.stats["invalid_hello"] = sum(1 for s in samples if not s.node)
         return {s.node: s.guid for s in samples if s.node and s.guid != self.guid}
 
     def wait_peers(self, names: Iterable[str], timeout_s: float = 10.0, poll_s: float = 0.02) -> list[str]:

@@ -43,7 +43,7 @@ from cyclonedds.idl.types import sequence, uint8, uint32, uint64
 
 from dtemu.core.errors import DecodeError
 
-__all__ = ["Frame", "Hello", "WireError", "encode_frame", "decode_frame"]
+__all__ = ["Frame", "Hello", "INVALID_HELLO", "WireError", "encode_frame", "decode_frame", "valid_name"]
 
 
 class WireError(DecodeError):
@@ -84,12 +84,36 @@ class Frame(IdlStruct, typename="dtemu.Frame"):
 
 @dataclass
 class Hello(IdlStruct, typename="dtemu.Hello"):
-    """Presence: one instance per node name; ``guid`` is the participant's GUID (str(uuid))."""
+    """Presence: one instance per node name; ``guid`` is the participant's GUID (str(uuid)).
+
+    Anyone on the domain can publish a Hello.  A sample that does not decode
+    (bad UTF-8 in a name) or names no sensible node decodes as ``INVALID_HELLO``
+    (``node == ""``), which every reader skips and counts, instead of raising
+    inside a batch read and taking every honest peer's sample with it."""
     node: str
     key("node")
     guid: str = ""
     pid: uint32 = 0
     host: str = ""
+
+    @classmethod
+    def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Hello":
+        try:
+            hello = cls.__idl__.deserialize(data, has_header=has_header, use_version_2=use_version_2)
+        except Exception:  # bad UTF-8, or anything else the stock decoder refuses
+            return INVALID_HELLO
+        return hello if valid_name(hello.node) and len(hello.guid) <= MAX_NAME else INVALID_HELLO
+
+
+MAX_NAME = 128  # node names and GUID strings; a real one is far shorter
+
+
+def valid_name(name) -> bool:
+    """A node name a peer may carry: non-empty, at most MAX_NAME characters, printable."""
+    return isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isprintable()
+
+
+INVALID_HELLO = Hello(node="")
 
 
 # ---------------------------------------------------------------------------------------------

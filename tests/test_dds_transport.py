@@ -411,3 +411,20 @@ def test_a_failing_reject_callback_does_not_stop_the_receiver(domain):
         assert m is not None and m.data == b"ok"
         assert poll(lambda: tr.stats["errors"] == 1, 2) and tr.stats["malformed"] == 1
         assert "callback bug" in tr.last_error and tr._thread.is_alive()
+
+
+def test_a_presence_sample_that_does_not_decode_is_skipped_and_counted(domain):
+    """Anyone on the domain can publish on ctl/hello: a name that is not UTF-8 (or not a name)
+    must not raise inside peers() / matched_peers(), where every honest peer's sample is read too."""
+    from dtemu.real.wire import Hello
+
+    a, b = name("a"), name("b")
+    with DdsTransport(a, domain_id=domain, subscribe=[TRAIN_CMD]) as ta, DdsTransport(b, domain_id=domain) as tb:
+        good = Hello(node="evil", guid="g", pid=1, host="h").serialize()
+        tb._write(tb._hello_writer, good.replace(b"evil", b"ev\xffl", 1))     # bad UTF-8
+        tb._write(tb._hello_writer, good.replace(b"evil", b"e\x07il", 1))     # not printable
+        assert ta.wait_peers([b], timeout_s=5) == []
+        assert poll(lambda: ta.peers().get(b) is not None and ta.stats.get("invalid_hello", 0) == 2, 5), ta.stats
+        assert set(ta.peers()) >= {b} and "evil" not in ta.peers()
+        assert tb.wait_matched({TRAIN_CMD: [a]}, timeout_s=5) == {}
+        assert a in tb.matched_peers([TRAIN_CMD])[TRAIN_CMD]["readers"]
