@@ -46,7 +46,8 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         spec = role_of(scenario, rank, work, key)
         timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
-        with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes)) as transport:
+        with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
+                          key=key) as transport:
             epoch = os.environ.get("DTEMU_EPOCH")  # set by `real launch`: one time origin for all ranks
             prims = RealPrimitives(name, transport, run, spec.publishes, timer,
                                    epoch=float(epoch) if epoch else None)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional
 
 from dtemu.core import events as ev
+from dtemu.real import frame_auth
 from dtemu.real.wire import Frame
 
 log = logging.getLogger(__name__)
@@ -56,8 +58,9 @@ class _Pending:
 
 
 REASSEMBLY_STATS = ("recv_msgs", "recv_bytes", "malformed", "orphan_frames", "incomplete_dropped",
-                    "own_frames", "not_for_me", "errors")
-REJECT_KINDS = ("malformed", "orphan", "incomplete_dropped")
+                    "own_frames", "not_for_me", "errors", "forged_frames", "replayed_frames", "duplicate_frames")
+MAX_SENDERS = 4096  # (topic, sender) pairs whose newest message id is remembered
+REJECT_KINDS = ("malformed", "orphan", "incomplete_dropped", "forged", "replayed")
 _MAX_DETAIL = 300
 
 
@@ -70,8 +73,16 @@ class Reassembler:
     class keeps them in ``delivered``).  Only the receive thread calls it, so it
     has no lock.  ``tools/fuzz.py`` drives it with arbitrary frames.
 
+    With ``key`` (the run's shared key), a frame counts only if its tag
+    verifies (``real.frame_auth``): a forged frame is dropped before it touches
+    any state.  In every run a sender's messages on a topic must start with
+    growing message ids: a part 0 that is not newer than the last one started
+    (a replay) is dropped, and so is a repeated frame of the message being
+    built; neither can evict an honest sender's message in flight.
+
     ``on_reject(kind, detail)``, if set, is called for every frame or message
-    dropped: ``kind`` is "malformed", "orphan" or "incomplete_dropped".  It runs on
+    dropped: ``kind`` is "malformed", "orphan", "incomplete_dropped", "forged"
+    or "replayed".  It runs on
     the receive thread and must be quick; whatever it raises is counted in
     ``stats["errors"]`` and never leaves the thread.  If it has a ``flush()``
     method, that is called about once a second and when the transport closes.
@@ -79,8 +90,10 @@ class Reassembler:
 
     def __init__(self, node: str, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  max_pending_messages: int = 64, max_pending_bytes: int = 2 * MAX_MESSAGE_BYTES,
-                 pending_timeout_s: float = 120.0, stats: Optional[dict] = None, on_reject=None):
+                 pending_timeout_s: float = 120.0, stats: Optional[dict] = None, on_reject=None,
+                 key: Optional[bytes] = None):
         self.node = node
+        self.frame_key = frame_auth.frame_key(key) if key else None
         self.max_message_bytes = int(max_message_bytes)
         self.max_pending_messages = int(max_pending_messages)
         self.max_pending_bytes = int(max_pending_bytes)
@@ -90,6 +103,9 @@ class Reassembler:
         self.last_error: str = ""
         self._pending: dict[tuple, _Pending] = {}
         self._current: dict[tuple, tuple] = {}  # (topic, src) -> key of its pending message
+        # (topic, src) -> id of the newest message it started; bounded (least recently started out)
+        # so that made-up sender names in an unsealed run cannot grow it without end
+        self._last_id: OrderedDict[tuple, int] = OrderedDict()
         self._pending_bytes = 0
         self.delivered: list[Message] = []  # only with the base class's _deliver
 
@@ -130,6 +146,13 @@ class Reassembler:
         if f.dst and f.dst != self.node:
             self.stats["not_for_me"] += 1
             return
+        if self.frame_key is not None:
+            payload = frame_auth.check(self.frame_key, topic, f.src, f.dst, f.topic, f.msg_id, f.part, f.parts,
+                                       f.total, payload)
+            if payload is None:
+                self.stats["forged_frames"] += 1
+                self._reject("forged", f"a frame in the name of {f.src!r} on {topic} with no valid tag")
+                return
         n = len(payload)
         if (not f.src or f.parts == 0 or f.part >= f.parts or f.total > self.max_message_bytes
                 or n > f.total or (f.total > 0 and n == 0) or f.parts > max(1, f.total)):
@@ -137,7 +160,15 @@ class Reassembler:
             return
         key = (topic, f.src, f.msg_id)
         p = self._pending.get(key)
+        if p is not None and f.part < p.next_part:  # a frame of this message again
+            self.stats["duplicate_frames"] += 1
+            return
         if p is None:
+            if f.part == 0 and f.msg_id <= self._last_id.get((topic, f.src), -1):
+                self.stats["replayed_frames"] += 1
+                self._reject("replayed", f"message {f.msg_id} of {f.src!r} on {topic} is not newer than "
+                                         f"{self._last_id[(topic, f.src)]}")
+                return
             if f.part != 0:
                 self.stats["orphan_frames"] += 1  # e.g. a late joiner's replay of an older, larger blob
                 self._reject("orphan", f"part {f.part}/{f.parts} of message {f.msg_id} of {f.src!r} on {topic}")
@@ -145,11 +176,15 @@ class Reassembler:
             old = self._current.get((topic, f.src))
             if old is not None:  # its sender moved on: the older message can never complete
                 self._drop_pending(old)
+            self._last_id[(topic, f.src)] = f.msg_id
+            self._last_id.move_to_end((topic, f.src))
+            if len(self._last_id) > MAX_SENDERS:
+                self._last_id.popitem(last=False)
             if f.parts == 1:
                 if n != f.total:
                     self._malformed("single-frame message with the wrong size")
                     return
-                self._deliver(topic, f.src, f.dst, f.topic, f.msg_id, payload.tobytes(), source_ts)
+                self._deliver(topic, f.src, f.dst, f.topic, f.msg_id, bytes(payload), source_ts)
                 return
             p = _Pending(topic, f.src, f.msg_id, f.parts, f.total, f.topic, f.dst, source_ts,
                          [payload], n, 1, time.monotonic())

@@ -89,7 +89,8 @@ from dtemu.real.config import config_xml
 from dtemu.core.wire import topics as wire_topics
 from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, _release_domain, _SampleContainer, \
     _wait_for_acks
-from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, Message, Reassembler
+from dtemu.real import frame_auth
+from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, REASSEMBLY_STATS, Message, Reassembler
 from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame
 
 try:  # the raw take the stock DataReader.take uses, without its per-batch deserialization
@@ -121,22 +122,24 @@ class DdsTransport(Reassembler):
                  pending_timeout_s: float = 120.0,
                  reader_max_samples: int = 4096,
                  write_timeout_s: float = 15.0,
-                 on_reject=None):
+                 on_reject=None,
+                 key: Optional[bytes] = None):
+        """``key``: the run's shared key; every frame sent is tagged and every frame received
+        must carry a valid tag (``real.frame_auth``)."""
         if not node or not isinstance(node, str):
             raise ValueError("node must be a non-empty name")
-        if frame_bytes < 1 or max_message_bytes < 1:
+        if frame_bytes <= frame_auth.TAG_BYTES or max_message_bytes < 1:
             raise ValueError("frame_bytes and max_message_bytes must be positive")
         self.profile = profile
         self.domain_id = _default_domain_id() if domain_id is None else int(domain_id)
         self.frame_bytes = int(frame_bytes)
         self.write_timeout_s = float(write_timeout_s)
         self._reader_max_samples = int(reader_max_samples)
-        self.stats: dict[str, int] = dict.fromkeys((
-            "sent_msgs", "sent_bytes", "sent_frames", "recv_msgs", "recv_bytes", "recv_frames",
-            "malformed", "orphan_frames", "incomplete_dropped", "own_frames", "not_for_me", "errors"), 0)
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("sent_msgs", "sent_bytes", "sent_frames", "recv_frames") + REASSEMBLY_STATS, 0)
         Reassembler.__init__(self, node, max_message_bytes=max_message_bytes,
                              max_pending_messages=max_pending_messages, max_pending_bytes=max_pending_bytes,
-                             pending_timeout_s=pending_timeout_s, stats=self.stats, on_reject=on_reject)
+                             pending_timeout_s=pending_timeout_s, stats=self.stats, on_reject=on_reject, key=key)
 
         self._lock = threading.RLock()       # entities and readers map
         self._cv = threading.Condition()      # delivered messages
@@ -276,13 +279,18 @@ class DdsTransport(Reassembler):
         if total > self.max_message_bytes:
             raise ValueError(f"message of {total} bytes exceeds max_message_bytes={self.max_message_bytes}")
         w = self._writer(topic)
-        fb = self.frame_bytes
+        sealed = self.frame_key is not None
+        fb = self.frame_bytes - (frame_auth.TAG_BYTES if sealed else 0)  # a frame stays within frame_bytes
         parts = max(1, -(-total // fb))
+        dst, label = to or "", tag or topic
         with self._send_locks[topic]:
             msg_id = next(self._msg_ids)
             for i in range(parts if only_frames is None else min(parts, only_frames)):
                 chunk = mv[i * fb:(i + 1) * fb]
-                f = Frame(src=self.node, dst=to or "", topic=tag or topic, msg_id=msg_id, part=i,
+                if sealed:  # the tag first: the receiver checks it before the frame counts (real.frame_auth)
+                    chunk = frame_auth.frame_tag(self.frame_key, topic, self.node, dst, label, msg_id, i, parts,
+                                                 total, chunk) + chunk
+                f = Frame(src=self.node, dst=dst, topic=label, msg_id=msg_id, part=i,
                           parts=parts, total=total, payload=chunk)
                 self._write(w, encode_frame(f, pad4=True))
             self.stats["sent_frames"] += parts

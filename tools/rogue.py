@@ -11,7 +11,8 @@ What it does, all the time it runs:
   forged command and model to the clients, sealed with the wrong key;
 - snoops ``train/client_update`` and re-publishes every honest update it sees,
   byte for byte and under the honest sender's name: once at once (a replay
-  within the round) and once more in the next round (a stale replay).
+  within the round) and once more in the next round (a stale replay); and
+  re-writes the honest frames themselves, tags and message ids included.
 
 It reads every frame whatever its addressee and writes frames under any
 sender name it likes: anyone on a DDS domain can, which is why the names inside
@@ -34,14 +35,34 @@ from dtemu.core.wire.auth import Sealer, peek_inner
 from dtemu.core.errors import DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from dtemu.real import frame_auth
 from dtemu.real.transport import DdsTransport
 from dtemu.real.wire import Frame
 
 
 class Snooper(DdsTransport):
-    """A transport that also keeps messages addressed to others."""
+    """A transport that also keeps messages addressed to others, and the honest frames themselves.
+
+    In a sealed run every frame starts with a tag (real.frame_auth) it cannot
+    make but can skip: it notices from the first single-frame message whose
+    payload is 16 bytes longer than its total, and strips tags from then on.
+    """
+
+    tagged = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.raw: list[tuple[str, Frame]] = []  # honest update frames, exactly as they came
 
     def _on_frame(self, topic, f, source_ts):
+        if topic == CLIENT_UPDATE and f.src != self.node:
+            self.raw.append((topic, Frame(src=f.src, dst=f.dst, topic=f.topic, msg_id=f.msg_id, part=f.part,
+                                          parts=f.parts, total=f.total, payload=bytes(f.payload))))
+            del self.raw[:-64]
+        if f.parts == 1 and len(f.payload) == f.total + frame_auth.TAG_BYTES:
+            Snooper.tagged = True
+        if self.tagged and len(f.payload) >= frame_auth.TAG_BYTES:
+            f.payload = f.payload[frame_auth.TAG_BYTES:]
         f.dst = ""
         super()._on_frame(topic, f, source_ts)
 
@@ -64,7 +85,7 @@ def poisoned_update(round_: int, seed: int, client: str, dim: int) -> bytes:
 
 def run(domain: int, duration: float, clients: list[str], wrong_key: bytes, dim_hint: int | None) -> dict:
     published = {"forged_updates": 0, "unsigned_updates": 0, "replayed_updates": 0, "forged_commands": 0,
-                 "forged_models": 0}
+                 "forged_models": 0, "replayed_frames": 0}
     seen_rounds: set[int] = set()
     captured: list[tuple[str, bytes, int]] = []  # (sender, sealed bytes, round seen)
     dim = dim_hint
@@ -84,6 +105,10 @@ def run(domain: int, duration: float, clients: list[str], wrong_key: bytes, dim_
                     send_as(t, sender, CLIENT_UPDATE, data, to="controller")
                     published["replayed_updates"] += 1
             captured[:] = [x for x in captured if x[2] >= cmd.round - 1]
+            # The honest frames themselves, byte for byte (tags and message ids included).
+            for topic, frame in t.raw:
+                t.write_frame(topic, frame)
+                published["replayed_frames"] += 1
             fake = TrainCmd(cmd.round + 1, cmd.subset, cmd.epochs, 10.0, cmd.seed ^ 1)
             send_as(t, "controller", TRAIN_CMD, forger["controller"].seal(TRAIN_CMD, fake.round, messages.encode(fake)))
             published["forged_commands"] += 1
