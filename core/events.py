@@ -22,20 +22,29 @@ class EventKind(str):
     required: frozenset[str]
     optional: frozenset[str]
     doc: str
+    limit: int | None  # events per second per origin (core.runtime.limits); None: not limited
 
-    def __new__(cls, name: str, required: str = "", optional: str = "", doc: str = "") -> "EventKind":
+    def __new__(cls, name: str, required: str = "", optional: str = "", doc: str = "",
+                limit: int | None = None) -> "EventKind":
         kind = super().__new__(cls, name)
         kind.required = frozenset(required.split())
         kind.optional = frozenset(optional.split())
         kind.doc = doc
+        kind.limit = limit
         return kind
 
 
 KINDS: dict[str, EventKind] = {}
 
 
-def _kind(name: str, required: str = "", optional: str = "", doc: str = "") -> EventKind:
-    kind = EventKind(name, required, optional, doc)
+# Budgets of the kinds whose number an outsider decides (one per message it sends): generous for
+# deliveries (a data-parallel worker takes tens of frames a second from each peer), tight for refusals.
+DELIVERIES_PER_S = 100
+REFUSALS_PER_S = 20
+
+
+def _kind(name: str, required: str = "", optional: str = "", doc: str = "", limit: int | None = None) -> EventKind:
+    kind = EventKind(name, required, optional, doc, limit)
     KINDS[name] = kind
     return kind
 
@@ -43,16 +52,19 @@ def _kind(name: str, required: str = "", optional: str = "", doc: str = "") -> E
 # --- a node's life (the runtimes) ------------------------------------------------
 NODE_UP = _kind("node_up", doc="the node (re)started")
 NODE_DOWN = _kind("node_down", doc="the node crashed, was switched off or killed")
-DELIVER = _kind("deliver", "src topic bytes sent_at comm_s", doc="a message reached the node's role")
+DELIVER = _kind("deliver", "src topic bytes sent_at comm_s", doc="a message reached the node's role",
+                limit=DELIVERIES_PER_S)
 DROPOUT = _kind("dropout", "round", doc="the client sits out this round (faults.dropout_p)")
 FAULT = _kind("fault", "fault",
               "at round src topic bytes corruption nodes",
               doc="a fault of the scenario was carried out (fault: crash, corrupt, message_lost, "
                   "partition, duplicate, partition_start, partition_end, killed)")
 FRAME_REJECTED = _kind("frame_rejected", "", "src error layer reason detail",
-                       doc="a frame or control message that could not be used (rate-limited for DDS)")
-FRAME_REJECTED_SUMMARY = _kind("frame_rejected_summary", "layer reason suppressed", "window_s",
-                               doc="how many frame_rejected events a rate limit held back")
+                       doc="a frame or control message that could not be used", limit=REFUSALS_PER_S)
+FRAME_REJECTED_SUMMARY = _kind("frame_rejected_summary", "layer reason suppressed", "window_s total",
+                               doc="how many frame_rejected events the transport's rate limit held back")
+EVENTS_SUPPRESSED = _kind("events_suppressed", "of origin suppressed",
+                          doc="how many events of one kind and origin a rate limit held back (core.runtime.limits)")
 
 # --- federated learning: the controller ------------------------------------------
 RUN_START = _kind("run_start", "clients rounds first_round dim", "authenticated")
@@ -60,8 +72,8 @@ RESUME = _kind("resume", "round model_sha256", doc="the controller resumed from 
 BARRIER = _kind("barrier", "matched", "missing waited_s", doc="every expected peer is there (or enough)")
 ROUND_START = _kind("round_start", "round attempt")
 UPDATE_ACCEPTED = _kind("update_accepted", "client round bytes num_samples sent_at comm_s")
-UPDATE_LATE = _kind("update_late", "client round current")
-UPDATE_REJECTED = _kind("update_rejected", "reason", "src client round error")
+UPDATE_LATE = _kind("update_late", "client round current", limit=REFUSALS_PER_S)
+UPDATE_REJECTED = _kind("update_rejected", "reason", "src client round error", limit=REFUSALS_PER_S)
 ROUND_CLOSE = _kind("round_close", "round ready expected min clients timed_out note")
 AGGREGATED = _kind("aggregated", "round model_sha256")
 ROUND_FAILED = _kind("round_failed", "round ready min policy")
@@ -76,7 +88,7 @@ UPLOAD_DONE = _kind("upload_done", "round bytes")
 UPDATE_RESENT = _kind("update_resent", "round bytes", doc="the same command again: the answer was lost")
 UPDATE_NOT_FINITE = _kind("update_not_finite", "round", doc="training diverged; nothing is sent")
 CMD_SKIPPED = _kind("cmd_skipped", "round", "newer model_round")
-MESSAGE_REJECTED = _kind("message_rejected", "topic src reason", "error")
+MESSAGE_REJECTED = _kind("message_rejected", "topic src reason", "error", limit=REFUSALS_PER_S)
 CLIENT_STOP = _kind("client_stop", "round reason", "rejected")
 
 # --- data-parallel training: a worker --------------------------------------------

@@ -94,7 +94,8 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
             env.run()
             results = [done.value] + [world.nodes[n].result for n in scenario.node_names[1:]]
         stats = world.network.stats
-        records = [node_record(scenario, n, r, stats[n].bytes_sent, stats[n].bytes_received)
+        records = [node_record(scenario, n, r, stats[n].bytes_sent, stats[n].bytes_received,
+                               bytes_rejected=world.nodes[n].bytes_rejected)
                    for n, r in zip(scenario.node_names, results)]
         wire = sum(s.wire_bytes_sent for s in stats.values())
         summary = run_summary(scenario, "emu", records, time_s=end, wall_time_s=time.perf_counter() - wall_start,

@@ -63,6 +63,7 @@ class EmuNode:
         self.process: simpy.Process | None = None
         self.up = False
         self.starts = 0
+        self.bytes_rejected = 0  # of messages its roles refused (the driver counts them here)
         self.result: Any = None
         # Succeeds when the role returns (not when a crash ends the process).
         self.finished = world.env.event()

@@ -60,7 +60,8 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
             # Let what we sent last (the final model, Stop, the last frames) reach the peers.
             transport.flush(timeout_s=5.0)
             stats = dict(transport.stats)
-        record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now())
+        record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
+                             bytes_rejected=prims.bytes_rejected)
         summary = {**record, "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
                                       "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}
         run.write_json("summary.json", summary)

@@ -53,6 +53,7 @@ class RealPrimitives:
         self._readers: dict[str, tuple[int, int]] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.bytes_rejected = 0  # of messages its role refused (the driver counts them here)
         # Frames the transport drops (malformed, orphan, incomplete) become frame_rejected
         # events, rate-limited per reason so a flood cannot fill the disk.
         transport.on_reject = RejectLimiter(self._emit)  # called from the receive thread

@@ -49,3 +49,35 @@ def test_writers_name_kinds_by_their_constants():
 def test_every_crash_point_is_a_protocol_point():
     assert set(CRASH_POINTS) == set(CLIENT_CRASH_POINTS) | set(CONTROLLER_CRASH_POINTS)
     assert {point for point, _ in CRASH_POINTS.values()} <= set(points.ALL)
+
+
+class _Prims:
+    node, incarnation, bytes_rejected = "controller", 0, 0
+
+    def __init__(self):
+        self.t, self.logged = 0.0, []
+
+    def now(self):
+        return self.t
+
+    def log(self, event):
+        self.logged.append(event)
+
+
+def test_events_of_untrusted_origin_are_rate_limited_per_origin():
+    from dtemu.core.runtime.driver import Driver
+
+    prims = _Prims()
+    driver = Driver(prims, faults=None)
+    for _ in range(1000):
+        driver.emit(ev.UPDATE_REJECTED, src="evil", reason="forged")
+    driver.emit(ev.UPDATE_REJECTED, src="client1", reason="late")  # an honest origin has its own budget
+    assert len(prims.logged) == ev.REFUSALS_PER_S + 1
+    prims.t = 1.5
+    driver.emit(ev.UPDATE_REJECTED, src="evil", reason="forged")
+    assert prims.logged[-2] == {"t": 1.5, "node": "controller", "kind": ev.EVENTS_SUPPRESSED,
+                                "of": "update_rejected", "origin": "evil", "suppressed": 1000 - ev.REFUSALS_PER_S}
+    assert ev.problems(prims.logged) == []
+    for _ in range(5):
+        driver.emit(ev.ROUND_START, round=1, attempt=0)  # not limited
+    assert len(prims.logged) == ev.REFUSALS_PER_S + 3 + 5

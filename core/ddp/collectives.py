@@ -326,6 +326,7 @@ class Collective:
         except FrameError as err:
             self.counts["malformed"] += 1
             self.ctx.emit(ev.FRAME_REJECTED, src=msg.src, error=str(err))
+            self.ctx.refused(msg)
 
     def _file_control(self, f: Frame, nbytes: int) -> None:
         if f.group < self.group or f.rank == self.rank:

@@ -99,6 +99,7 @@ def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
     except DecodeError as err:
         reason = err.reason if isinstance(err, AuthError) else "malformed"
         state.rejected[reason] += 1
+        ctx.refused(msg)
         ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=reason, error=str(err))
     # A command the model we hold has overtaken can never run: drop it.
     if state.cmd is not None and state.cmd.round <= state.model_round:

@@ -152,6 +152,7 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
             sealed = auth.open(CLIENT_UPDATE, msg.src, msg.data)
         except AuthError as err:
             counts[err.reason] += 1
+            ctx.refused(msg)
             ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason=err.reason, error=str(err))
             continue
         try:
@@ -163,19 +164,23 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
                                           f"for round {up.round} as round {sealed.round}")
         except AuthError as err:
             counts[err.reason] += 1
+            ctx.refused(msg)
             ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason=err.reason, error=str(err))
             continue
         except DecodeError as err:
             counts["malformed"] += 1
+            ctx.refused(msg)
             ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason="malformed", error=str(err))
             continue
         if (up.round, up.seed) != (cmd.round, cmd.seed):
             counts["late"] += 1
+            ctx.refused(msg)
             ctx.emit(ev.UPDATE_LATE, client=up.client, round=up.round, current=cmd.round)
             continue
         if up.client not in clients or up.client in got:
             reason = "duplicate" if up.client in got else "unknown client"
             counts[reason.replace(" ", "_")] += 1
+            ctx.refused(msg)
             ctx.emit(ev.UPDATE_REJECTED, client=up.client, round=up.round, reason=reason)
             continue
         try:
@@ -184,6 +189,7 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
             check_update(update, dim, scenario.fl.max_update_norm)
         except (DecodeError, RejectedUpdate) as err:
             counts["rejected"] += 1
+            ctx.refused(msg)
             ctx.emit(ev.UPDATE_REJECTED, client=up.client, round=up.round, reason="invalid", error=str(err))
             continue
         got[up.client] = update

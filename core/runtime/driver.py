@@ -38,6 +38,7 @@ from typing import Any, Callable, Generator, Protocol
 from dtemu.core import events as ev
 from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.core.runtime.limits import EventLimiter
 from dtemu.core.runtime.requests import Compute, Message, Point, Recv, Send, Sleep, WaitPeers
 
 Gen = Generator[Any, Any, Any]
@@ -49,6 +50,7 @@ class Primitives(Protocol):
     node: str
     incarnation: int  # sealed messages count from here (a restarted node goes on above its last life)
     timer: ComputeTimer  # the node's compute model
+    bytes_rejected: int  # of messages its roles refused, over every life of the node
 
     def now(self) -> float: ...
 
@@ -114,6 +116,8 @@ class Driver:
         self.prims = prims
         self.node = prims.node
         self.faults = faults
+        self.limiter = EventLimiter()
+        self.bytes_rejected = 0  # of messages the role read and refused
         self.armed: faultlib.Crash | None = None
         self._held: list[tuple[float, int, Message]] = []  # delayed or duplicated deliveries
         self._held_seq = 0
@@ -127,7 +131,27 @@ class Driver:
         return self.prims.now()
 
     def emit(self, kind: str, **fields: Any) -> None:
+        limit = getattr(kind, "limit", None)
+        if limit is not None:  # one event per message an outsider may send: rate-limited per origin
+            origin = str(fields.get("src") or fields.get("client") or "")
+            admitted, held = self.limiter.admit(kind, origin, limit, self.prims.now())
+            if held:
+                self._log(ev.EVENTS_SUPPRESSED, {"of": str(kind), "origin": origin, "suppressed": held})
+            if not admitted:
+                return
+        self._log(kind, fields)
+
+    def _log(self, kind: str, fields: dict) -> None:
         self.prims.log({"t": round(self.prims.now(), 9), "node": self.node, "kind": kind, **fields})
+
+    def refused(self, msg: Message) -> None:
+        """The role read ``msg`` and refused it: its bytes count apart from the traffic it accepted."""
+        self.bytes_rejected += len(msg.data)
+        self.prims.bytes_rejected += len(msg.data)
+
+    def _flush_suppressed(self) -> None:
+        for kind, origin, held in self.limiter.drain():
+            self._log(ev.EVENTS_SUPPRESSED, {"of": kind, "origin": origin, "suppressed": held})
 
     def save_checkpoint(self, data: bytes) -> str:
         return self.prims.save_checkpoint(data)
@@ -140,6 +164,7 @@ class Driver:
             try:
                 request = role.throw(error) if error is not None else role.send(value)
             except StopIteration as stop:
+                self._flush_suppressed()
                 return stop.value
             value, error = None, None
             if isinstance(request, Point):

@@ -112,6 +112,9 @@ class Context(Protocol):
     def save_checkpoint(self, data: bytes) -> str:
         """Store a checkpoint atomically; returns where it went."""
 
+    def refused(self, msg: "Message") -> None:
+        """The role read ``msg`` and refused it (its bytes are not counted as accepted traffic)."""
+
 
 @dataclass
 class RecordingContext:
@@ -121,6 +124,7 @@ class RecordingContext:
     time: float = 0.0
     events: list[dict] = field(default_factory=list)
     checkpoints: list[bytes] = field(default_factory=list)
+    bytes_rejected: int = 0
 
     def now(self) -> float:
         return self.time
@@ -131,3 +135,6 @@ class RecordingContext:
     def save_checkpoint(self, data: bytes) -> str:
         self.checkpoints.append(data)
         return f"memory:{len(self.checkpoints) - 1}"
+
+    def refused(self, msg: Message) -> None:
+        self.bytes_rejected += len(msg.data)

@@ -6,7 +6,8 @@ real writes each rank's record into its own folder, and ``real launch`` reads
 them back.  ``run_summary`` turns the records into the run's summary:
 
     scenario, runtime, mode, seed, final_accuracy, model_sha256, stop_reason ("done" or why not),
-    bytes_up / bytes_down (sent / received by the training nodes: FL clients, DDP workers),
+    bytes_up / bytes_down (sent / accepted by the training nodes: FL clients, DDP workers),
+    bytes_rejected (what every node's role read and refused: counted apart from the traffic),
     time_s (the run's length on the runtime's clock: virtual in emu, wall from the common start in real),
     wall_time_s,
     FL:  codec, rounds, rounds_failed, updates (accepted / late / rejected / ... counts)
@@ -26,9 +27,13 @@ DONE = "done"
 
 
 def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, bytes_received: int,
-                time_s: float | None = None) -> dict:
-    """One node's numbers; ``result`` is what its role returned (None: it never finished)."""
-    record: dict[str, Any] = {"node": name, "bytes_sent": bytes_sent, "bytes_received": bytes_received}
+                time_s: float | None = None, bytes_rejected: int = 0) -> dict:
+    """One node's numbers; ``result`` is what its role returned (None: it never finished).
+
+    ``bytes_received`` counts what the node took in; the part its role refused (forged, malformed,
+    late, duplicate ...: ``bytes_rejected``) is not traffic it accepted and is counted apart."""
+    record: dict[str, Any] = {"node": name, "bytes_sent": bytes_sent,
+                              "bytes_received": bytes_received - bytes_rejected, "bytes_rejected": bytes_rejected}
     if time_s is not None:
         record["time_s"] = round(time_s, 9)
     if result is None:
@@ -58,6 +63,7 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
         "scenario": scenario.name, "runtime": runtime, "mode": scenario.mode, "seed": scenario.seed,
         "bytes_up": sum(r.get("bytes_sent", 0) for r in training),
         "bytes_down": sum(r.get("bytes_received", 0) for r in training),
+        "bytes_rejected": sum(r.get("bytes_rejected", 0) for r in records),
         "time_s": None if time_s is None else round(time_s, 9),
         "wall_time_s": round(wall_time_s, 3),
     }
