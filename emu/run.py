@@ -12,7 +12,7 @@ import torch
 from dtemu.core.errors import DtemuError
 from dtemu.core.ml.workload import Workload
 from dtemu.core.runtime.compute import ComputeTimer
-from dtemu.core.runtime.summary import node_record, run_summary
+from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
 from dtemu.core.runtime.wiring import roles
 from dtemu.core.scenario import CONTROLLER, Scenario
 from dtemu.host.rundir import RunDir
@@ -56,51 +56,60 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         run.observe(fn)
     try:
         run.write_json("scenario.json", scenario.to_dict())
-        work = work or Workload(scenario)
-        env = simpy.Environment()
-        world = build_world(env, scenario, work, run, init, key)
-        down = schedule_offline(world, scenario)
-        schedule_partitions(world, scenario)
-        for name in scenario.node_names:
-            if name not in down:
-                world.start(name)
-        if scenario.mode == "ddp":
-            # Until every worker's role returned or its node crashed (a crashed worker's
-            # process ends with None; the survivors stop or go on without it, never hang).
-            # A worker down from the start joins when it comes up; one that comes back
-            # after a crash starts from scratch and is not waited for (it cannot rejoin).
-            procs = {n: world.nodes[n].process for n in scenario.node_names if n not in down}
-            env.run(until=env.all_of(list(procs.values())))
-            for n in scenario.node_names:
-                late = world.nodes[n].process
-                if n in down and late is not None:
-                    env.run(until=late)
-                    procs[n] = late
-            results = [procs[n].value if n in procs else None for n in scenario.node_names]
-            end = env.now
-        else:
-            # Until the controller's role returns (it may crash and restart on the way),
-            # then let what is still in flight land (the last model, Stop), as it would
-            # for real; clients exit on Stop, so the event queue runs dry.
-            done = world.nodes[CONTROLLER].finished
-            try:
-                env.run(until=done)
-            except RuntimeError:
-                if done.triggered:
-                    raise
-                raise DtemuError(f"the controller stopped at t={env.now:g} s without finishing the run "
-                                 "(it crashed and was not restarted); nothing is left to happen") from None
-            end = env.now
-            env.run()
-            results = [done.value] + [world.nodes[n].result for n in scenario.node_names[1:]]
-        stats = world.network.stats
-        records = [node_record(scenario, n, r, stats[n].bytes_sent, stats[n].bytes_received,
-                               bytes_rejected=world.nodes[n].bytes_rejected)
-                   for n, r in zip(scenario.node_names, results)]
-        wire = sum(s.wire_bytes_sent for s in stats.values())
-        summary = run_summary(scenario, "emu", records, time_s=end, wall_time_s=time.perf_counter() - wall_start,
-                              extra={"wire_bytes": wire})
-        run.write_json("summary.json", summary)
-        return summary
+        return _run(scenario, run, init, work, key, wall_start)
+    except Exception as err:  # the run folder still says what happened (then the error goes on)
+        run.write_json("summary.json", failed_summary(scenario, "emu", err,
+                                                      wall_time_s=time.perf_counter() - wall_start))
+        raise
     finally:
         run.close()
+
+
+def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float) -> dict:
+    """Build the world, run it to its end, write its summary."""
+    work = work or Workload(scenario)
+    env = simpy.Environment()
+    world = build_world(env, scenario, work, run, init, key)
+    down = schedule_offline(world, scenario)
+    schedule_partitions(world, scenario)
+    for name in scenario.node_names:
+        if name not in down:
+            world.start(name)
+    if scenario.mode == "ddp":
+        # Until every worker's role returned or its node crashed (a crashed worker's
+        # process ends with None; the survivors stop or go on without it, never hang).
+        # A worker down from the start joins when it comes up; one that comes back
+        # after a crash starts from scratch and is not waited for (it cannot rejoin).
+        procs = {n: world.nodes[n].process for n in scenario.node_names if n not in down}
+        env.run(until=env.all_of(list(procs.values())))
+        for n in scenario.node_names:
+            late = world.nodes[n].process
+            if n in down and late is not None:
+                env.run(until=late)
+                procs[n] = late
+        results = [procs[n].value if n in procs else None for n in scenario.node_names]
+        end = env.now
+    else:
+        # Until the controller's role returns (it may crash and restart on the way),
+        # then let what is still in flight land (the last model, Stop), as it would
+        # for real; clients exit on Stop, so the event queue runs dry.
+        done = world.nodes[CONTROLLER].finished
+        try:
+            env.run(until=done)
+        except RuntimeError:
+            if done.triggered:
+                raise
+            raise DtemuError(f"the controller stopped at t={env.now:g} s without finishing the run "
+                             "(it crashed and was not restarted); nothing is left to happen") from None
+        end = env.now
+        env.run()
+        results = [done.value] + [world.nodes[n].result for n in scenario.node_names[1:]]
+    stats = world.network.stats
+    records = [node_record(scenario, n, r, stats[n].bytes_sent, stats[n].bytes_received,
+                           bytes_rejected=world.nodes[n].bytes_rejected)
+               for n, r in zip(scenario.node_names, results)]
+    wire = sum(s.wire_bytes_sent for s in stats.values())
+    summary = run_summary(scenario, "emu", records, time_s=end, wall_time_s=time.perf_counter() - wall_start,
+                          extra={"wire_bytes": wire})
+    run.write_json("summary.json", summary)
+    return summary

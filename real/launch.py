@@ -159,12 +159,26 @@ def launch(args, scenario: Scenario) -> int:
     bad = {r: c for r, c in codes.items() if c not in (0, "down", "stopped")}
     write_json(out, "summary.json", summary)
     if bad:
-        print(f"real launch: ranks exited with {bad}; logs in {out}/rank<N>.log", file=sys.stderr)
-        return max(bad.values()) if max(bad.values()) > 0 else 1
+        # codes is in the order the ranks ended: the first failure is the cause, the others
+        # (often ranks stopped because of it) follow from it.
+        rank, code = next(iter(bad.items()))
+        print(f"real launch: {scenario.node_names[rank]} (rank {rank}) failed first, with exit {code}"
+              f"{_last_line(out / f'rank{rank}.log')}; all exits: {bad}; logs in {out}/rank<N>.log",
+              file=sys.stderr)
+        return code if isinstance(code, int) and code > 0 else 1
     acc = summary.get("final_accuracy")
     print(f"{scenario.name} (real, {ranks} processes): accuracy {acc}, up {summary.get('bytes_up', 0) / 1e6:.2f} MB, "
           f"down {summary.get('bytes_down', 0) / 1e6:.2f} MB, wall {summary['wall_time_s']:.1f} s -> {out}")
     return 0
+
+
+def _last_line(log: Path) -> str:
+    """': <the last line of a rank's log>' (what it said when it failed), or ''."""
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1][:300]}" if lines else ""
 
 
 def _log_kill(folder: Path, node: str, t: float) -> None:

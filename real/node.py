@@ -39,35 +39,45 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
         run.observe(fn)
     try:
         run.write_json("scenario.json", scenario.to_dict())
-        work = Workload(scenario)
-        work.dataset, work.partitions  # load before joining: the barrier should not wait for disk
-        # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
-        # first round's training time (against round_timeout_s, and times a staged slowdown).
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-        spec = role_of(scenario, rank, work, key)
-        timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
-        with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
-                          key=key) as transport:
-            epoch = os.environ.get("DTEMU_EPOCH")  # set by `real launch`: one time origin for all ranks
-            prims = RealPrimitives(name, transport, run, spec.publishes, timer,
-                                   epoch=float(epoch) if epoch else None)
-            faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
-                                         faultlib.CrashPlan(scenario.faults, set(fired)))
-            driver = Driver(prims, faults)
-            driver.emit(ev.NODE_UP)
-            result = run_blocking(driver.run(spec.start(driver, init)))
-            assert result is not CRASHED  # a real crash has ended the process
-            # Let what we sent last (the final model, Stop, the last frames) reach the peers.
-            transport.flush(timeout_s=5.0)
-            stats = dict(transport.stats)
-        record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
-                             bytes_rejected=prims.bytes_rejected)
-        summary = {**record, "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
-                                      "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}
-        run.write_json("summary.json", summary)
-        return summary
+        return _run(scenario, rank, name, run, init, domain_id, profile, key, fired, wall_start)
+    except Exception as err:  # the rank's folder still says what happened (then the error goes on)
+        run.write_json("summary.json", {**node_record(scenario, name, None, 0, 0), "failed": True,
+                                        "stop_reason": f"{type(err).__name__}: {err}",
+                                        "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3)}})
+        raise
     finally:
         run.close()
+
+
+def _run(scenario: Scenario, rank: int, name: str, run: RunDir, init, domain_id, profile, key, fired,
+         wall_start: float) -> dict:
+    work = Workload(scenario)
+    work.dataset, work.partitions  # load before joining: the barrier should not wait for disk
+    # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
+    # first round's training time (against round_timeout_s, and times a staged slowdown).
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    spec = role_of(scenario, rank, work, key)
+    timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
+    with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
+                      key=key) as transport:
+        epoch = os.environ.get("DTEMU_EPOCH")  # set by `real launch`: one time origin for all ranks
+        prims = RealPrimitives(name, transport, run, spec.publishes, timer,
+                               epoch=float(epoch) if epoch else None)
+        faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
+                                     faultlib.CrashPlan(scenario.faults, set(fired)))
+        driver = Driver(prims, faults)
+        driver.emit(ev.NODE_UP)
+        result = run_blocking(driver.run(spec.start(driver, init)))
+        assert result is not CRASHED  # a real crash has ended the process
+        # Let what we sent last (the final model, Stop, the last frames) reach the peers.
+        transport.flush(timeout_s=5.0)
+        stats = dict(transport.stats)
+    record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
+                         bytes_rejected=prims.bytes_rejected)
+    summary = {**record, "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
+                                  "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}
+    run.write_json("summary.json", summary)
+    return summary
 
 
 def real_driver(name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str] = (),

@@ -292,3 +292,20 @@ def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
     # and nothing of it got in: the model is the one the same scenario trains with no rogue around
     emu = run_emulation(parse_scenario(ROGUE), tmp_path / "emu", key=bytes.fromhex(key))
     assert ctrl["model_sha256"] == emu["model_sha256"]
+
+
+def test_launch_reports_the_first_cause_and_leaves_a_summary(tmp_path):
+    """The controller refuses a file that is not a checkpoint (exit 3); the clients it leaves
+    waiting are stopped later (143): the launch reports the first cause, and the run folder
+    still has a summary.json that says why."""
+    junk = tmp_path / "junk.dtck"
+    junk.write_bytes(b"not a checkpoint")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
+           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "120",
+           "--set", f"fl.init_path={junk}", "--set", "faults.crashes=[]"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, proc.stderr
+    assert "controller (rank 0) failed first, with exit 3" in proc.stderr and "CheckpointError" in proc.stderr
+    summary = read_summary(out)
+    assert summary["stop_reason"].startswith("CheckpointError: ") and summary["real"]["exit_codes"]["0"] == 3

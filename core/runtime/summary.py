@@ -97,3 +97,14 @@ def _ddp(scenario: Scenario, records: list[dict]) -> dict:
             "model_sha256": hashes[0] if hashes else None, "models_agree": len(hashes) == 1,
             "stop_reason": reasons[0] if reasons else DONE, "lost_ranks": lost,
             "survivors": sorted(survivors)}
+
+
+def failed_summary(scenario: Scenario, runtime: str, error: BaseException, *, wall_time_s: float,
+                   time_s: float | None = None) -> dict:
+    """The summary of a run that stopped on an error before it could finish (a bad checkpoint,
+    a barrier timeout, missing data): the same schema, nothing measured, ``stop_reason`` the error."""
+    summary = run_summary(scenario, runtime, [{}] * len(scenario.node_names), time_s=time_s,
+                          wall_time_s=wall_time_s)
+    summary["stop_reason"] = f"{type(error).__name__}: {error}"
+    summary["failed"] = True
+    return summary
