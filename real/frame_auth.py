@@ -46,3 +46,13 @@ def check(fkey: bytes, dds_topic: str, src: str, dst: str, tag: str, msg_id: int
         return None
     want = frame_tag(fkey, dds_topic, src, dst, tag, msg_id, part, parts, total, view[TAG_BYTES:])
     return view[TAG_BYTES:] if hmac.compare_digest(bytes(view[:TAG_BYTES]), want) else None
+
+
+def hello_tag(fkey: bytes, node: str, guid: str) -> bytes:
+    """Authenticates a presence announcement: this node name for this participant."""
+    h = hashlib.blake2b(key=fkey, digest_size=TAG_BYTES, person=b"dtemu-hello")
+    for s in (node, guid):
+        b = s.encode()
+        h.update(struct.pack("<H", len(b)))
+        h.update(b)
+    return h.digest()

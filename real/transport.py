@@ -40,7 +40,8 @@ Design
   part 0 is gone).  A late-joining reader thus gets the latest model and only
   that.
 * Presence: topic ``ctl/hello`` (keyed on the node name, TRANSIENT_LOCAL)
-  carries ``Hello(node, guid, pid, host)``; ``peers()`` lists the live ones,
+  carries ``Hello(node, guid, pid, host, tag)`` (keyed on the participant, tagged under a key);
+  ``peers()`` lists the live ones,
   and ``matched_peers()`` maps matched endpoints (GUIDs) to node names.
 * Receiving: one daemon thread waits on a WaitSet (read conditions + a guard
   condition), takes samples, decodes them with the zero-copy fast path and
@@ -68,6 +69,7 @@ bounded by ``write_timeout_s`` after which ``send`` raises DDSException.
 from __future__ import annotations
 
 import ctypes as ct
+import hmac
 import itertools
 import logging
 import os
@@ -174,7 +176,9 @@ class DdsTransport(Reassembler):
             self._entities += [hello_topic, self._hello_writer, self._hello_reader, self._hello_alive]
             for t in wire_topics.ALL:
                 self._writer(t)
-            self._hello_writer.write(Hello(node=node, guid=self.guid, pid=os.getpid(), host=socket.gethostname()))
+            tag = frame_auth.hello_tag(self.frame_key, node, self.guid) if self.frame_key else b""
+            self._hello_writer.write(Hello(node=node, guid=self.guid, pid=os.getpid(), host=socket.gethostname(),
+                                           tag=tag))
             self._thread = threading.Thread(target=self._run, name=f"dds-recv-{node}", daemon=True)
             self._thread.start()
             if subscribe:
@@ -436,16 +440,30 @@ class DdsTransport(Reassembler):
             self._cv.notify_all()
 
     # --- presence and matching ---------------------------------------------------------------
-    def peers(self) -> dict[str, str]:
-        """Other live nodes on the domain: {node name: participant GUID}."""
+    def participants(self) -> dict[str, str]:
+        """Other live participants on the domain: {participant GUID: node name}.
+
+        Invalid presence samples (real.wire.INVALID_HELLO: undecodable, or no sensible
+        name; in a sealed run also those without a valid tag) are skipped, and the count
+        of those currently on the domain is kept (stats ``invalid_hello``)."""
         with self._lock:
             if self._closing:
                 return {}
             samples = self._hello_reader.read(N=100000, condition=self._hello_alive)
-        # Invalid presence samples (real.wire.INVALID_HELLO: undecodable, or no sensible name)
-        # are skipped; the count of those currently on the domain is kept.
-        self.stats["invalid_hello"] = sum(1 for s in samples if not s.node)
-        return {s.node: s.guid for s in samples if s.node and s.guid != self.guid}
+        valid = [s for s in samples if s.node and self._authentic(s)]
+        self.stats["invalid_hello"] = len(samples) - len(valid)
+        return {s.guid: s.node for s in valid if s.guid != self.guid}
+
+    def _authentic(self, hello: Hello) -> bool:
+        if self.frame_key is None:
+            return True
+        want = frame_auth.hello_tag(self.frame_key, hello.node, hello.guid)
+        return hmac.compare_digest(bytes(hello.tag), want)
+
+    def peers(self) -> dict[str, str]:
+        """Other live nodes on the domain: {node name: participant GUID} (of two participants
+        that claim one name, one; unsealed, anyone can claim any name)."""
+        return {node: guid for guid, node in sorted(self.participants().items())}
 
     def wait_peers(self, names: Iterable[str], timeout_s: float = 10.0, poll_s: float = 0.02) -> list[str]:
         """Wait until every node in ``names`` is present; return the ones still missing
@@ -466,7 +484,7 @@ class DdsTransport(Reassembler):
         that have not said hello yet appear as "?<guid>"."""
         if isinstance(topics, str):
             topics = [topics]
-        names = {g: n for n, g in self.peers().items()}
+        names = self.participants()
         out: dict[str, dict[str, list[str]]] = {}
         with self._lock:
             if self._closing:

@@ -84,17 +84,20 @@ class Frame(IdlStruct, typename="dtemu.Frame"):
 
 @dataclass
 class Hello(IdlStruct, typename="dtemu.Hello"):
-    """Presence: one instance per node name; ``guid`` is the participant's GUID (str(uuid)).
+    """Presence: one instance per participant (keyed on ``guid``, its GUID as str(uuid)), so
+    that nobody can replace another participant's announcement by claiming its name.
 
     Anyone on the domain can publish a Hello.  A sample that does not decode
     (bad UTF-8 in a name) or names no sensible node decodes as ``INVALID_HELLO``
     (``node == ""``), which every reader skips and counts, instead of raising
-    inside a batch read and taking every honest peer's sample with it."""
+    inside a batch read and taking every honest peer's sample with it.  In a
+    sealed run ``tag`` authenticates (node, guid) (``real.frame_auth.hello_tag``)."""
     node: str
-    key("node")
     guid: str = ""
+    key("guid")
     pid: uint32 = 0
     host: str = ""
+    tag: sequence[uint8] = b""
 
     @classmethod
     def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Hello":
@@ -102,6 +105,7 @@ class Hello(IdlStruct, typename="dtemu.Hello"):
             hello = cls.__idl__.deserialize(data, has_header=has_header, use_version_2=use_version_2)
         except Exception:  # bad UTF-8, or anything else the stock decoder refuses
             return INVALID_HELLO
+        hello.tag = bytes(hello.tag)
         return hello if valid_name(hello.node) and len(hello.guid) <= MAX_NAME else INVALID_HELLO
 
 

@@ -23,7 +23,7 @@ from dtemu.real.node import real_driver  # noqa: E402
 from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD  # noqa: E402
 from dtemu.real.reassembly import Message, RejectLimiter  # noqa: E402
 from dtemu.real.transport import DdsTransport  # noqa: E402
-from dtemu.real.wire import Frame, encode_frame  # noqa: E402
+from dtemu.real.wire import Frame, Hello, encode_frame  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PID = os.getpid()
@@ -416,15 +416,29 @@ def test_a_failing_reject_callback_does_not_stop_the_receiver(domain):
 def test_a_presence_sample_that_does_not_decode_is_skipped_and_counted(domain):
     """Anyone on the domain can publish on ctl/hello: a name that is not UTF-8 (or not a name)
     must not raise inside peers() / matched_peers(), where every honest peer's sample is read too."""
-    from dtemu.real.wire import Hello
+
 
     a, b = name("a"), name("b")
     with DdsTransport(a, domain_id=domain, subscribe=[TRAIN_CMD]) as ta, DdsTransport(b, domain_id=domain) as tb:
-        good = Hello(node="evil", guid="g", pid=1, host="h").serialize()
-        tb._write(tb._hello_writer, good.replace(b"evil", b"ev\xffl", 1))     # bad UTF-8
-        tb._write(tb._hello_writer, good.replace(b"evil", b"e\x07il", 1))     # not printable
+        for guid, bad in (("g1", b"ev\xffl"), ("g2", b"e\x07il")):  # bad UTF-8; not printable
+            good = Hello(node="evil", guid=guid, pid=1, host="h").serialize()
+            tb._write(tb._hello_writer, good.replace(b"evil", bad, 1))
         assert ta.wait_peers([b], timeout_s=5) == []
         assert poll(lambda: ta.peers().get(b) is not None and ta.stats.get("invalid_hello", 0) == 2, 5), ta.stats
         assert set(ta.peers()) >= {b} and "evil" not in ta.peers()
         assert tb.wait_matched({TRAIN_CMD: [a]}, timeout_s=5) == {}
         assert a in tb.matched_peers([TRAIN_CMD])[TRAIN_CMD]["readers"]
+
+
+def test_presence_cannot_be_taken_over_and_is_authenticated_in_a_sealed_run(domain):
+    """Hello is keyed on the participant, so claiming a node's name adds a participant rather
+    than replacing the node's own announcement; with a key, an announcement without a valid
+    tag does not count at all."""
+    key = bytes(range(32))
+    a, b, rogue = name("a"), name("b"), name("rogue")
+    with DdsTransport(a, domain_id=domain, key=key) as ta, DdsTransport(b, domain_id=domain, key=key) as tb, \
+            DdsTransport(rogue, domain_id=domain) as tr:
+        tr._hello_writer.write(Hello(node=b, guid="rogue-guid"))  # its own Hello is the other one
+        assert ta.wait_peers([b], timeout_s=5) == []
+        assert poll(lambda: ta.stats.get("invalid_hello", 0) == 2, 5), ta.stats  # the rogue's two Hellos
+        assert ta.peers() == {b: tb.guid} and ta.participants() == {tb.guid: b}
