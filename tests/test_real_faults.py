@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("cyclonedds")
 
-from dtemu.host.rundir import read_summary  # noqa: E402
+from dtemu.host.rundir import read_events, read_summary  # noqa: E402
 from dtemu.core.scenario import parse_scenario  # noqa: E402
 from dtemu.emu.run import run_emulation  # noqa: E402
 from helpers import DATA, ROOT, Ranks, env, kill_group, needs_mnist, new_domain, scenario_file  # noqa: E402
@@ -309,3 +309,34 @@ def test_launch_reports_the_first_cause_and_leaves_a_summary(tmp_path):
     assert "controller (rank 0) failed first, with exit 3" in proc.stderr and "CheckpointError" in proc.stderr
     summary = read_summary(out)
     assert summary["stop_reason"].startswith("CheckpointError: ") and summary["real"]["exit_codes"]["0"] == 3
+
+
+def test_a_flooding_rogue_stops_no_sealed_run(tmp_path, monkeypatch):
+    """A participant without the key sends 1000 random well-formed samples a second on every topic
+    and on presence, on top of its forgeries and replays: no rank crashes or hangs, nothing gets in,
+    the model is the clean one, and the event log stays within twice the clean run's."""
+    key = bytes(range(32)).hex()
+    monkeypatch.setenv("DTEMU_KEY", key)
+    ranks = Ranks(scenario_file(tmp_path, ROGUE), tmp_path)
+    report = tmp_path / "rogue.json"
+    rogue = subprocess.Popen([sys.executable, "-m", "tools.rogue", "--domain", str(ranks.domain), "--duration", "200",
+                              "--flood", "1000", "--report", str(report)], cwd=ROOT, env={**env(), "DTEMU_KEY": ""},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
+            ranks.start(rank, name)
+        assert ranks.wait("controller", 150) == 0, ranks.logs()
+        assert ranks.wait("client1", 30) == 0 and ranks.wait("client2", 30) == 0, ranks.logs()
+        rogue.wait(timeout=30)
+    finally:
+        ranks.close()
+        kill_group(rogue)
+    published = json.loads(report.read_text())
+    assert published["flood_frames"] > 1000 and published["flood_hellos"] > 10, published
+    ctrl = read_summary(tmp_path / "controller")
+    assert ctrl["updates"] == {"accepted": 6} and ctrl["rounds"] == 3
+    emu = run_emulation(parse_scenario(ROGUE), tmp_path / "emu", key=bytes.fromhex(key))
+    assert ctrl["model_sha256"] == emu["model_sha256"]
+    attacked = sum(len(ranks.events(n)) for n in ("controller", "client1", "client2"))
+    clean = len(read_events(tmp_path / "emu"))
+    assert attacked <= 2 * clean, (attacked, clean)

@@ -14,6 +14,11 @@ What it does, all the time it runs:
   within the round) and once more in the next round (a stale replay); and
   re-writes the honest frames themselves, tags and message ids included.
 
+With ``--flood RATE`` it also sends, from a thread, RATE samples a second of
+anything well-formed on every topic: frames in honest and made-up names with
+random ids, parts and sizes (declarations up to 2^62 bytes), and presence
+announcements (honest names, made-up ones, bad UTF-8), until the run stops.
+
 It reads every frame whatever its addressee and writes frames under any
 sender name it likes: anyone on a DDS domain can, which is why the names inside
 messages are signed.  It prints (and with ``--report`` writes) what it
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 
 import numpy as np
@@ -37,7 +43,8 @@ from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.real import frame_auth
 from dtemu.real.transport import DdsTransport
-from dtemu.real.wire import Frame
+from dtemu.core.wire import topics
+from dtemu.real.wire import Frame, Hello, encode_frame
 
 
 class Snooper(DdsTransport):
@@ -83,14 +90,52 @@ def poisoned_update(round_: int, seed: int, client: str, dim: int) -> bytes:
                                         codecs.encode(delta, codecs.CodecParams("fp32"))))
 
 
-def run(domain: int, duration: float, clients: list[str], wrong_key: bytes, dim_hint: int | None) -> dict:
+def flood(t: DdsTransport, names: list[str], rate: float, stop: threading.Event, published: dict) -> None:
+    """Random well-formed samples on every topic and on presence, ``rate`` a second, until ``stop``."""
+    rng = np.random.default_rng()
+    period = 1.0 / rate
+    hello = t._hello_writer
+    wire = {topic: t._writer(topic) for topic in topics.ALL}
+    next_at = time.monotonic()
+    while not stop.is_set():
+        src = str(rng.choice(names + [f"nobody{rng.integers(1000)}"]))
+        if rng.random() < 0.05:  # presence: an honest name, a made-up one, or one that is not UTF-8
+            node = src if rng.random() < 0.5 else "evXl"
+            raw = Hello(node=node, guid=f"rogue-{rng.integers(1 << 30)}", pid=1, host="rogue").serialize()
+            t._write(hello, raw.replace(b"evXl", b"ev\xffl"))
+            published["flood_hellos"] += 1
+        else:
+            topic = str(rng.choice(list(topics.ALL)))
+            parts = int(rng.integers(1, 6))
+            total = int(rng.choice([rng.integers(0, 4096), rng.integers(0, 1 << 62)]))
+            f = Frame(src=src, dst=str(rng.choice(["", "controller"] + names)), topic=topic,
+                      msg_id=int(rng.integers(0, 1 << 62)), part=int(rng.integers(0, parts)), parts=parts,
+                      total=total, payload=rng.bytes(int(rng.integers(0, 256))))
+            t._write(wire[topic], encode_frame(f, pad4=True))
+            published["flood_frames"] += 1
+        next_at += period
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            stop.wait(delay)
+        else:
+            next_at = time.monotonic()  # behind: no burst to catch up
+
+
+def run(domain: int, duration: float, clients: list[str], wrong_key: bytes, dim_hint: int | None,
+        flood_rate: float = 0.0) -> dict:
     published = {"forged_updates": 0, "unsigned_updates": 0, "replayed_updates": 0, "forged_commands": 0,
-                 "forged_models": 0, "replayed_frames": 0}
+                 "forged_models": 0, "replayed_frames": 0, "flood_frames": 0, "flood_hellos": 0}
     seen_rounds: set[int] = set()
     captured: list[tuple[str, bytes, int]] = []  # (sender, sealed bytes, round seen)
     dim = dim_hint
     forger = {c: Sealer(wrong_key, c, incarnation=int(time.time() * 1000)) for c in clients + ["controller"]}
     with Snooper("rogue", domain_id=domain, subscribe=[TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB]) as t:
+        stop = threading.Event()
+        flooder = None
+        if flood_rate > 0:
+            flooder = threading.Thread(target=flood, args=(t, clients + ["controller"], flood_rate, stop, published),
+                                       daemon=True)
+            flooder.start()
 
         def attack(cmd: TrainCmd) -> None:
             for c in clients:
@@ -143,6 +188,9 @@ def run(domain: int, duration: float, clients: list[str], wrong_key: bytes, dim_
                 for cmd in waiting:
                     attack(cmd)
                 waiting = []
+        stop.set()
+        if flooder is not None:
+            flooder.join(timeout=5)
         t.flush(timeout_s=2.0)
     published["rounds_attacked"] = len(seen_rounds)
     return published
@@ -156,9 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key-file", help="the (wrong) key to sign forgeries with; default: a random one")
     p.add_argument("--dim", type=int, default=None, help="model size (default: learnt from the first model)")
     p.add_argument("--report", help="write what was published here (JSON)")
+    p.add_argument("--flood", type=float, default=0.0, metavar="RATE",
+                   help="also send RATE random well-formed samples a second on every topic and presence")
     args = p.parse_args(argv)
     key = open(args.key_file, "rb").read().strip() if args.key_file else np.random.default_rng().bytes(32)
-    published = run(args.domain, args.duration, [f"client{i}" for i in range(1, args.clients + 1)], key, args.dim)
+    published = run(args.domain, args.duration, [f"client{i}" for i in range(1, args.clients + 1)], key, args.dim,
+                    flood_rate=args.flood)
     text = json.dumps(published, sort_keys=True)
     print(text)
     if args.report:
