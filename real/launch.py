@@ -72,7 +72,12 @@ def launch(args, scenario: Scenario) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ranks = len(scenario.node_names)
     domain = args.domain if args.domain is not None else _domain_id()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // ranks)
+    # The scenario's thread count, as emu uses it: float reductions follow the thread count, so
+    # another count would train another model.  Oversubscribing the cores only costs time.
+    threads = args.threads or scenario.threads
+    if ranks * threads > (os.cpu_count() or 1):
+        print(f"real launch: note: {ranks} ranks x {threads} torch threads on {os.cpu_count()} cores: slower "
+              f"than it could be, but the same arithmetic as emu (--set threads=N changes it in both modes)", file=sys.stderr)
     epoch = time.time()
     env = {**os.environ, "DTEMU_EPOCH": repr(epoch), "DTEMU_LAUNCHED": "1"}  # one time origin for all ranks
     if getattr(args, "key_file", None):
