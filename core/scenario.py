@@ -1,25 +1,28 @@
 """The scenario: one YAML file, typed and validated, that both runtimes run unchanged.
 
-``load_scenario(path, overrides)`` reads the YAML, applies ``--set key.path=value``
-overrides, builds the dataclasses below (see ``core.schema`` for the error
+``parse_scenario(raw, overrides)`` takes the YAML's mapping (``host/scenario_file.py``
+reads the file, within the bounds of ``core.bounded_yaml``), applies
+``--set key.path=value`` overrides, builds the dataclasses below (see ``core.schema`` for the error
 format) and then checks what only makes sense across fields (a quorum larger
 than the clients, a node name that does not exist, ...), so a scenario that
 cannot work is refused before anything starts.
+
+(About 415 lines: every key of the schema with its default and a comment, and the
+checks across keys, in one place where a reader finds them all.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from dtemu.core.ddp.collectives import FRAME_BYTES
+from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
-from dtemu.core.schema import build, check, fraction, non_negative, positive, probability
+from dtemu.core.schema import U16, U32, between, build, check, fraction, non_negative, positive, probability
 
 CODEC_NAMES = ("fp32", "q8", "s4", "sq8")
 CONTROLLER = "controller"
@@ -41,11 +44,12 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class FLSpec:
-    clients: int = field(default=2, metadata=check(positive))
-    rounds: int = field(default=10, metadata=check(positive))
-    epochs: int = field(default=1, metadata=check(positive))
+    clients: int = field(default=2, metadata=check(between(1, U16, "client ranks")))
+    # Rounds, epochs and subsets travel in a TrainCmd as u32, u16 and u32.
+    rounds: int = field(default=10, metadata=check(between(1, U32, "a round is 32 bits on the wire")))
+    epochs: int = field(default=1, metadata=check(between(1, U16, "16 bits on the wire")))
     # Samples drawn from each client's partition per round (None: all of it).
-    subset: int | None = field(default=None, metadata=check(positive))
+    subset: int | None = field(default=None, metadata=check(between(1, U32, "32 bits on the wire")))
     batch_size: int = field(default=64, metadata=check(positive))
     lr: float = field(default=0.05, metadata=check(positive))
     momentum: float = field(default=0.0, metadata=check(non_negative))
@@ -64,7 +68,7 @@ class FLSpec:
     # A round with fewer than min_clients updates: keep the model and go on,
     # run the same round again (at most max_retries times), or stop the run.
     on_failed_round: Literal["continue", "retry", "stop"] = "continue"
-    max_retries: int = field(default=3, metadata=check(non_negative))
+    max_retries: int = field(default=3, metadata=check(between(0, U16)))
     # Updates whose L2 norm exceeds this are rejected (None: no bound).
     max_update_norm: float | None = field(default=None, metadata=check(positive))
     eval_every: int = field(default=1, metadata=check(positive))
@@ -74,7 +78,7 @@ class FLSpec:
 
 @dataclass(frozen=True)
 class DDPSpec:
-    workers: int = field(default=2, metadata=check(positive))
+    workers: int = field(default=2, metadata=check(between(1, U16, "ranks are 16 bits in collective frames")))
     epochs: int = field(default=1, metadata=check(positive))
     # Stop after this many steps in all (None: run every epoch to the end).
     max_steps: int | None = field(default=None, metadata=check(positive))
@@ -238,9 +242,10 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class Scenario:
+    # Names run folders (runs/<name>-<date>-<time>): letters, digits, . _ -, at most 100.
     name: str
     mode: Literal["fl", "ddp"] = "fl"
-    seed: int = 0
+    seed: int = field(default=0, metadata=check(between(0, (1 << 63) - 1, "a 64-bit seed")))
     model: str = "mnist_cnn"
     threads: int = field(default=2, metadata=check(positive))
     data: DataSpec = field(default_factory=DataSpec)
@@ -311,7 +316,7 @@ def apply_override(raw: dict, assignment: str) -> None:
     parts = key.strip().split(".")
     if not all(parts):
         raise ScenarioError("--set", f"bad key path {key!r}")
-    value = yaml.safe_load(text) if text.strip() else None
+    value = bounded_yaml.load(text, f"the value of --set {key.strip()}") if text.strip() else None
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -336,21 +341,15 @@ def parse_scenario(raw: Any, overrides: list[str] = ()) -> Scenario:
     return scenario
 
 
-def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ScenarioError("", f"cannot read scenario {path}: {err.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ScenarioError("", f"{path} is not valid YAML: {err}") from None
-    return parse_scenario(raw, overrides)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def validate(s: Scenario) -> None:
     """Checks across fields: refuse what cannot work, before anything starts."""
+    if not NAME.fullmatch(s.name):
+        raise ScenarioError("name", f"expected 1 to 100 letters, digits, '.', '_' or '-' (it names the run "
+                                    f"folder), starting with a letter or digit; got {s.name[:60]!r}"
+                                    + ("..." if len(s.name) > 60 else ""))
     fl = s.fl
     if s.mode == "ddp":
         for i, d in enumerate(s.ddp.warmup_densities):

@@ -94,6 +94,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ScenarioError(path, f"expected an integer, got {_show(value)}")
+        if not -(1 << 63) <= value < (1 << 63):  # no field is wider than 64 bits
+            raise ScenarioError(path, f"expected an integer of at most 64 bits, got {value}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -151,6 +153,16 @@ def probability(v: float) -> str | None:
 
 def fraction(v: float) -> str | None:
     return None if 0 < v <= 1 else "expected a fraction in (0, 1]"
+
+
+def between(lo: int, hi: int, why: str = ""):
+    """A check: ``lo <= v <= hi`` (``why``: what sets the bound, e.g. the wire field that carries it)."""
+    def within(v: float) -> str | None:
+        return None if lo <= v <= hi else f"expected {lo}..{hi:,}{f' ({why})' if why else ''}, got {v:,}"
+    return within
+
+
+U16, U32 = (1 << 16) - 1, (1 << 32) - 1
 
 
 def check(fn) -> dict:

@@ -1,8 +1,9 @@
-"""``emu run SCENARIO [--set k=v]... [--out DIR] [--no-tui] [--key-file F]``
+"""``emu run SCENARIO [--set k=v]... [--out DIR] [--no-tui] [--key-file F]``, ``emu report``, ``emu audit``.
 
-Exit codes: 0 done; 2 the scenario or a file it names is invalid; 3 the run
-stopped on a dtemu error (a barrier timeout, a bad checkpoint, missing data);
-130 interrupted.
+Exit codes: 0 done; 2 the scenario or a file it names is invalid (nothing is
+started, no run folder is made); 3 the run stopped on a dtemu error (a barrier
+timeout, a bad checkpoint, missing data; its summary.json says why); 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -12,15 +13,22 @@ import sys
 import time
 from pathlib import Path
 
-from dtemu.core.wire.auth import load_key
 from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
-from dtemu.core.scenario import load_scenario
+from dtemu.host.keys import load_key
+from dtemu.host.scenario_file import check_model, load_scenario, read_init
+from dtemu.report.cli import add_commands
+from dtemu.report.cli import run as run_reader
+
+DATA_HELP = ("Data: the MNIST / Fashion-MNIST archives are looked up under the scenario's data.root, "
+             "else $DTEMU_DATA, else ~/.cache/dtemu (layout <root>/MNIST/raw/*.gz); missing ones are "
+             "downloaded. Without internet, point DTEMU_DATA (or data.root) at a folder holding them.")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="emu", description="Run a dtemu scenario in the SimPy emulator.")
+    p = argparse.ArgumentParser(prog="emu", description="Run a dtemu scenario in the SimPy emulator.",
+                                epilog=DATA_HELP)
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a scenario in virtual time")
+    run = sub.add_parser("run", help="run a scenario in virtual time", epilog=DATA_HELP)
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario value, e.g. --set fl.codec=q8 (repeatable)")
@@ -28,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-tui", action="store_true", help="no live dashboard")
     run.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
                                         "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
+    add_commands(sub)
     return p
 
 
@@ -35,28 +44,23 @@ def default_out(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def read_init(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_bytes()
-    except OSError as err:
-        raise ScenarioError("fl.init_path", f"cannot read checkpoint {path}: {err.strerror}") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("report", "audit"):
+        return run_reader(args)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
-        init = read_init(scenario.fl.init_path)
+        init = read_init(scenario)
         key, _ = load_key(args.key_file)
+        check_model(scenario)  # a factory that is no model is refused before any data is read
     except (ScenarioError, KeyFileError) as err:
         print(f"emu: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(scenario.name)
 
     from dtemu.host.dashboard import Dashboard  # rich is slow to import; only when running
-    from dtemu.emu.run import run_emulation
+
+    from .run import run_emulation
 
     dashboard = Dashboard(scenario, title=f"emu · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
@@ -66,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"emu: interrupted; partial run in {out}", file=sys.stderr)
         return 130
+    except ScenarioError as err:  # found only once the run is built (a model factory that is no model)
+        print(f"emu: {err}", file=sys.stderr)
+        return 2
     except DtemuError as err:
         print(f"emu: {type(err).__name__}: {err}", file=sys.stderr)
         return 3

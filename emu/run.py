@@ -15,6 +15,7 @@ from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
 from dtemu.core.runtime.wiring import roles
 from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
 
 from .faults import schedule_offline, schedule_partitions
@@ -51,6 +52,8 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
     """
     wall_start = time.perf_counter()
     torch.set_num_threads(scenario.threads)
+    # Before the run folder: a scenario whose model or data cannot be had leaves nothing behind.
+    work = work or Workload(scenario, load_for(scenario))
     run = RunDir(out_dir)
     for fn in observers:
         run.observe(fn)
@@ -67,7 +70,6 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
 
 def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float) -> dict:
     """Build the world, run it to its end, write its summary."""
-    work = work or Workload(scenario)
     env = simpy.Environment()
     world = build_world(env, scenario, work, run, init, key)
     down = schedule_offline(world, scenario)

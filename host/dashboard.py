@@ -21,7 +21,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-CONTROLLER = "controller"
+from dtemu.core import events as kinds
+from dtemu.core.wire.topics import CLIENT_UPDATE
+
 RECENT_EVENTS = 8
 # A flood of made-up client names must not turn the table into a scroll.
 MAX_ROWS = 40
@@ -56,18 +58,18 @@ STATE_STYLES = {
 
 # Client-side events that set the node's state outright.
 _CLIENT_STATES = {
-    "train_start": TRAINING,
-    "upload_start": UPLOADING,
-    "upload_done": IDLE,
-    "update_not_finite": IDLE,  # diverged: nothing to send until the next command
-    "client_stop": STOPPED,
-    "dropout": DROPPED,
-    "node_down": OFFLINE,
-    "node_up": WAITING,
+    kinds.TRAIN_START: TRAINING,
+    kinds.UPLOAD_START: UPLOADING,
+    kinds.UPLOAD_DONE: IDLE,
+    kinds.UPDATE_NOT_FINITE: IDLE,  # diverged: nothing to send until the next command
+    kinds.CLIENT_STOP: STOPPED,
+    kinds.DROPOUT: DROPPED,
+    kinds.NODE_DOWN: OFFLINE,
+    kinds.NODE_UP: WAITING,
 }
 # Too frequent to be news; they show up as bytes in the table instead.
-_QUIET_KINDS = frozenset({"deliver"})
-_UPDATE_TOPIC = "train/client_update"
+_QUIET_KINDS = frozenset({kinds.DELIVER})
+_UPDATE_TOPIC = CLIENT_UPDATE
 
 
 @dataclass
@@ -142,7 +144,7 @@ class DashboardState:
         if kind not in _QUIET_KINDS:
             self.recent.append(ev)
 
-        if kind == "deliver":
+        if kind == kinds.DELIVER:
             size = int(ev.get("bytes") or 0)
             node.bytes_down += size
             src = self._named(ev.get("src", "?"))
@@ -158,11 +160,11 @@ class DashboardState:
                 self._dropped.discard(node.name)
             if "round" in ev:
                 node.round = ev["round"]
-            if kind == "upload_start":
+            if kind == kinds.UPLOAD_START:
                 node.reports_uploads = True
                 if ev.get("loss") is not None:
                     node.loss = float(ev["loss"])
-            elif kind == "upload_done":
+            elif kind == kinds.UPLOAD_DONE:
                 node.reports_uploads = True
                 node.bytes_up += int(ev.get("bytes") or 0)
             return
@@ -226,16 +228,16 @@ class DashboardState:
 
 
 _CONTROLLER_HANDLERS = {
-    "run_start": DashboardState._run_start,
-    "round_start": DashboardState._round_start,
-    "round_close": DashboardState._round_close,
-    "round_failed": DashboardState._round_failed,
-    "eval": DashboardState._eval,
-    "run_end": DashboardState._run_end,
-    "update_accepted": DashboardState._update_accepted,
-    "update_late": DashboardState._update_late,
-    "update_rejected": DashboardState._update_rejected,
-    "message_rejected": DashboardState._node_event,
+    kinds.RUN_START: DashboardState._run_start,
+    kinds.ROUND_START: DashboardState._round_start,
+    kinds.ROUND_CLOSE: DashboardState._round_close,
+    kinds.ROUND_FAILED: DashboardState._round_failed,
+    kinds.EVAL: DashboardState._eval,
+    kinds.RUN_END: DashboardState._run_end,
+    kinds.UPDATE_ACCEPTED: DashboardState._update_accepted,
+    kinds.UPDATE_LATE: DashboardState._update_late,
+    kinds.UPDATE_REJECTED: DashboardState._update_rejected,
+    kinds.MESSAGE_REJECTED: DashboardState._node_event,
 }
 
 

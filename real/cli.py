@@ -20,10 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from dtemu.core.wire.auth import load_key
+from dtemu.host.keys import load_key
 from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
 from dtemu.core.runtime.summary import DONE
-from dtemu.core.scenario import CONTROLLER, load_scenario
+from dtemu.report.cli import add_commands
+from dtemu.report.cli import run as run_reader
+from dtemu.core.scenario import CONTROLLER
+from dtemu.host.scenario_file import check_model, load_scenario, read_init
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
 EXIT_PEER_LOST = 5
@@ -37,11 +40,16 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+DATA_HELP = ("Data: the MNIST / Fashion-MNIST archives are looked up under the scenario's data.root, "
+             "else $DTEMU_DATA, else ~/.cache/dtemu (layout <root>/MNIST/raw/*.gz); missing ones are "
+             "downloaded. Without internet, point DTEMU_DATA (or data.root) at a folder holding them.")
+
+
+def _common(p: argparse.ArgumentParser, out_default: str) -> None:
     p.add_argument("scenario", help="scenario YAML file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario value (repeatable)")
-    p.add_argument("--out", help="run folder")
+    p.add_argument("--out", help=f"run folder (default: {out_default})")
     p.add_argument("--no-tui", action="store_true", help="no live dashboard")
     p.add_argument("--domain", type=int, default=None, help="DDS domain id (default $DTEMU_DDS_DOMAIN or 0)")
     p.add_argument("--profile", default="loopback", choices=["loopback", "lan"],
@@ -53,29 +61,42 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="real", description="Run a dtemu scenario for real over CycloneDDS.")
+    p = argparse.ArgumentParser(prog="real", description="Run a dtemu scenario for real over CycloneDDS.",
+                                epilog=DATA_HELP)
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one rank of a scenario")
-    _common(run)
-    run.add_argument("--rank", type=int, required=True)
+    run = sub.add_parser("run", help="run one rank of a scenario", epilog=DATA_HELP)
+    _common(run, "runs/<name>-real-<date>-<time>/rank<N>")
+    run.add_argument("--rank", type=int, required=True,
+                     help="which rank this process runs: FL, 0 is the controller and 1..N the clients; "
+                          "DDP, 0..W-1 are the workers")
     run.add_argument("--fired", default="", help=argparse.SUPPRESS)  # restarted by launch: crashes done
     run.add_argument("--append", action="store_true", help=argparse.SUPPRESS)  # restarted: keep events
-    launch = sub.add_parser("launch", help="run every rank on this machine and gather the run folders")
-    _common(launch)
+    launch = sub.add_parser("launch", help="run every rank on this machine and gather the run folders",
+                            epilog=DATA_HELP)
+    _common(launch, "runs/<name>-real-<date>-<time>")
     launch.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
+    add_commands(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("report", "audit"):
+        return run_reader(args)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
         key, key_from = load_key(args.key_file)
+        check_model(scenario)  # a factory that is no model is refused before any process starts
     except (ScenarioError, KeyFileError) as err:
         print(f"real: {err}", file=sys.stderr)
         return EXIT_USAGE
     args.key, args.key_from = key, key_from
     if args.command == "launch":
+        try:  # the controller's checkpoint, checked before any process starts
+            read_init(scenario)
+        except ScenarioError as err:
+            print(f"real: {err}", file=sys.stderr)
+            return EXIT_USAGE
         from dtemu.real.launch import launch
 
         return launch(args, scenario)
@@ -90,13 +111,11 @@ def run_rank(args, scenario) -> int:
         return EXIT_USAGE
     name = names[args.rank]
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-real-{time.strftime('%Y%m%d-%H%M%S')}" / f"rank{args.rank}"
-    init = None
-    if name == CONTROLLER and scenario.fl.init_path:
-        try:
-            init = Path(scenario.fl.init_path).read_bytes()
-        except OSError as err:
-            print(f"real: fl.init_path: cannot read {scenario.fl.init_path}: {err.strerror}", file=sys.stderr)
-            return EXIT_USAGE
+    try:  # a restarted controller (real launch, --append) may resume from the last round's checkpoint
+        init = read_init(scenario, resuming_a_crash=args.append) if name == CONTROLLER else None
+    except ScenarioError as err:
+        print(f"real: {err}", file=sys.stderr)
+        return EXIT_USAGE
 
     from cyclonedds.core import DDSException
 
@@ -130,7 +149,7 @@ def run_rank(args, scenario) -> int:
         print(f"real: {name}: DDS failed: {err}", file=sys.stderr)
         return EXIT_DDS
     if scenario.mode == "ddp" and summary.get("stop_reason", DONE) != DONE:
-        from dtemu.core.ddp.worker import BARRIER_STOP
+        from dtemu.core.ddp.regroup import BARRIER_STOP
 
         # A peer missing at the start stays a barrier timeout (3); one lost mid-run is 5.
         print(f"real: {name} stopped: {summary['stop_reason']}; summary in {out}", file=sys.stderr)

@@ -17,6 +17,7 @@ from dtemu.core.runtime.driver import CRASHED, Driver, run_blocking
 from dtemu.core.runtime.summary import node_record
 from dtemu.core.runtime.wiring import role_of
 from dtemu.core.scenario import Scenario
+from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
 
 from .primitives import RealPrimitives
@@ -34,12 +35,15 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
     wall_start = time.perf_counter()
     torch.set_num_threads(threads or scenario.threads)
     name = scenario.node_names[rank]
+    # Before the run folder: a scenario whose model or data cannot be had leaves nothing behind.
+    work = Workload(scenario, load_for(scenario))
+    work.partitions  # and before joining: the barrier should not wait for this
     run = RunDir(out, append=append)
     for fn in observers:
         run.observe(fn)
     try:
         run.write_json("scenario.json", scenario.to_dict())
-        return _run(scenario, rank, name, run, init, domain_id, profile, key, fired, wall_start)
+        return _run(scenario, rank, name, run, work, init, domain_id, profile, key, fired, wall_start)
     except Exception as err:  # the rank's folder still says what happened (then the error goes on)
         run.write_json("summary.json", {**node_record(scenario, name, None, 0, 0), "failed": True,
                                         "stop_reason": f"{type(err).__name__}: {err}",
@@ -49,10 +53,8 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
         run.close()
 
 
-def _run(scenario: Scenario, rank: int, name: str, run: RunDir, init, domain_id, profile, key, fired,
-         wall_start: float) -> dict:
-    work = Workload(scenario)
-    work.dataset, work.partitions  # load before joining: the barrier should not wait for disk
+def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, init, domain_id, profile, key,
+         fired, wall_start: float) -> dict:
     # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
     # first round's training time (against round_timeout_s, and times a staged slowdown).
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)

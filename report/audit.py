@@ -1,6 +1,6 @@
 """Audit an FL run folder (emu or real): what faults it met and whether anything was lost.
 
-    python -m tools.audit RUN_FOLDER [--json]
+    emu audit RUN [--json]
 
 Counts, from events.jsonl: faults injected by class, rounds completed and
 failed, updates accepted / rejected (by reason) / late / duplicate, transport
@@ -24,20 +24,25 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from dtemu.core import events as ev
 from dtemu.host.rundir import read_events_partial, read_summary
 
 
 def audit(folder: str | Path) -> dict:
     folder = Path(folder)
     events, torn = read_events_partial(folder)
-    summary = read_summary(folder)
+    if not events and not (folder / "summary.json").exists():
+        raise FileNotFoundError(f"{folder} has no events.jsonl and no summary.json: not a run folder")
+    # A run that was killed or is still going has no summary yet: audit what its events say.
+    finished = (folder / "summary.json").exists()
+    summary = read_summary(folder) if finished else {}
     faults: Counter = Counter()
     for e in events:
-        if e["kind"] == "fault":
+        if e["kind"] == ev.FAULT:
             faults[e["fault"] if e["fault"] != "crash" else f"crash_{e['at']}"] += 1
-        elif e["kind"] == "dropout":
+        elif e["kind"] == ev.DROPOUT:
             faults["dropout"] += 1
-        elif e["kind"] == "node_down" and e["node"] != "controller":
+        elif e["kind"] == ev.NODE_DOWN and e["node"] != "controller":
             faults["node_down"] += 1
     ctrl = [e for e in events if e["node"] == "controller"]
     problems: list[str] = []
@@ -48,20 +53,20 @@ def audit(folder: str | Path) -> dict:
     life, last_sha = 0, None
     for e in ctrl:
         k = e["kind"]
-        if k == "run_start":
+        if k == ev.RUN_START:
             life += 1
-        elif k == "round_start":
+        elif k == ev.ROUND_START:
             accepted[(life, e["round"])] = set()
-        elif k == "update_accepted":
+        elif k == ev.UPDATE_ACCEPTED:
             accepted[(life, e["round"])].add(e["client"])
-        elif k == "round_close":
+        elif k == ev.ROUND_CLOSE:
             closes.append((life, e["round"], sorted(e["clients"])))
             if sorted(e["clients"]) != sorted(accepted[(life, e["round"])]):
                 problems.append(f"round {e['round']} closed with {e['clients']} but accepted "
                                 f"{sorted(accepted[(life, e['round'])])}")
-        elif k == "checkpoint":
+        elif k == ev.CHECKPOINT:
             saved.append(e["round"])
-        elif k in ("aggregated", "resume"):
+        elif k in (ev.AGGREGATED, ev.RESUME):
             last_sha = e["model_sha256"]
     last = max(saved) if saved else 0
     if saved != list(range(1, last + 1)):
@@ -74,30 +79,35 @@ def audit(folder: str | Path) -> dict:
     saved_in = set()
     life = 0
     for e in ctrl:
-        if e["kind"] == "run_start":
+        if e["kind"] == ev.RUN_START:
             life += 1
-        elif e["kind"] == "checkpoint":
+        elif e["kind"] == ev.CHECKPOINT:
             saved_in.add((life, e["round"]))
     counts, redone = Counter(), Counter()
     life, current = 0, None
     for e in ctrl:
         k = e["kind"]
-        if k == "run_start":
+        if k == ev.RUN_START:
             life, current = life + 1, None
-        elif k == "round_start":
+        elif k == ev.ROUND_START:
             current = e["round"]
-        if k not in ("update_accepted", "update_late", "update_rejected"):
+        if k not in (ev.UPDATE_ACCEPTED, ev.UPDATE_LATE, ev.UPDATE_REJECTED):
             continue
-        reason = {"update_accepted": "accepted", "update_late": "late"}.get(k) or \
+        reason = {ev.UPDATE_ACCEPTED: "accepted", ev.UPDATE_LATE: "late"}.get(k) or \
             {"invalid": "rejected"}.get(e.get("reason", "invalid"), e.get("reason", "").replace(" ", "_"))
         (counts if (life, current) in saved_in else redone)[reason] += 1
-    if summary.get("updates") is not None and dict(counts) != summary["updates"]:
+    # Refusals beyond a rate limit are only counted (events_suppressed): then the events cannot
+    # account for every tally.
+    suppressed = sum(e["suppressed"] for e in ctrl if e["kind"] == ev.EVENTS_SUPPRESSED
+                     and e.get("of") in (ev.UPDATE_REJECTED, ev.UPDATE_LATE))
+    if summary.get("updates") is not None and not suppressed and dict(counts) != summary["updates"]:
         problems.append(f"summary counts {summary['updates']} but the events say {dict(counts)}")
-    if last_sha is not None and summary.get("model_sha256") != last_sha:
+    if finished and last_sha is not None and summary.get("model_sha256") != last_sha:
         problems.append("the final model is not the last aggregated one")
-    frames = Counter(e.get("reason") for e in events if e["kind"] == "frame_rejected")
+    frames = Counter(e.get("reason") for e in events if e["kind"] == ev.FRAME_REJECTED)
     return {
         "run": str(folder),
+        "finished": finished,  # False: killed or still going (no summary.json); checked as far as it got
         "runtime": summary.get("runtime"),
         "rounds": summary.get("rounds"),
         "rounds_failed": summary.get("rounds_failed"),
@@ -107,6 +117,7 @@ def audit(folder: str | Path) -> dict:
         "frames_rejected": dict(sorted(frames.items())),
         "controller_lives": life,
         "torn_event_lines": torn,
+        "refusals_only_counted": suppressed,
         "lost_data": len(problems),
         "problems": problems[:20],
         "final_accuracy": summary.get("final_accuracy"),
@@ -121,11 +132,15 @@ def _planned_rounds(folder: Path) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.audit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="emu audit", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="run folder")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
-    result = audit(args.run)
+    try:
+        result = audit(args.run)
+    except FileNotFoundError as err:
+        print(f"audit: {err}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result, indent=2))
     else:

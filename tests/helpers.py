@@ -16,16 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from dtemu.host.datasets import raw_dir, resolve_root
 from dtemu.host.rundir import read_events_partial
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = os.environ.get("DTEMU_DATA") or str(ROOT.parent / "shared" / "data")
+# Where the CLI looks ($DTEMU_DATA, else the user cache); tests never download.
+DATA = str(resolve_root(None))
 
 ARCHIVES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-HAVE_MNIST = all((Path(DATA) / "MNIST" / "raw" / f).is_file() for f in ARCHIVES)
+HAVE_MNIST = all((raw_dir(DATA, "mnist") / f).is_file() for f in ARCHIVES)
 
-needs_mnist = pytest.mark.skipif(not HAVE_MNIST, reason="MNIST archives not found (set DTEMU_DATA)")
+needs_mnist = pytest.mark.skipif(
+    not HAVE_MNIST, reason=f"the MNIST archives are not under {DATA}/MNIST/raw: set DTEMU_DATA to a folder "
+                           "holding MNIST/raw/*.gz (or run `emu run` once with internet to fill the cache)")
 
 _domains = itertools.count()
 

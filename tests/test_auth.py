@@ -3,7 +3,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dtemu.core.wire.auth import WINDOW, Sealer, load_key, parse_key
+from dtemu.core.wire.auth import WINDOW, Sealer, parse_key
+from dtemu.host.keys import load_key
 from dtemu.core.errors import AuthError, KeyFileError
 from dtemu.host.rundir import read_events
 from dtemu.core.scenario import parse_scenario

@@ -1,4 +1,4 @@
-"""core.data: archives, IDX parsing, data sets, partitioners, round subsets."""
+"""host.datasets (archives, IDX files, loading) and core.ml.data (parsing, partitioners, round subsets)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtemu.core.ml import data
 from dtemu.core.ml.data import (
     Dataset,
-    ensure_archives,
-    load_dataset,
-    load_dataset_factory,
     partition,
     partition_dirichlet,
     partition_iid,
     partition_shards,
-    read_idx,
-    resolve_root,
     round_subset,
 )
+from dtemu.host import datasets as data
+from dtemu.host.datasets import ensure_archives, load_dataset, load_dataset_factory, read_idx, resolve_root
 from dtemu.core.errors import DataError
 from helpers import DATA, needs_mnist
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dtemu.core.ml.data import resolve_root
+from dtemu.host.datasets import resolve_root
 from dtemu.host.rundir import read_summary
-from dtemu.core.scenario import load_scenario, parse_scenario
+from dtemu.core.scenario import parse_scenario
+from dtemu.host.scenario_file import load_scenario
 from dtemu.emu.cli import main as emu_main
 from dtemu.emu.run import run_emulation
 from helpers import DATA, needs_mnist
@@ -94,7 +95,9 @@ def test_cli_reports_a_bad_checkpoint(tmp_path, capsys):
     bad = tmp_path / "bad.dtck"
     bad.write_bytes(b"DTCK\x01\x00\x00\x00garbage")
     rc = emu_main(["run", str(scenario), "--no-tui", "--out", str(tmp_path / "r"), "--set", f"fl.init_path={bad}"])
-    assert rc == 3 and "CheckpointError" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # a file the scenario names that is not a checkpoint: refused before anything starts, naming key and file
+    assert rc == 2 and "fl.init_path" in err and str(bad) in err and not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ from dtemu.core import events as ev
 from dtemu.core.runtime import points
 from dtemu.core.runtime.faults import CRASH_POINTS
 from dtemu.core.scenario import CLIENT_CRASH_POINTS, CONTROLLER_CRASH_POINTS
-from dtemu.host.rundir import read_events
 from test_fl_faults import run, scenario
 
 ROOT = Path(__file__).resolve().parents[1]

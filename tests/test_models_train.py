@@ -186,7 +186,7 @@ def test_evaluate_restores_mode():
 
 @needs_real
 def test_small_cnn_learns_mnist():
-    from dtemu.core.ml.data import load_dataset
+    from dtemu.host.datasets import load_dataset
 
     ds = load_dataset("mnist", REAL_ROOT)
     m = build_model("small_cnn", 0)

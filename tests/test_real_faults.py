@@ -295,20 +295,30 @@ def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
 
 
 def test_launch_reports_the_first_cause_and_leaves_a_summary(tmp_path):
-    """The controller refuses a file that is not a checkpoint (exit 3); the clients it leaves
-    waiting are stopped later (143): the launch reports the first cause, and the run folder
+    """client2 is off for the whole run, so the controller's barrier times out (exit 3); client1,
+    left waiting, is stopped later (143): the launch reports the first cause, and the run folder
     still has a summary.json that says why."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
+           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "120",
+           "--set", "faults.crashes=[]", "--set", "fl.barrier_timeout_s=2",
+           "--set", "faults.offline=[{node: client2, start_s: 0}]"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, proc.stderr
+    assert "controller (rank 0) failed first, with exit 3" in proc.stderr and "BarrierTimeout" in proc.stderr
+    summary = read_summary(out)
+    assert summary["stop_reason"].startswith("BarrierTimeout: ") and summary["real"]["exit_codes"]["0"] == 3
+
+
+def test_launch_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
     junk = tmp_path / "junk.dtck"
     junk.write_bytes(b"not a checkpoint")
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
-           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "120",
-           "--set", f"fl.init_path={junk}", "--set", "faults.crashes=[]"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 3, proc.stderr
-    assert "controller (rank 0) failed first, with exit 3" in proc.stderr and "CheckpointError" in proc.stderr
-    summary = read_summary(out)
-    assert summary["stop_reason"].startswith("CheckpointError: ") and summary["real"]["exit_codes"]["0"] == 3
+           "--out", str(out), "--no-tui", "--set", f"fl.init_path={junk}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "fl.init_path" in proc.stderr and str(junk) in proc.stderr
+    assert not out.exists()
 
 
 def test_a_flooding_rogue_stops_no_sealed_run(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 import pytest
 
 from dtemu.core.errors import ScenarioError
-from dtemu.core.scenario import apply_override, load_scenario, parse_scenario
+from dtemu.core.scenario import apply_override, parse_scenario
+from dtemu.host.scenario_file import load_scenario
 
 BASE = {"name": "t"}
 

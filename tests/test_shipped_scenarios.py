@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dtemu.emu.run import run_emulation
-from dtemu.core.scenario import load_scenario
+from dtemu.host.scenario_file import load_scenario
 from helpers import needs_mnist
 
 ROOT = Path(__file__).resolve().parents[1]

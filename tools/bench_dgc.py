@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dtemu.core.wire.bucket import decode_bucket, encode_bucket
-from dtemu.core.ml.data import load_dataset, resolve_root
+from dtemu.host.datasets import load_dataset, resolve_root
 from dtemu.core.compression.dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.train import compute_gradients

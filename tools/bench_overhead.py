@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from dtemu.core.ml.data import round_subset
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.params import flatten, load_flat
-from dtemu.core.scenario import load_scenario
+from dtemu.host.scenario_file import load_scenario
 from dtemu.core.ml.train import evaluate
 from dtemu.core.ml.workload import Workload, round_seed
+from dtemu.host.datasets import load_for
 from dtemu.emu.run import run_emulation
 
 
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     scenario = dataclasses.replace(scenario, fl=dataclasses.replace(scenario.fl, eval_every=scenario.fl.rounds))
     torch.set_num_threads(scenario.threads)
-    work = Workload(scenario)
+    work = Workload(scenario, load_for(scenario))
     work.dataset, work.partitions  # load once, outside both timings
     emu_times, bare_times = [], []
     for _ in range(args.repeat):

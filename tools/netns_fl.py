@@ -293,7 +293,7 @@ def train_times(events: list[dict]) -> dict[str, dict[int, tuple[float, int]]]:
 def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeout_s: float,
              threads: int = 1) -> dict:
     """Every rank in its namespace; returns the merged summary (real.launch.gather)."""
-    from dtemu.core.scenario import load_scenario
+    from dtemu.host.scenario_file import load_scenario
     from dtemu.real.launch import gather
 
     scenario = load_scenario(scenario_path, sets)
@@ -370,7 +370,7 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: di
     import numpy as np
 
     import emu.run as er
-    from dtemu.core.scenario import load_scenario
+    from dtemu.host.scenario_file import load_scenario
     from dtemu.core.ml.train import TrainResult
     from dtemu.core.ml.workload import Workload
 
@@ -517,7 +517,7 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
     run_emu_replay(scenario_path, replay_sets, out / "emu-replay", train_times(real_events))
     print(f"netns: emu replay run {time.monotonic() - t0:.1f} s -> {out / 'emu-replay'}", file=sys.stderr, flush=True)
     replay_events = read_events_partial(out / "emu-replay")[0]
-    from dtemu.core.scenario import load_scenario
+    from dtemu.host.scenario_file import load_scenario
 
     scen = load_scenario(scenario_path, sets)
     model_bytes = next((e["bytes"] for e in real_events if e["kind"] == "upload_start"), 0)

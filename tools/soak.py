@@ -11,7 +11,7 @@ partitions, message loss, duplicates, reordering, per-round dropouts and
 corrupt updates (NaN, Inf, scaled, garbage, stale).  The model is the small
 CNN.  ``emu`` runs it in virtual time; ``real`` with ``real launch`` (one
 process per rank on loopback), where the offline windows are real SIGKILLs.
-At the end, ``tools.audit`` counts faults and updates and checks that no
+At the end, ``dtemu.report.audit`` counts faults and updates and checks that no
 completed round was lost or counted twice; the table goes to ``soak.json``.
 """
 

@@ -93,7 +93,7 @@ def _is_factory_spec(spec: str) -> bool:
 
 def _unknown(spec: str) -> ScenarioError:
     return ScenarioError(
-        "", f"unknown model {spec!r}; known: {', '.join(sorted(MODELS))}, "
+        "model", f"unknown model {spec!r}; known: {', '.join(sorted(MODELS))}, "
         "or package.module:factory"
     )
 
@@ -109,7 +109,7 @@ def _factory(spec: str) -> Callable[[], nn.Module]:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise ScenarioError("", f"model factory {spec!r} cannot be imported: {e}") from e
+        raise ScenarioError("model", f"model factory {spec!r} cannot be imported: {e}") from e
 
 
 def build_model(spec: str, seed: int) -> nn.Module:
@@ -118,9 +118,12 @@ def build_model(spec: str, seed: int) -> nn.Module:
     factory = _factory(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = factory()
+        try:
+            model = factory()
+        except Exception as err:  # a factory that is not one (``os:getcwd``), or that fails
+            raise ScenarioError("model", f"model factory {spec!r} failed: {type(err).__name__}: {err}") from None
     if not isinstance(model, nn.Module):
-        raise ScenarioError("", f"model factory {spec!r} returned {type(model).__name__}, "
+        raise ScenarioError("model", f"model factory {spec!r} returned {type(model).__name__}, "
                             "not a torch.nn.Module")
     return model.train()
 

@@ -2,8 +2,8 @@
 
 Roles see weights only as flat float32 vectors; this class turns those into
 PyTorch work.  One instance serves every emulated node of a process (emu runs
-them all in one), so the data set is loaded once and the partition is computed
-once, deterministically from the scenario's seed.
+them all in one), so the data set is loaded once (by the host, which hands it
+over) and the partition is computed once, deterministically from the scenario's seed.
 """
 
 from __future__ import annotations
@@ -25,18 +25,14 @@ def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
 
 
 class Workload:
-    def __init__(self, scenario: Scenario):
+    """``dataset``: the scenario's data, already loaded (``host.datasets.load_for``)."""
+
+    def __init__(self, scenario: Scenario, dataset: datasets.Dataset):
         self.scenario = scenario
+        self.dataset = dataset
         self._model = build_model(scenario.model, seed=scenario.seed)
 
     # --- data ----------------------------------------------------------
-    @cached_property
-    def dataset(self):
-        spec = self.scenario.data
-        if spec.factory:
-            return datasets.load_dataset_factory(spec.factory)
-        return datasets.load_dataset(spec.dataset, datasets.resolve_root(spec.root))
-
     @cached_property
     def partitions(self) -> list[np.ndarray]:
         spec = self.scenario.data

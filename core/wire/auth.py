@@ -24,17 +24,15 @@ old.  Receivers keep, per (sender, topic), the highest number seen and the
 last ``WINDOW`` below it, so reordering inside that window is tolerated.
 
 The key never comes from the scenario (a scenario is shared and logged): the
-CLIs read it from ``--key-file``, ``$DTEMU_KEY_FILE`` or ``$DTEMU_KEY``.
+CLIs read it from ``--key-file``, ``$DTEMU_KEY_FILE`` or ``$DTEMU_KEY`` (``host/keys.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 from dtemu.core.errors import AuthError, KeyFileError
 
@@ -130,7 +128,7 @@ def _mac(key: bytes, topic: str, head, body) -> bytes:
     return h.digest()
 
 
-# --- where the key comes from (the CLIs call this; roles only get bytes) ---
+# --- what a key is (host/keys.py reads it from a file or the environment; roles only get bytes) ---
 
 
 def parse_key(raw: bytes, where: str) -> bytes:
@@ -144,17 +142,3 @@ def parse_key(raw: bytes, where: str) -> bytes:
         raise KeyFileError(f"the key in {where} is {len(key)} bytes; use at least {MIN_KEY_BYTES} "
                         "(e.g. `python -c \"import secrets; print(secrets.token_hex(32))\"`)")
     return key
-
-
-def load_key(path: str | None = None, environ=os.environ) -> tuple[bytes | None, str]:
-    """(key, where it came from): ``path``, else $DTEMU_KEY_FILE, else $DTEMU_KEY, else no key."""
-    path = path or environ.get("DTEMU_KEY_FILE")
-    if path:
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as err:
-            raise KeyFileError(f"cannot read the key file {path}: {err.strerror}") from None
-        return parse_key(raw, path), path
-    if environ.get("DTEMU_KEY"):
-        return parse_key(environ["DTEMU_KEY"].encode(), "$DTEMU_KEY"), "$DTEMU_KEY"
-    return None, "none"

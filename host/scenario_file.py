@@ -1,0 +1,67 @@
+"""Scenario files and the files a scenario names, read for the CLIs.
+
+``load_scenario`` reads a YAML file within the bounds of ``core.bounded_yaml``
+(size first, before reading it whole) and hands the mapping to
+``core.scenario.parse_scenario``.  ``read_init`` reads the checkpoint that
+``fl.init_path`` names and checks it is one this run can resume from, naming
+the key and the file when it is not.  Every refusal is a ``ScenarioError``
+(the CLIs exit 2), raised before a run folder exists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dtemu.core import bounded_yaml
+from dtemu.core.errors import CheckpointError, ScenarioError
+from dtemu.core.scenario import Scenario, parse_scenario
+from dtemu.core.wire.checkpoint import decode_checkpoint
+
+
+def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > bounded_yaml.MAX_BYTES:
+            raise ScenarioError("", f"{path} is {size:,} bytes; a scenario may have at most "
+                                    f"{bounded_yaml.MAX_BYTES:,}")
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ScenarioError("", f"cannot read scenario {path}: {err.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScenarioError("", f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    return parse_scenario(bounded_yaml.load(text, str(path)), overrides)
+
+
+def read_init(scenario: Scenario, resuming_a_crash: bool = False) -> bytes | None:
+    """The checkpoint ``fl.init_path`` names (None if none), checked before anything starts.
+
+    A checkpoint of the last round has nothing left to run: refused, unless this is a
+    controller that ``real launch`` restarts after a crash (``resuming_a_crash``), which
+    then just finishes the run."""
+    path = scenario.fl.init_path
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise ScenarioError("fl.init_path", f"cannot read checkpoint {path}: {err.strerror}") from None
+    try:
+        ckpt = decode_checkpoint(data)
+    except CheckpointError as err:
+        raise ScenarioError("fl.init_path", f"{path}: {err}") from None
+    if ckpt.round >= scenario.fl.rounds and not resuming_a_crash:
+        raise ScenarioError("fl.init_path", f"{path} is the checkpoint of round {ckpt.round}, and fl.rounds is "
+                                            f"{scenario.fl.rounds}: nothing is left to run; to go on, raise "
+                                            f"fl.rounds (e.g. --set fl.rounds={ckpt.round + 10})")
+    return data
+
+
+def check_model(scenario: Scenario) -> None:
+    """Build the scenario's model once, so that a model factory that is not one (it fails, or
+    returns no ``torch.nn.Module``) is a ScenarioError naming ``model`` before anything starts."""
+    from dtemu.core.ml.models import build_model  # torch: only when a run is about to start
+
+    build_model(scenario.model, seed=scenario.seed)

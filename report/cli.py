@@ -1,0 +1,28 @@
+"""``emu report`` / ``emu audit`` (and the same under ``real``): what reads run folders, as subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_commands(sub) -> None:
+    """The ``report`` and ``audit`` subcommands of a CLI's subparsers."""
+    rep = sub.add_parser("report", help="figures and a Markdown table from run folders (emu or real)",
+                         description="Figures and a Markdown table comparing run folders (emu or real).")
+    rep.add_argument("runs", nargs="+", metavar="RUN", help="run folders (events.jsonl, summary.json, ...)")
+    rep.add_argument("--out", default="report", help="folder for the figures and the table (default: report)")
+    aud = sub.add_parser("audit", help="the faults an FL run met, and whether any data was lost",
+                         description="Count an FL run's faults and updates and check that nothing was lost "
+                                     "(works on a run that was killed or is still going). Exit 1 if data was lost.")
+    aud.add_argument("run", metavar="RUN", help="run folder")
+    aud.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "report":
+        from .report import main
+
+        return main([*args.runs, "--out", args.out])
+    from .audit import main
+
+    return main([args.run] + (["--json"] if args.json else []))

@@ -1,0 +1,69 @@
+"""The layout keeps its promises: one namespace, core free of I/O and runtimes, no import cycles."""
+
+import ast
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core", "emu", "real", "host", "report")
+MAX_LINES = 400  # a longer module says why near its top: "(About N lines: ...)"
+
+
+def modules():
+    for folder in PACKAGES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
+            yield "dtemu." + ".".join(parts), path
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def test_the_distribution_installs_one_top_level_package():
+    assert metadata.distribution("dtemu").read_text("top_level.txt").split() == ["dtemu"]
+
+
+def test_core_does_no_io_and_imports_no_runtime():
+    banned = ("simpy", "cyclonedds", "dtemu.emu", "dtemu.real", "dtemu.host", "dtemu.report",
+              "urllib", "socket", "subprocess", "threading", "yaml.safe_load_all")
+    bad = {name: sorted(i for i in imports(path) if i.split(".")[0] in banned or i.startswith(banned))
+           for name, path in modules() if name.startswith("dtemu.core")}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_no_import_cycles():
+    known = dict(modules())
+    graph = {name: {i for i in imports(path) if i in known and i != name} for name, path in known.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+    # A package's __init__ importing its own modules is not a cycle between modules.
+    cycles = [c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".") for a, b in zip(c, c[1:]))]
+    assert cycles == []
+
+
+def test_long_modules_say_why():
+    long = [str(path.relative_to(ROOT)) for _, path in modules()
+            if len(path.read_text().splitlines()) > MAX_LINES and "lines:" not in path.read_text()[:1500]]
+    assert long == []
