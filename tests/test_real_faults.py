@@ -259,14 +259,15 @@ ROGUE = {
 }
 
 
-def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
+def sealed_run_beside_a_rogue(tmp_path, monkeypatch, *rogue_args):
+    """ROGUE's three ranks under a key, with tools.rogue (no key) on their domain; every rank
+    must end well.  Returns (key, ranks, what the rogue published)."""
     key = bytes(range(32)).hex()
     monkeypatch.setenv("DTEMU_KEY", key)
-    scenario = scenario_file(tmp_path, ROGUE)
-    ranks = Ranks(scenario, tmp_path)
+    ranks = Ranks(scenario_file(tmp_path, ROGUE), tmp_path)
     report = tmp_path / "rogue.json"
     rogue = subprocess.Popen([sys.executable, "-m", "tools.rogue", "--domain", str(ranks.domain), "--duration", "200",
-                              "--report", str(report)], cwd=ROOT, env={**env(), "DTEMU_KEY": ""},
+                              "--report", str(report), *rogue_args], cwd=ROOT, env={**env(), "DTEMU_KEY": ""},
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
@@ -277,7 +278,11 @@ def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
     finally:
         ranks.close()
         kill_group(rogue)
-    published = json.loads(report.read_text())
+    return key, ranks, json.loads(report.read_text())
+
+
+def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
+    key, ranks, published = sealed_run_beside_a_rogue(tmp_path, monkeypatch)
     assert published["rounds_attacked"] == 3, published
     ctrl = read_summary(tmp_path / "controller")
     assert ctrl["updates"] == {"accepted": 6} and ctrl["rounds"] == 3  # no forgery even reached the role
@@ -325,23 +330,7 @@ def test_a_flooding_rogue_stops_no_sealed_run(tmp_path, monkeypatch):
     """A participant without the key sends 1000 random well-formed samples a second on every topic
     and on presence, on top of its forgeries and replays: no rank crashes or hangs, nothing gets in,
     the model is the clean one, and the event log stays within twice the clean run's."""
-    key = bytes(range(32)).hex()
-    monkeypatch.setenv("DTEMU_KEY", key)
-    ranks = Ranks(scenario_file(tmp_path, ROGUE), tmp_path)
-    report = tmp_path / "rogue.json"
-    rogue = subprocess.Popen([sys.executable, "-m", "tools.rogue", "--domain", str(ranks.domain), "--duration", "200",
-                              "--flood", "1000", "--report", str(report)], cwd=ROOT, env={**env(), "DTEMU_KEY": ""},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
-            ranks.start(rank, name)
-        assert ranks.wait("controller", 150) == 0, ranks.logs()
-        assert ranks.wait("client1", 30) == 0 and ranks.wait("client2", 30) == 0, ranks.logs()
-        rogue.wait(timeout=30)
-    finally:
-        ranks.close()
-        kill_group(rogue)
-    published = json.loads(report.read_text())
+    key, ranks, published = sealed_run_beside_a_rogue(tmp_path, monkeypatch, "--flood", "1000")
     assert published["flood_frames"] > 1000 and published["flood_hellos"] > 10, published
     ctrl = read_summary(tmp_path / "controller")
     assert ctrl["updates"] == {"accepted": 6} and ctrl["rounds"] == 3
