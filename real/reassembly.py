@@ -120,12 +120,12 @@ class Reassembler:
             self.last_error = repr(exc)
             log.exception("on_reject callback of %s", self.node)
 
-    def _flush_rejects(self) -> None:
+    def _flush_rejects(self, final: bool = True) -> None:
         flush = getattr(self.on_reject, "flush", None)
         if flush is None:
             return
         try:
-            flush()
+            flush(final=final)
         except Exception as exc:
             self.stats["errors"] += 1
             self.last_error = repr(exc)
@@ -249,13 +249,14 @@ class RejectLimiter:
 
     ``emit(kind, **fields)`` (a node's ``emit``) gets a ``frame_rejected`` event
     (layer "transport", reason, detail) for at most ``per_window`` rejects of each
-    reason per ``window_s``; the others are only counted, and ``flush()`` (called by
-    the transport about once a second and when it closes) or the start of the
-    reason's next window reports them as one ``frame_rejected_summary`` event
-    (reason, suppressed since the last report, total so far).  Thread-safe.
+    reason per ``window_s`` (5 per 10 s: a flood adds a handful of lines a minute);
+    the others are only counted, and the end of the reason's window (the
+    transport checks about once a second, and when it closes) reports them as one
+    ``frame_rejected_summary`` event (reason, suppressed since the last report,
+    total so far).  Thread-safe.
     """
 
-    def __init__(self, emit, per_window: int = 20, window_s: float = 1.0, clock=time.monotonic):
+    def __init__(self, emit, per_window: int = 5, window_s: float = 10.0, clock=time.monotonic):
         self.emit = emit
         self.per_window = int(per_window)
         self.window_s = float(window_s)
@@ -279,10 +280,14 @@ class RejectLimiter:
             else:
                 w[2] += 1
 
-    def flush(self) -> None:
+    def flush(self, final: bool = True) -> None:
+        """Report what was held back: of every window (``final``, when the transport closes), or
+        only of the windows that have ended (the transport's periodic call)."""
+        now = self.clock()
         with self._lock:
             for kind, w in self._windows.items():
-                self._summary(kind, w)
+                if final or now - w[0] >= self.window_s:
+                    self._summary(kind, w)
 
     def _summary(self, kind: str, w: list) -> None:
         if w[2]:

@@ -370,7 +370,7 @@ class DdsTransport(Reassembler):
                 if now - last_expire >= 1.0:
                     last_expire = now
                     self._expire(now)
-                    self._flush_rejects()
+                    self._flush_rejects(final=False)
             except Exception as exc:  # never die
                 if self._closing:
                     break
