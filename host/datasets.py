@@ -164,7 +164,9 @@ def _download(path: Path, mirrors: Sequence[str], want: str,
         st = path.stat()
         _verified.add((str(path.resolve()), st.st_size, st.st_mtime_ns))
         return
-    raise DataError(f"{path}: could not fetch a good copy; " + "; ".join(problems))
+    raise DataError(f"{path}: could not fetch a good copy; " + "; ".join(problems)
+                    + f". To use archives you already have, copy them into {path.parent} or point $DTEMU_DATA "
+                    "(or the scenario's data.root) at a folder holding MNIST/raw/*.gz or FashionMNIST/raw/*.gz")
 
 
 def _write_atomically(path: Path, blob: bytes) -> None:

@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dtemu.core.wire.topics import MODEL_BLOB
+from dtemu.host.rundir import read_events_partial
 from dtemu.core import events as kinds
 
 
@@ -31,6 +32,8 @@ class Run:
     events: list[dict] = field(repr=False)
     # Lines of events.jsonl that were not JSON (a run killed mid-write).
     bad_lines: int = 0
+    # False: no summary.json (killed, or still going); reported from its events as far as it got.
+    finished: bool = True
 
     @property
     def name(self) -> str:
@@ -85,38 +88,71 @@ def _read_json(path: Path) -> dict:
 
 
 def load_run(path: str | Path) -> Run:
+    """A run folder, finished or not (a killed run has events and no summary: reported as far as it got)."""
     path = Path(path)
     if not path.is_dir():
         raise ReportError(f"{path}: no such run folder")
-    summary_path, events_path = path / "summary.json", path / "events.jsonl"
-    if not summary_path.exists():
-        raise ReportError(f"{path}: no summary.json (did the run finish?)")
-    if not events_path.exists():
-        raise ReportError(f"{path}: no events.jsonl")
-    summary = _read_json(summary_path)
-    scenario = _read_json(path / "scenario.json") if (path / "scenario.json").exists() else {}
-    events, bad = [], 0
-    with open(events_path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                bad += 1
-    return Run(path, summary, scenario, events, bad)
+    events, bad = read_events_partial(path)
+    finished = (path / "summary.json").exists()
+    if not events and not finished:
+        raise ReportError(f"{path}: no events.jsonl and no summary.json: not a run folder")
+    summary = _read_json(path / "summary.json") if finished else {}
+    scenario = {}
+    for where in (path / "scenario.json", path / "rank0" / "scenario.json"):
+        if where.exists():
+            scenario = _read_json(where)
+            break
+    return Run(path, summary, scenario, events, bad, finished)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+    return out
+
+
+# Keys that differ between runs without telling them apart in a way a reader cares about.
+_NOT_LABELS = {"name", "fl.init_path", "data.root"}
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    """The scenario keys whose values differ between the runs (what a comparison is about)."""
+    flats = [_flat(r.scenario) for r in runs]
+    keys = sorted(set().union(*flats)) if flats else []
+    return [k for k in keys if k not in _NOT_LABELS and len({repr(f.get(k)) for f in flats}) > 1]
 
 
 def run_labels(runs: list[Run]) -> list[str]:
-    """Short, distinct names: the codec, plus whatever else tells the runs apart."""
+    """Short, distinct names: the codec, plus whatever else tells the runs apart (the scenario,
+    the runtime, else the scenario keys that differ, else the folder)."""
     labels = [r.codec for r in runs]
     if len({r.name for r in runs}) > 1:
         labels = [f"{r.name} {label}" for r, label in zip(runs, labels)]
     if len({r.runtime for r in runs}) > 1:
         labels = [f"{label} ({r.runtime})" for r, label in zip(runs, labels)]
     if len(set(labels)) < len(labels):
+        keys = [k for k in differing_keys(runs) if k != "fl.codec"][:2]
+        if keys:
+            labels = [f"{label} " + ", ".join(f"{k.split('.')[-1]}={_flat(r.scenario).get(k)}" for k in keys)
+                      for r, label in zip(runs, labels)]
+    if len(set(labels)) < len(labels):
         labels = [f"{label} [{r.path.name}]" for r, label in zip(runs, labels)]
-    return labels
+    return [label + ("" if r.finished else " (unfinished)") for r, label in zip(runs, labels)]
+
+
+def what_differs(runs: list[Run]) -> str:
+    """A title's words for what the runs differ in ("codec", "runtime", "up_mbps", ...)."""
+    if len({r.name for r in runs}) > 1:
+        parts = ["scenario"]  # different scenarios differ in everything; say so
+    else:
+        parts = list(dict.fromkeys(k.split(".")[-1] for k in differing_keys(runs)))[:3]
+    if len({r.runtime for r in runs}) > 1:
+        parts.append("runtime")
+    return ", ".join(parts) if parts else "run"
 
 
 def _mean(values) -> float | None:
@@ -153,14 +189,25 @@ def _bar_panel(ax, labels, values, colors, title, ylabel, fmt, allow_log: bool =
     heights = [_nan(v) for v in values]
     bars = ax.bar(labels, heights, color=colors)
     ax.bar_label(bars, labels=[fmt(v) for v in values], padding=2, fontsize=8)
+    mark_missing(ax, range(len(values)), values)
     present = [v for v in values if v]
     # Codecs differ by 10-30x: on a linear axis the small bars vanish.
     if allow_log and present and min(present) > 0 and max(present) / min(present) > 20:
         ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)  # a bar's height is only read right from zero
     ax.margins(y=0.15)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.tick_params(axis="x", labelrotation=20)
+
+
+def mark_missing(ax, xs, values) -> None:
+    """Write "n/a" where a value is missing, so that no bar reads as a zero."""
+    for x, v in zip(xs, values):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            ax.annotate("n/a", (x, 0), xycoords=("data", "axes fraction"), xytext=(0, 3),
+                        textcoords="offset points", ha="center", fontsize=7, color="0.4", rotation=90)
 
 
 def save_figure(fig: Figure, path: Path) -> Path:
@@ -172,6 +219,7 @@ def save_figure(fig: Figure, path: Path) -> Path:
 def _write_report(runs: list[Run], out: Path, figures: dict, table: str, name: str,
                   text: str) -> tuple[list[Path], str]:
     """Save ``figures`` of ``runs`` and the Markdown ``text`` as ``name``; returns the files and the table."""
+    out.mkdir(parents=True, exist_ok=True)
     written = [save_figure(plot(runs), out / fig) for fig, plot in figures.items()]
     (out / name).write_text(text)
     written.append(out / name)
