@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -271,6 +272,11 @@ def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None
             records.append(json.loads((folder / "summary.json").read_text()))
         except (OSError, ValueError):
             records.append({})
+    # The run's scenario and the controller's latest checkpoint at the top, as in emu's folders
+    # (resume with --set fl.init_path=RUN/checkpoint.dtck, whichever mode wrote RUN).
+    for name in ("scenario.json", CHECKPOINT):
+        if (out / "rank0" / name).exists():
+            shutil.copy2(out / "rank0" / name, out / name)
     events.sort(key=lambda x: x[:3])
     with open(out / "events.jsonl", "w") as f:
         for *_, e in events:

@@ -120,6 +120,9 @@ def test_fl_launch_runs_two_rounds(fl_run):
         assert (folder / "events.jsonl").exists() and (folder / "scenario.json").exists()
         assert read_summary(folder)["node"] == node
     assert (out / "rank0" / "checkpoint.dtck").exists()
+    # as in emu: the scenario and the latest checkpoint at the top (resume from RUN/checkpoint.dtck)
+    assert (out / "checkpoint.dtck").read_bytes() == (out / "rank0" / "checkpoint.dtck").read_bytes()
+    assert (out / "scenario.json").exists()
     events = read_events(out)
     kinds = collections.Counter(e["kind"] for e in events)
     assert kinds["aggregated"] == 2 and kinds["client_stop"] == 2 and kinds["run_end"] == 1
