@@ -328,6 +328,26 @@ def apply_override(raw: dict, assignment: str) -> None:
     node[parts[-1]] = value
 
 
+def stretched(s: Scenario, factor: float) -> Scenario:
+    """``s`` with every duration (a key ending in ``_s``: timeouts, fault times, restarts, delays)
+    ``factor`` times as long.  Real mode runs a scenario on a machine slower than the one its
+    compute model describes this way, so that the *relative* timing is the scenario's."""
+    if factor == 1:
+        return s
+
+    def scale(node):
+        if isinstance(node, dict):
+            return {k: (v * factor if k.endswith("_s") and isinstance(v, (int, float)) and not isinstance(v, bool)
+                        else scale(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [scale(v) for v in node]
+        return node
+
+    out = build(Scenario, scale(s.to_dict()))
+    validate(out)
+    return out
+
+
 def parse_scenario(raw: Any, overrides: list[str] = ()) -> Scenario:
     if raw is None:
         raw = {}

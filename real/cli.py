@@ -25,7 +25,7 @@ from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
 from dtemu.core.runtime.summary import DONE
 from dtemu.report.cli import add_commands
 from dtemu.report.cli import run as run_reader
-from dtemu.core.scenario import CONTROLLER
+from dtemu.core.scenario import CONTROLLER, stretched
 from dtemu.host.scenario_file import check_model, load_scenario, read_init
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
@@ -56,6 +56,10 @@ def _common(p: argparse.ArgumentParser, out_default: str) -> None:
                    help="CycloneDDS profile (lan: peers from --peers or $DTEMU_DDS_PEERS)")
     p.add_argument("--peers", default=None, help="comma-separated peer addresses for the lan profile")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the scenario's)")
+    p.add_argument("--time-scale", type=float, default=None, metavar="X",
+                   help="stretch every duration of the scenario (timeouts, fault times) X times; "
+                        "real launch's default measures this machine against the scenario's compute model "
+                        "(real/calibrate.py), real run's is 1; --time-scale 1 turns it off")
     p.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
                                       "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
 
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"real: {err}", file=sys.stderr)
         return EXIT_USAGE
     args.key, args.key_from = key, key_from
+    if args.command == "run" and args.time_scale not in (None, 1.0):
+        scenario = stretched(scenario, args.time_scale)
     if args.command == "launch":
         try:  # the controller's checkpoint, checked before any process starts
             read_init(scenario)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from dtemu.host.rundir import CHECKPOINT, read_events, write_json
-from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.core.scenario import CONTROLLER, Scenario, stretched
 
 from dtemu.core import events as ev
 from dtemu.core.runtime.summary import run_summary
@@ -79,6 +79,14 @@ def launch(args, scenario: Scenario) -> int:
     if ranks * threads > (os.cpu_count() or 1):
         print(f"real launch: note: {ranks} ranks x {threads} torch threads on {os.cpu_count()} cores: slower "
               f"than it could be, but the same arithmetic as emu (--set threads=N changes it in both modes)", file=sys.stderr)
+    scale = args.time_scale
+    if scale is None:
+        from .calibrate import time_scale
+
+        scale, how = time_scale(scenario)
+        print(f"real launch: time scale {scale:g} ({how}); every scenario duration is stretched by it "
+              f"(--time-scale 1 turns this off)", file=sys.stderr)
+    scenario = stretched(scenario, scale)  # the launcher's own schedule (offline windows, restarts) too
     epoch = time.time()
     env = {**os.environ, "DTEMU_EPOCH": repr(epoch), "DTEMU_LAUNCHED": "1"}  # one time origin for all ranks
     if getattr(args, "key_file", None):
@@ -88,7 +96,7 @@ def launch(args, scenario: Scenario) -> int:
     def start(rank: int, restart: bool = False) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "dtemu.real.cli", "run", args.scenario, "--rank", str(rank),
                "--out", str(out / f"rank{rank}"), "--no-tui", "--domain", str(domain),
-               "--threads", str(threads), "--profile", args.profile]
+               "--threads", str(threads), "--profile", args.profile, "--time-scale", repr(scale)]
         for o in args.overrides:
             cmd += ["--set", o]
         if restart:
@@ -161,7 +169,7 @@ def launch(args, scenario: Scenario) -> int:
         if p is not None:
             p.wait()
             codes[rank] = p.returncode
-    summary = gather(out, scenario, time.monotonic() - started, codes)
+    summary = gather(out, scenario, time.monotonic() - started, codes, scale)
     bad = {r: c for r, c in codes.items() if c not in (0, "down", "stopped")}
     write_json(out, "summary.json", summary)
     if bad:
@@ -259,7 +267,7 @@ def _stop(procs, codes, sig=signal.SIGTERM) -> None:
         codes[rank] = p.returncode
 
 
-def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None) -> dict:
+def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None, time_scale: float = 1.0) -> dict:
     """Merge the ranks' folders: every event by time, and the run's summary from their records
     (``core.runtime.summary``, the same schema as emu's)."""
     ranks = len(scenario.node_names)
@@ -286,5 +294,6 @@ def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None
         time_s = max(ends, default=None)
     else:
         time_s = records[0].get("time_s")
-    extra = {"exit_codes": codes or {}, "transport": (records[0].get("real") or {}).get("transport", {})}
+    extra = {"exit_codes": codes or {}, "transport": (records[0].get("real") or {}).get("transport", {}),
+             "time_scale": time_scale}
     return run_summary(scenario, "real", records, time_s=time_s, wall_time_s=wall, extra=extra)

@@ -223,7 +223,8 @@ def test_launch_carries_out_crashes_and_restarts(tmp_path):
     from its checkpoint; the run completes every round and counts every update once."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
-           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "200"]
+           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "200",
+           "--time-scale", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -305,7 +306,7 @@ def test_launch_reports_the_first_cause_and_leaves_a_summary(tmp_path):
     still has a summary.json that says why."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario_file(tmp_path, LAUNCH_CRASHES)),
-           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "120",
+           "--out", str(out), "--no-tui", "--domain", str(new_domain()), "--timeout", "120", "--time-scale", "1",
            "--set", "faults.crashes=[]", "--set", "fl.barrier_timeout_s=2",
            "--set", "faults.offline=[{node: client2, start_s: 0}]"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=180)

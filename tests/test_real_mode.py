@@ -47,7 +47,7 @@ def real(args: list, timeout: float) -> subprocess.CompletedProcess:
 
 
 def launch(scenario: Path, out: Path, timeout: float = 60.0, *overrides: str) -> subprocess.CompletedProcess:
-    args = ["launch", scenario, "--out", out, "--no-tui", "--timeout", timeout - 10, "--threads", 1,
+    args = ["launch", scenario, "--out", out, "--no-tui", "--timeout", timeout - 10, "--threads", 1, "--time-scale", 1,
             "--domain", new_domain()]
     for o in overrides:
         args += ["--set", o]
@@ -209,7 +209,7 @@ def test_run_and_launch_refuse_a_bad_set(tmp_path):
                  "--domain", new_domain()], timeout=60)
     assert done.returncode == 2
     assert "fl.codec: expected one of fp32, q8, s4, sq8, got 'int8'" in done.stderr
-    done = real(["launch", scenario, "--no-tui", "--out", tmp_path / "l", "--timeout", 20,
+    done = real(["launch", scenario, "--no-tui", "--out", tmp_path / "l", "--timeout", 20, "--time-scale", 1,
                  "--set", "compute.nodes.client9.slowdown=2", "--domain", new_domain()], timeout=60)
     assert done.returncode == 2
     assert "compute.nodes.client9" in done.stderr

@@ -31,7 +31,7 @@ SCENARIO = {
 def launch(scenario: Path, out: Path, domain: int, key_file: Path, flood: float | None) -> dict:
     env = {**os.environ, "DTEMU_KEY_FILE": str(key_file)}
     cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario), "--out", str(out), "--no-tui",
-           "--domain", str(domain), "--timeout", "300"]
+           "--domain", str(domain), "--timeout", "300", "--time-scale", "1"]
     rogue = None
     if flood is not None:
         rogue = subprocess.Popen([sys.executable, "-m", "tools.rogue", "--domain", str(domain), "--duration", "300",
