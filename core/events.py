@@ -71,6 +71,9 @@ RUN_START = _kind("run_start", "clients rounds first_round dim", "authenticated"
 RESUME = _kind("resume", "round model_sha256", doc="the controller resumed from a checkpoint")
 BARRIER = _kind("barrier", "matched", "missing waited_s", doc="every expected peer is there (or enough)")
 ROUND_START = _kind("round_start", "round attempt")
+SAMPLED = _kind("sampled", "round attempt available asked clients",
+                doc="the clients a round asks (fl.sample, fl.availability): how many were available, "
+                    "how many and which were asked")
 UPDATE_ACCEPTED = _kind("update_accepted", "client round bytes num_samples sent_at comm_s")
 UPDATE_LATE = _kind("update_late", "client round current", limit=REFUSALS_PER_S)
 UPDATE_REJECTED = _kind("update_rejected", "reason", "src client round error", limit=REFUSALS_PER_S)
@@ -102,6 +105,16 @@ WORKER_LOST = _kind("worker_lost", "ranks step waiting_for generation action")
 MEMBERSHIP = _kind("membership", "generation members step leader", "excluded")
 WORKER_END = _kind("worker_end", "steps model_sha256 bytes_sent bytes_received counts",
                    "stop_reason lost_ranks members generation")
+
+# --- geo-distributed training (core.geo) -------------------------------------------
+GEO_START = _kind("geo_start", "role site dim", "architecture compression")
+GEO_STEP = _kind("geo_step", "round loss compute_s comm_s bytes_sent",
+                 doc="a worker's round: compute, then push to pull (comm_s)")
+GEO_ROUND = _kind("geo_round", "round role wait_s wan_s bytes_up bytes_down",
+                  doc="a PS closed a round: waited wait_s for its pushes, then wan_s for the level above "
+                      "(global/flat PS: for sending down)")
+GEO_LOST = _kind("geo_lost", "round missing reason", doc="a geo role gave up waiting for these nodes")
+GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_sha256 stop_reason")
 
 BASE_FIELDS = frozenset({"t", "node", "kind"})
 

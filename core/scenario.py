@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from dtemu.core.ddp.collectives import FRAME_BYTES
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
+from dtemu.core.geo.spec import (GeoSpec, SiteSpec, central_site, geo_node_names, geo_site_of, site_workers,
+                                worker_sites)
+from dtemu.core.ps.spec import PS, SS, PSSpec, validate_ps
 from dtemu.core.schema import U16, U32, between, build, check, fraction, non_negative, positive, probability
 
 CODEC_NAMES = ("fp32", "q8", "s4", "sq8")
@@ -40,6 +44,19 @@ class DataSpec:
     shards_per_client: int = field(default=2, metadata=check(positive))
     # Evaluate on the first N test samples (None: the whole test set).
     test_samples: int | None = field(default=None, metadata=check(positive))
+
+
+@dataclass(frozen=True)
+class AvailabilitySpec:
+    """When a client is there to be asked (core/fl/population.py)."""
+
+    # always: every client, every round; onoff: each client alternates online and offline
+    # stretches of exponential length (means below), seeded per client; trace: the online
+    # windows a file lists (docs/scenarios.md gives its format; host/ reads it).
+    kind: Literal["always", "onoff", "trace"] = "always"
+    mean_on_s: float = field(default=600.0, metadata=check(positive))
+    mean_off_s: float = field(default=600.0, metadata=check(positive))
+    trace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,24 @@ class FLSpec:
     eval_every: int = field(default=1, metadata=check(positive))
     # Resume from this checkpoint (written by an earlier run of this scenario).
     init_path: str | None = None
+    # Clients asked per round, drawn from the round seed among those available: a fraction
+    # of fl.clients in (0, 1), or a count >= 1; at least sample_min (None: every client).
+    sample: float | None = field(default=None, metadata=check(positive))
+    sample_min: int = field(default=1, metadata=check(positive))
+    availability: AvailabilitySpec = field(default_factory=AvailabilitySpec)
+
+    @property
+    def asked_per_round(self) -> int:
+        """Clients a round asks when enough are available (fl.sample, at least fl.sample_min)."""
+        if self.sample is None:
+            return self.clients
+        wanted = math.ceil(self.sample * self.clients - 1e-9) if self.sample < 1 else int(self.sample)
+        return min(self.clients, max(wanted, self.sample_min))
+
+    @property
+    def sampled(self) -> bool:
+        """Does a round ask only some clients (a sample, or only those available)?"""
+        return self.sample is not None or self.availability.kind != "always"
 
 
 @dataclass(frozen=True)
@@ -138,6 +173,28 @@ class NetworkSpec:
     default: LinkSpec = field(default_factory=LinkSpec)
     nodes: dict[str, LinkOverride] = field(default_factory=dict)
     mtu: int = field(default=1500, metadata=check(positive))
+    # Data centres (core.geo.spec): each a LAN and a WAN attachment; empty: the flat star.
+    sites: dict[str, SiteSpec] = field(default_factory=dict)
+    # The central site (geo: master and global PS); None: the first of network.sites.
+    central: str | None = None
+
+
+@dataclass(frozen=True)
+class SlowdownStep:
+    """From ``at_s`` on (the runtime's clock) the node's slowdown is ``slowdown``."""
+
+    at_s: float = field(metadata=check(non_negative))
+    slowdown: float = field(metadata=check(positive))
+
+
+@dataclass(frozen=True)
+class VaryingSlowdown:
+    """A seeded random process: every ``period_s`` the slowdown is multiplied by a new factor
+    drawn log-uniformly from [low, high] (from the seed, the node and the period's index)."""
+
+    period_s: float = field(metadata=check(positive))
+    low: float = field(default=1.0, metadata=check(positive))
+    high: float = field(default=2.0, metadata=check(positive))
 
 
 @dataclass(frozen=True)
@@ -147,6 +204,9 @@ class ComputeSpec:
     slowdown: float = field(default=1.0, metadata=check(positive))
     # Each compute step takes slowdown * cost * (1 + U(-jitter, +jitter)), from the seed.
     jitter: float = field(default=0.0, metadata=check(probability))
+    # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
+    schedule: list[SlowdownStep] = field(default_factory=list)
+    varying: VaryingSlowdown | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +214,8 @@ class ComputeOverride:
     train_s_per_sample: float | None = field(default=None, metadata=check(positive))
     slowdown: float | None = field(default=None, metadata=check(positive))
     jitter: float | None = field(default=None, metadata=check(probability))
+    schedule: list[SlowdownStep] | None = None
+    varying: VaryingSlowdown | None = None
 
 
 @dataclass(frozen=True)
@@ -244,16 +306,22 @@ class FaultSpec:
 class Scenario:
     # Names run folders (runs/<name>-<date>-<time>): letters, digits, . _ -, at most 100.
     name: str
-    mode: Literal["fl", "ddp"] = "fl"
+    mode: Literal["fl", "ddp", "ps", "geo"] = "fl"
     seed: int = field(default=0, metadata=check(between(0, (1 << 63) - 1, "a 64-bit seed")))
     model: str = "mnist_cnn"
     threads: int = field(default=2, metadata=check(positive))
     data: DataSpec = field(default_factory=DataSpec)
     fl: FLSpec = field(default_factory=FLSpec)
     ddp: DDPSpec = field(default_factory=DDPSpec)
+    # mode ps: a parameter server, a state server and workers (ESync and its baselines, core.ps)
+    ps: PSSpec = field(default_factory=PSSpec)
     network: NetworkSpec = field(default_factory=NetworkSpec)
     compute: ComputeModel = field(default_factory=ComputeModel)
     faults: FaultSpec = field(default_factory=FaultSpec)
+    # mode geo: hierarchical parameter servers across data centres (core.geo)
+    geo: GeoSpec = field(default_factory=GeoSpec)
+    # Accuracies whose first time summary.json reports (time_to_accuracy); they measure, not steer.
+    targets: list[float] = field(default_factory=lambda: [0.8, 0.9, 0.95])
 
     # --- derived -------------------------------------------------------
     @property
@@ -269,15 +337,42 @@ class Scenario:
         """Every node, in rank order (FL: rank 0 is the controller; DDP: worker<rank>)."""
         if self.mode == "ddp":
             return self.worker_names
+        if self.mode == "ps":
+            return [PS, SS] + self.ps.worker_names
+        if self.mode == "geo":
+            return geo_node_names(self.network.sites, self.network.central, self.geo)
         return [CONTROLLER] + self.client_names
 
     @property
     def training_nodes(self) -> list[str]:
         """The nodes whose traffic counts as bytes_up / bytes_down."""
+        if self.mode == "ps":
+            return self.ps.worker_names
+        if self.mode == "geo":
+            return [w for site in worker_sites(self.network.sites, self.network.central)
+                    for w in site_workers(site, self.geo)]
         return self.worker_names if self.mode == "ddp" else self.client_names
 
+    @property
+    def central_site(self) -> str | None:
+        return central_site(self.network.sites, self.network.central)
+
+    @property
+    def site_of(self) -> dict[str, str]:
+        """Each node's site ({} without network.sites)."""
+        sites = self.network.sites
+        if self.mode == "geo":
+            return geo_site_of(sites, self.network.central, self.geo)
+        return {node: name for name, site in sites.items() for node in site.nodes}
+
     def link(self, node: str) -> LinkSpec:
-        return _merge(self.network.default, self.network.nodes.get(node))
+        site = self.site_of.get(node)
+        if site is None:
+            return _merge(self.network.default, self.network.nodes.get(node))
+        lan = self.network.sites[site].lan   # a node in a site: its access link is the site's LAN
+        base = LinkSpec(up_mbps=lan.bandwidth_mbps, down_mbps=lan.bandwidth_mbps, latency_ms=lan.latency_ms,
+                        loss=self.network.default.loss)
+        return _merge(base, self.network.nodes.get(node))
 
     def compute_for(self, node: str) -> ComputeSpec:
         return _merge(self.compute.default, self.compute.nodes.get(node))
@@ -293,15 +388,24 @@ class Scenario:
         """
         d = self.to_dict()
         d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
+        d.pop("targets")  # what is measured, not what is trained
         d.pop("ddp" if self.mode == "fl" else "fl")
+        if self.mode != "ps":  # (a scenario of another mode keeps the digest it had before mode ps)
+            d.pop("ps")
+        if self.mode != "geo":  # (nor before mode geo and network.sites)
+            d.pop("geo")
+        if not self.network.sites:
+            del d["network"]["sites"], d["network"]["central"]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 def _merge(default, override):
     if override is None:
         return default
-    values = asdict(default)
-    values.update({k: v for k, v in asdict(override).items() if v is not None})
+    # Field by field, not asdict: nested values (a compute schedule) stay dataclasses.
+    values = {f.name: getattr(default, f.name) for f in fields(default)}
+    values.update({f.name: getattr(override, f.name) for f in fields(override)
+                   if getattr(override, f.name) is not None})
     return type(default)(**values)
 
 
@@ -370,6 +474,9 @@ def validate(s: Scenario) -> None:
         raise ScenarioError("name", f"expected 1 to 100 letters, digits, '.', '_' or '-' (it names the run "
                                     f"folder), starting with a letter or digit; got {s.name[:60]!r}"
                                     + ("..." if len(s.name) > 60 else ""))
+    for i, target in enumerate(s.targets):
+        if not 0 < target <= 1:
+            raise ScenarioError(f"targets[{i}]", f"expected an accuracy in (0, 1], got {target!r}")
     fl = s.fl
     if s.mode == "ddp":
         for i, d in enumerate(s.ddp.warmup_densities):
@@ -382,6 +489,8 @@ def validate(s: Scenario) -> None:
         raise ScenarioError(
             "fl.min_clients", f"{fl.min_clients} is more than fl.clients ({fl.clients})"
         )
+    _validate_sampling(s)
+    _validate_sites(s)
     known = set(s.node_names)
     for section, names in (("network.nodes", s.network.nodes), ("compute.nodes", s.compute.nodes)):
         for name in names:
@@ -398,6 +507,66 @@ def validate(s: Scenario) -> None:
         if window.end_s is not None and window.end_s <= window.start_s:
             raise ScenarioError(f"{path}.end_s", f"must be after start_s ({window.start_s})")
     _validate_faults(s, known)
+    if s.mode == "ps":
+        validate_ps(s.ps)
+    for name in [None, *s.compute.nodes]:
+        spec = s.compute_for(name) if name else s.compute.default
+        where = f"compute.nodes.{name}" if name else "compute.default"
+        times = [step.at_s for step in spec.schedule]
+        if times != sorted(times):
+            raise ScenarioError(f"{where}.schedule", "steps must be in time order")
+        if spec.varying is not None and spec.varying.high < spec.varying.low:
+            raise ScenarioError(f"{where}.varying.high", f"must be >= low ({spec.varying.low})")
+
+
+def _validate_sampling(s: Scenario) -> None:
+    fl = s.fl
+    if fl.sample is not None:
+        if fl.sample >= 1 and fl.sample != int(fl.sample):
+            raise ScenarioError("fl.sample", f"a count must be a whole number (a fraction is < 1), got {fl.sample!r}")
+        asked = fl.asked_per_round
+        if asked > fl.clients:
+            raise ScenarioError("fl.sample", f"asks {asked} clients a round, more than fl.clients ({fl.clients})")
+        if fl.min_clients > asked:
+            raise ScenarioError("fl.min_clients", f"{fl.min_clients} is more than the {asked} clients "
+                                                  "fl.sample asks per round")
+    if fl.availability.kind == "trace" and not fl.availability.trace:
+        raise ScenarioError("fl.availability.trace", "availability kind 'trace' needs the trace file's path")
+
+
+def _validate_sites(s: Scenario) -> None:
+    sites, net = s.network.sites, s.network
+    if net.central is not None and net.central not in sites:
+        raise ScenarioError("network.central", f"no such site {net.central!r} (sites are {', '.join(sites) or 'none'})")
+    if s.mode == "geo":
+        if len(sites) < 2:
+            raise ScenarioError("network.sites", "geo mode needs a central site and at least one site of workers")
+        for name, site in sites.items():
+            if site.nodes:
+                raise ScenarioError(f"network.sites.{name}.nodes",
+                                    "geo mode places its nodes itself (master and PS central, workers per site)")
+        if s.geo.sparse and s.geo.architecture == "flat":
+            raise ScenarioError("geo.compression", "BiSparse sparsifies PS-to-PS traffic: it needs architecture hips")
+        if s.geo.sparse and s.geo.global_optimizer:
+            raise ScenarioError("geo.global_optimizer", "BiSparse returns a sparse gradient, not weights: "
+                                "set global_optimizer false with bisparse")
+        if s.geo.residual_momentum >= 1:
+            raise ScenarioError("geo.residual_momentum", f"expected a value in [0, 1), got {s.geo.residual_momentum}")
+        if s.faults.crashes or s.faults.corrupt:
+            raise ScenarioError("faults", "geo mode takes faults.offline and delivery faults only")
+        return
+    seen: dict[str, str] = {}
+    for name, site in sites.items():
+        for j, node in enumerate(site.nodes):
+            if node not in s.node_names:
+                raise ScenarioError(f"network.sites.{name}.nodes[{j}]",
+                                    f"no such node {node!r} (nodes are {', '.join(s.node_names)})")
+            if node in seen:
+                raise ScenarioError(f"network.sites.{name}.nodes[{j}]", f"{node} is already in site {seen[node]}")
+            seen[node] = name
+    if sites and len(seen) != len(s.node_names):
+        missing = [n for n in s.node_names if n not in seen]
+        raise ScenarioError("network.sites", f"every node must be in a site; not placed: {', '.join(missing)}")
 
 
 def _validate_faults(s: Scenario, known: set[str]) -> None:

@@ -17,6 +17,7 @@ from dtemu.core.runtime.wiring import roles
 from dtemu.core.scenario import CONTROLLER, Scenario
 from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
+from dtemu.host.traces import load_population
 
 from .faults import schedule_offline, schedule_partitions
 from .network import Network, link_from_spec
@@ -32,7 +33,7 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
     }
     network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed)
-    for spec in roles(scenario, work, key):
+    for spec in roles(scenario, work, key, load_population(scenario)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])
         if not timer.modelled:
             raise ValueError("compute.default.train_s_per_sample must be set for a model with no reference cost")

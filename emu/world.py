@@ -115,7 +115,7 @@ class EmuNode:
                     self.inbox.waiter = None
 
     def computed(self, req, elapsed: float):
-        yield self.world.env.timeout(self.timer.duration(req.samples, req.kind))
+        yield self.world.env.timeout(self.timer.duration(req.samples, req.kind, now=self.world.env.now))
 
     def idle(self, seconds: float):
         yield self.world.env.timeout(seconds)
@@ -246,7 +246,9 @@ class World:
                 yield self._peers_changed | self.env.timeout(deadline - self.env.now)
 
     # --- messages ------------------------------------------------------
-    def receivers(self, src: str, topic: str, to: str | None) -> list[str]:
+    def receivers(self, src: str, topic: str, to: str | tuple[str, ...] | None) -> list[str]:
+        if isinstance(to, tuple):
+            return [n for n in to if n in self.nodes]
         if to is not None:
             return [to] if to in self.nodes else []
         return [n for n, node in self.nodes.items() if n != src and topic in node.subscribes]

@@ -19,6 +19,7 @@ from dtemu.core.runtime.wiring import role_of
 from dtemu.core.scenario import Scenario
 from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
+from dtemu.host.traces import load_population
 
 from .primitives import RealPrimitives
 from .transport import DdsTransport
@@ -44,9 +45,11 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
     try:
         run.write_json("scenario.json", scenario.to_dict())
         return _run(scenario, rank, name, run, work, init, domain_id, profile, key, fired, wall_start)
-    except Exception as err:  # the rank's folder still says what happened (then the error goes on)
+    except SystemExit:  # the process was told to end as it is (a planned crash uses os._exit)
+        raise
+    except BaseException as err:  # an error, Ctrl-C or SIGTERM: the folder still says what happened
         run.write_json("summary.json", {**node_record(scenario, name, None, 0, 0), "failed": True,
-                                        "stop_reason": f"{type(err).__name__}: {err}",
+                                        "stop_reason": f"{type(err).__name__}: {err}".rstrip(": "),
                                         "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3)}})
         raise
     finally:
@@ -58,7 +61,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
     # first round's training time (against round_timeout_s, and times a staged slowdown).
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-    spec = role_of(scenario, rank, work, key)
+    spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
                       key=key) as transport:

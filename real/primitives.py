@@ -71,15 +71,24 @@ class RealPrimitives:
         return self.run.save_checkpoint(data)
 
     @blocking
-    def send(self, topic: str, data: bytes, to: str | None) -> int:
+    def send(self, topic: str, data: bytes, to: str | tuple[str, ...] | None) -> int:
+        if isinstance(to, tuple):  # a sampled round's command: one write per client asked
+            for dst in to:
+                self.transport.send(topic, data, to=dst)
+            self.bytes_sent += len(data) * len(to)
+            return len(to)
         self.transport.send(topic, data, to=to)
         receivers = 1 if to is not None else self._readers_of(topic)
         self.bytes_sent += len(data) * receivers
         return receivers
 
     @blocking
-    def send_half(self, topic: str, data: bytes, to: str | None) -> None:
+    def send_half(self, topic: str, data: bytes, to: str | tuple[str, ...] | None) -> None:
         frames = -(-len(data) // self.transport.frame_bytes)
+        if isinstance(to, tuple):  # a crash halfway: half of the first write
+            if not to:
+                return
+            to = to[0]
         self.transport.send(topic, data, to=to, only_frames=max(0, frames // 2))
 
     def _readers_of(self, topic: str) -> int:
@@ -105,7 +114,7 @@ class RealPrimitives:
 
     @blocking
     def computed(self, req: Compute, elapsed: float) -> None:
-        stretch = self.timer.stretch(req.kind)
+        stretch = self.timer.stretch(req.kind, now=self.now() - elapsed)  # the slowdown when the job started
         if stretch != 1.0:
             time.sleep(max(0.0, (stretch - 1) * elapsed))
 

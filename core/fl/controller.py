@@ -23,10 +23,11 @@ from dtemu.core.errors import AuthError, BarrierTimeout, CheckpointError, Decode
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime import points
-from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
+from dtemu.core.runtime.requests import Compute, Point, Recv, Send, Sleep, WaitPeers
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.scenario import Scenario
 from dtemu.core.ml.workload import Workload, round_seed
+from dtemu.core.fl.population import Population
 from dtemu.core import events as ev
 
 FP32 = codecs.CodecParams("fp32")
@@ -40,12 +41,17 @@ class ControllerResult:
     final_accuracy: float | None = None
     stop_reason: str = "done"
     counts: Counter = field(default_factory=Counter)
+    history: list = field(default_factory=list)  # (time, accuracy) of every evaluation
 
 
-def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = None, key: bytes | None = None):
-    """``key``: the shared key that seals every message (core.auth); None: no sealing."""
+def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = None, key: bytes | None = None,
+               population: Population | None = None):
+    """``key``: the shared key that seals every message (core.auth); None: no sealing.
+    ``population``: who is available and asked each round (built from the scenario if None;
+    a trace's windows come from the host)."""
     fl = scenario.fl
     clients = tuple(scenario.client_names)
+    population = population or Population(scenario)
     auth = Sealer(key, ctx.node, getattr(ctx, "incarnation", 0))
     result = ControllerResult(weights=work.initial_weights)
     start = 1
@@ -76,18 +82,29 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         ctx.emit(ev.ROUND_START, round=round_, attempt=attempt)
         yield Point(points.ROUND, round_)
         deadline = ctx.now() + fl.round_timeout_s  # the round's clock starts before the command leaves
-        yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)))
-        updates = yield from _collect(ctx, scenario, work.dim, cmd, clients, deadline, result.counts, auth)
+        asked = clients
+        if population.sampled:  # the command goes to the clients drawn from those available, no one else
+            chosen, available = population.choose(ctx.now(), cmd.seed)
+            asked = tuple(chosen)
+            ctx.emit(ev.SAMPLED, round=round_, attempt=attempt, available=available, asked=len(asked),
+                     clients=list(asked))
+        yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)),
+                   to=asked if population.sampled else None)
+        if asked:
+            updates = yield from _collect(ctx, scenario, work.dim, cmd, asked, deadline, result.counts, auth)
+        else:  # no one there to ask: the round waits out its time (someone may come)
+            updates = {}
+            yield Sleep(max(0.0, deadline - ctx.now()))
         ready = len(updates)
         ctx.emit(
             ev.ROUND_CLOSE,
             round=round_,
             ready=ready,
-            expected=len(clients),
+            expected=len(asked),
             min=fl.min_clients,
             clients=sorted(updates),
-            timed_out=ready < len(clients),
-            note=f"final-ready={ready}/{len(clients)} (min={fl.min_clients})",
+            timed_out=ready < len(asked),
+            note=f"final-ready={ready}/{len(asked)} (min={fl.min_clients})",
         )
         if ready >= fl.min_clients:
             result.weights = strategy.aggregate(result.weights, list(updates.values()))
@@ -115,6 +132,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
             weights = result.weights
             accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval")
             result.final_accuracy = accuracy
+            result.history.append((ctx.now(), accuracy))
             ctx.emit(ev.EVAL, round=round_, accuracy=accuracy)
         round_, attempt = round_ + 1, 0
 
@@ -178,7 +196,8 @@ def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
             ctx.emit(ev.UPDATE_LATE, client=up.client, round=up.round, current=cmd.round)
             continue
         if up.client not in clients or up.client in got:
-            reason = "duplicate" if up.client in got else "unknown client"
+            reason = ("duplicate" if up.client in got else "not asked" if up.client in scenario.client_names
+                      else "unknown client")
             counts[reason.replace(" ", "_")] += 1
             ctx.refused(msg)
             ctx.emit(ev.UPDATE_REJECTED, client=up.client, round=up.round, reason=reason)

@@ -25,14 +25,15 @@ from typing import Any, Callable, Protocol
 
 @dataclass(frozen=True)
 class Send:
-    """Send ``data`` on ``topic``; to one node, or to every subscriber if ``to`` is None.
+    """Send ``data`` on ``topic``; to one node, to the nodes of a tuple (a sampled round's
+    command), or to every subscriber if ``to`` is None.
 
     Returns when the bytes have left the sender (in emu: when its flows ended).
     """
 
     topic: str
     data: bytes
-    to: str | None = None
+    to: str | tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

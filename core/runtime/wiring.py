@@ -14,6 +14,7 @@ from typing import Any, Callable
 from dtemu.core.ddp.worker import worker
 from dtemu.core.fl.client import client
 from dtemu.core.fl.controller import controller
+from dtemu.core.fl.population import Population
 from dtemu.core.ml.workload import Workload
 from dtemu.core.scenario import CONTROLLER, Scenario
 from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD
@@ -29,18 +30,21 @@ class RoleSpec:
     start: Callable[[Any, bytes | None], Any]
 
 
-def role_of(scenario: Scenario, rank: int, work: Workload, key: bytes | None = None) -> RoleSpec:
-    """The role of ``rank``; ``key`` seals FL messages (core.wire.auth)."""
+def role_of(scenario: Scenario, rank: int, work: Workload, key: bytes | None = None,
+            population: Population | None = None) -> RoleSpec:
+    """The role of ``rank``; ``key`` seals FL messages (core.wire.auth); ``population``: the FL
+    controller's availability and sampling (a trace's windows, read by the host)."""
     name = scenario.node_names[rank]
     if scenario.mode == "ddp":
         return RoleSpec(rank, name, (COLL_FRAMES,), (COLL_FRAMES,),
                         lambda ctx, init: worker(ctx, scenario, work, rank))
     if name == CONTROLLER:
         return RoleSpec(rank, name, (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB),
-                        lambda ctx, init: controller(ctx, scenario, work, init, key))
+                        lambda ctx, init: controller(ctx, scenario, work, init, key, population))
     return RoleSpec(rank, name, (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,),
                     lambda ctx, init: client(ctx, scenario, work, rank, key))
 
 
-def roles(scenario: Scenario, work: Workload, key: bytes | None = None) -> list[RoleSpec]:
-    return [role_of(scenario, rank, work, key) for rank in range(len(scenario.node_names))]
+def roles(scenario: Scenario, work: Workload, key: bytes | None = None,
+          population: Population | None = None) -> list[RoleSpec]:
+    return [role_of(scenario, rank, work, key, population) for rank in range(len(scenario.node_names))]
