@@ -6,6 +6,11 @@ timeouts and stragglers are decided the same way on any machine:
 
     duration = samples * train_s_per_sample * slowdown * (1 + U(-jitter, +jitter))
 
+``compute.<node>.schedule`` and ``.varying`` make the slowdown change over time:
+a job takes the slowdown in force when it starts (``slowdown_at``), a step of the
+schedule from its ``at_s`` on, times a factor the seeded random process draws per
+period.  Without them the arithmetic is the one above, unchanged.
+
 Real mode uses the same model to stage a straggler (``stretch``) and to time
 a crash halfway through a job (``core.runtime.driver``).
 
@@ -30,6 +35,27 @@ class ComputeTimer:
         self.s_per_sample = None if self.cost is None else self.cost * spec.slowdown
         self.jitter = spec.jitter
         self.rng = np.random.default_rng(seed)
+        self.schedule = tuple(spec.schedule)
+        self.varying = spec.varying
+        self.seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
+
+    @property
+    def changing(self) -> bool:
+        """Does the slowdown change over time?"""
+        return bool(self.schedule) or self.varying is not None
+
+    def slowdown_at(self, now: float) -> float:
+        """The slowdown in force at ``now`` (the runtime's clock)."""
+        slowdown = self.slowdown
+        for step in self.schedule:
+            if step.at_s <= now:
+                slowdown = step.slowdown
+        if self.varying is not None:
+            period = int(now // self.varying.period_s)
+            draw = np.random.default_rng([*self.seed, 0x5105, period]).uniform(
+                np.log(self.varying.low), np.log(self.varying.high))
+            slowdown *= float(np.exp(draw))
+        return slowdown
 
     @property
     def modelled(self) -> bool:
@@ -39,17 +65,19 @@ class ComputeTimer:
     def _factor(self) -> float:
         return 1.0 + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0)
 
-    def duration(self, samples: int, kind: str = "train") -> float:
-        """Modelled seconds of ``samples`` samples of ``kind`` work (only training takes time)."""
+    def duration(self, samples: int, kind: str = "train", now: float = 0.0) -> float:
+        """Modelled seconds of ``samples`` samples of ``kind`` work started at ``now`` (only
+        training takes time)."""
         if kind != "train" or samples <= 0:
             return 0.0
         if self.cost is None:
             raise ValueError("compute.default.train_s_per_sample must be set for a model with no reference cost")
-        return samples * self.s_per_sample * self._factor()
+        per_sample = self.cost * self.slowdown_at(now) if self.changing else self.s_per_sample
+        return samples * per_sample * self._factor()
 
-    def stretch(self, kind: str = "train") -> float:
-        """How many times its measured time a job should take on this node (real mode stages
-        a straggler by idling for the rest): the slowdown, with jitter."""
-        if kind != "train" or (self.slowdown == 1 and not self.jitter):
+    def stretch(self, kind: str = "train", now: float = 0.0) -> float:
+        """How many times its measured time a job started at ``now`` should take on this node
+        (real mode stages a straggler by idling for the rest): the slowdown, with jitter."""
+        if kind != "train" or (self.slowdown == 1 and not self.jitter and not self.changing):
             return 1.0
-        return self.slowdown * self._factor()
+        return (self.slowdown_at(now) if self.changing else self.slowdown) * self._factor()

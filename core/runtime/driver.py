@@ -208,7 +208,8 @@ class Driver:
         """Carry out ``request`` as far as ``crash`` lets it get."""
         if crash.landing == faultlib.IN_COMPUTE and isinstance(request, Compute):
             # Halfway through the job: its result dies with the node, so it is not even computed.
-            yield from self.prims.idle(self.prims.timer.duration(request.samples, request.kind) / 2)
+            yield from self.prims.idle(self.prims.timer.duration(request.samples, request.kind,
+                                                                 now=self.prims.now()) / 2)
         elif crash.landing == faultlib.IN_SEND and isinstance(request, Send):
             yield from self.prims.send_half(request.topic, request.data, request.to)
         elif crash.landing == faultlib.AFTER_SEND and isinstance(request, Send):
