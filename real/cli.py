@@ -32,8 +32,12 @@ EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 
 EXIT_PEER_LOST = 5
 
 
-class Terminated(Exception):
-    """SIGTERM: stop like Ctrl-C (transport closed, run folder kept), exit 143."""
+class Terminated(BaseException):
+    """SIGTERM: stop like Ctrl-C (transport closed, run folder kept), exit 143.
+
+    A BaseException, as KeyboardInterrupt is: the signal may land inside code that
+    survives its own errors (``except Exception`` around a DDS call), which must not
+    swallow it (it did, and the rank ran on to its barrier timeout)."""
 
 
 def _on_sigterm(signum, frame):

@@ -72,6 +72,7 @@ class WorkerResult:
     lost_ranks: list[int] = field(default_factory=list)
     members: list[int] = field(default_factory=list)
     generation: int = 0
+    history: list = field(default_factory=list)  # (time, accuracy) of every evaluation
 
 
 class _Window:
@@ -132,6 +133,7 @@ def worker(ctx, scenario: Scenario, work: Workload, rank: int):
                 epoch = pos.epoch(spe)
                 accuracy = yield from _evaluate(ctx, coll, work, model, rank, epoch, d.step_timeout_s)
                 result.final_accuracy = accuracy
+                result.history.append((ctx.now(), accuracy))
                 ctx.emit(ev.EVAL, epoch=epoch, step=pos.step, accuracy=accuracy)
                 pos.eval_due = False
                 continue

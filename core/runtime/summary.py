@@ -10,6 +10,8 @@ them back.  ``run_summary`` turns the records into the run's summary:
     bytes_rejected (what every node's role read and refused: counted apart from the traffic),
     time_s (the run's length on the runtime's clock: virtual in emu, wall from the common start in real),
     wall_time_s,
+    time_to_accuracy (each target of ``scenario.targets``, as a string such as "0.8", to the first
+        time on the runtime's clock an evaluation reached it, or null),
     FL:  codec, rounds, rounds_failed, updates (accepted / late / rejected / ... counts)
     DDP: compression, workers, steps, bytes_per_step, models_agree, lost_ranks, survivors
     and what only one runtime knows under its own key: "emu" (wire_bytes, with
@@ -29,6 +31,16 @@ DONE = "done"
 def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, bytes_received: int,
                 time_s: float | None = None, bytes_rejected: int = 0) -> dict:
     """One node's numbers; ``result`` is what its role returned (None: it never finished).
+
+def time_to_accuracy(history: list[tuple[float, float]], targets) -> dict[str, float | None]:
+    """For each target accuracy, the first time (runtime clock) an evaluation in ``history``
+    ((time, accuracy) pairs, in time order) reached it; None if none did."""
+    out: dict[str, float | None] = {}
+    for target in targets:
+        hit = next((t for t, acc in history if acc is not None and acc >= target), None)
+        out[str(target)] = None if hit is None else round(hit, 9)
+    return out
+
 
     ``bytes_received`` counts what the node took in; the part its role refused (forged, malformed,
     late, duplicate ...: ``bytes_rejected``) is not traffic it accepted and is counted apart."""
@@ -52,6 +64,7 @@ def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, byt
     else:
         record["model_round"] = result
     return record
+                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
 
 
 def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *, time_s: float | None,
@@ -59,6 +72,7 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
     """The run's summary from every rank's record (None or {} for a rank that left none)."""
     records = [r or {} for r in records]
     training = [r for r, name in zip(records, scenario.node_names) if name in scenario.training_nodes]
+                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
     summary: dict[str, Any] = {
         "scenario": scenario.name, "runtime": runtime, "mode": scenario.mode, "seed": scenario.seed,
         "bytes_up": sum(r.get("bytes_sent", 0) for r in training),
@@ -78,6 +92,7 @@ def _fl(scenario: Scenario, lead: dict) -> dict:
             "stop_reason": lead.get("stop_reason", "the controller left no record"),
             "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256")}
 
+        "time_to_accuracy": time_to_accuracy([], scenario.targets),
 
 def _ddp(scenario: Scenario, records: list[dict]) -> dict:
     """The numbers of the survivors: the ranks that finished and that no survivor lost (a crashed
@@ -91,6 +106,7 @@ def _ddp(scenario: Scenario, records: list[dict]) -> dict:
     reasons = [r["stop_reason"] for r in survivors.values() if r.get("stop_reason", DONE) != DONE]
     first = next(iter(survivors.values()), {})
     return {"compression": scenario.ddp.compression, "workers": scenario.ddp.workers,
+            "time_to_accuracy": lead.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),
             "final_accuracy": first.get("final_accuracy"), "steps": steps,
             "bytes_per_step": round(sum(r.get("step_bytes_sent", 0) for r in survivors.values())
                                     / max(steps, 1) / max(len(survivors), 1), 3),
@@ -108,3 +124,4 @@ def failed_summary(scenario: Scenario, runtime: str, error: BaseException, *, wa
     summary["stop_reason"] = f"{type(error).__name__}: {error}"
     summary["failed"] = True
     return summary
+            "time_to_accuracy": first.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),
