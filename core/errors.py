@@ -72,3 +72,8 @@ class AuthError(DecodeError):
 
 class KeyFileError(DtemuError):
     """A shared key that cannot be used (unreadable file, too short)."""
+
+
+class GeoPayloadError(DecodeError):
+    """A malformed geo payload (core.geo.payload): wrong size, sparse indices out of range or repeated,
+    counts that disagree with the bytes, values not finite."""

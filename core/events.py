@@ -116,6 +116,25 @@ GEO_ROUND = _kind("geo_round", "round role wait_s wan_s bytes_up bytes_down",
 GEO_LOST = _kind("geo_lost", "round missing reason", doc="a geo role gave up waiting for these nodes")
 GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_sha256 stop_reason")
 
+# --- geo-distributed training (core.geo) -------------------------------------------
+GEO_START = _kind("geo_start", "role site dim", "architecture compression")
+GEO_STEP = _kind("geo_step", "round loss compute_s comm_s bytes_sent",
+                 doc="a worker's round: compute, then push to pull (comm_s)")
+GEO_ROUND = _kind("geo_round", "round role wait_s wan_s bytes_up bytes_down",
+                  doc="a PS closed a round: waited wait_s for its pushes, then wan_s for the level above "
+                      "(global/flat PS: for sending down)")
+GEO_LOST = _kind("geo_lost", "round missing reason", doc="a geo role gave up waiting for these nodes")
+GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_sha256 stop_reason")
+
+# --- mode ps: parameter server, state server, workers (core/ps) --------------------
+PS_UPDATE = _kind("ps_update", "worker version iterations samples staleness", "loss",
+                  doc="the parameter server took a worker's update (staleness: versions since its base)")
+PS_ROUND = _kind("ps_round", "version updates expected quorum timed_out aggregated", "selected iterations",
+                 doc="a synchronous round closed (iterations: each worker's local iterations)")
+PS_WORKER_ROUND = _kind("ps_worker_round", "round iterations samples compute_s c m",
+                        doc="a worker pushed its update: local iterations, c_k and m_k as it measured them")
+SS_END = _kind("ss_end", "queries answers rejected", doc="the state server stopped: queries answered, refusals")
+
 BASE_FIELDS = frozenset({"t", "node", "kind"})
 
 

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     acc = summary["final_accuracy"]
     progress = (f"{summary['steps']} steps" if scenario.mode == "ddp"
+                else f"{summary['rounds']} rounds, WAN {summary['wan_bytes'] / 1e6:.2f} MB" if scenario.mode == "geo"
                 else f"{summary['rounds']} rounds ({summary['rounds_failed']} failed)")
     print(
         f"{scenario.name}: {progress}, "

@@ -1,6 +1,6 @@
 """The emulated network: a star of access links with max-min fair flows.
 
-(About 400 lines: the flow model is one piece — links, max-min fair rates, loss — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
+(About 450 lines: the flow model is one piece — links and sites, max-min fair rates, loss — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
 
 Topology.  Every node has one access link to a central switch: an uplink and
 a downlink (bits/s), a one-way latency and a packet-loss probability.  The
@@ -30,6 +30,18 @@ is delayed by a further ``lost * 2 * (latency(A) + latency(B))``: every loss
 costs one round trip to detect and resend, one after another.  The draws come
 from the Network's own ``np.random.default_rng(seed)`` in event order, so a
 run is deterministic for a seed.
+
+Sites (optional, ``sites``/``wan``): nodes may be grouped into sites (data
+centres).  A node's access link is then its site's LAN port; each site also
+has a WAN attachment (up, down, latency).  A message between two sites
+crosses four links -- the sender's uplink, its site's WAN uplink, the
+receiving site's WAN downlink, the receiver's downlink -- and pays both
+access latencies plus both WAN latencies; within a site it crosses the two
+access links only.  Every link is shared max-min fairly among the flows on it
+by the same progressive filling.  Without sites the model is the flat star
+above, computed exactly as before (a flow's links are its two access ports).
+``wan_bytes[site]`` counts the payload bytes of finished flows through each
+site's WAN ("up", "down").
 
 Edge cases: a zero-byte message uses no bandwidth but still pays latency; a
 message to oneself is delivered at once (zero delay, no links, no loss).
@@ -135,12 +147,13 @@ class FlowInfo(NamedTuple):
 class _Flow:
     """An active flow; ``remaining`` is exact as of ``Network._synced_at``."""
 
-    __slots__ = ("src", "dst", "up", "down", "nbytes", "total", "remaining", "rate",
+    __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate",
                  "start", "lost", "event", "on_deliver")
 
-    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver):
+    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=()):
         self.src, self.dst = src, dst
-        self.up, self.down = (src, "up"), (dst, "down")
+        # Every port (link direction) the flow crosses; flat: the two access ports.
+        self.ports = ((src, "up"), *wan, (dst, "down"))
         self.nbytes, self.total, self.remaining = nbytes, total, float(total)
         self.rate = 0.0
         self.start, self.lost = start, lost
@@ -158,9 +171,18 @@ class _Delivery:
 
 class Network:
     def __init__(self, env: simpy.Environment, links: dict[str, Link], seed: int = 0,
-                 mtu: int = 1500):
+                 mtu: int = 1500, sites: dict[str, str] | None = None,
+                 wan: dict[str, Link] | None = None):
+        """``sites`` maps a node to its site, ``wan`` a site to its WAN attachment
+        (``loss`` unused); without them the network is the flat star."""
         if mtu <= 0:
             raise ValueError(f"mtu must be positive, got {mtu!r}")
+        self.site_of = dict(sites or {})
+        self.wan = dict(wan or {})
+        for node, site in self.site_of.items():
+            if node not in links or site not in self.wan:
+                raise ValueError(f"node {node!r} in site {site!r}: unknown node or site without a WAN link")
+        self.wan_bytes: dict[str, dict[str, int]] = {site: {"up": 0, "down": 0} for site in self.wan}
         self.env = env
         self.links = dict(links)
         self.mtu = mtu
@@ -173,6 +195,9 @@ class Network:
         for node, link in self.links.items():
             self._capacity[(node, "up")] = link.up_bps / 8
             self._capacity[(node, "down")] = link.down_bps / 8
+        for site, link in self.wan.items():
+            self._capacity[_wan_port(site, "up")] = link.up_bps / 8
+            self._capacity[_wan_port(site, "down")] = link.down_bps / 8
         self._down_nodes: set[str] = set()
         self._active: dict[int, _Flow] = {}     # insertion order keeps runs reproducible
         self._next_flow_id = 0
@@ -220,7 +245,7 @@ class Network:
             return event
 
         self._sync()
-        flow = _Flow(src, dst, nbytes, total, now, lost, event, on_deliver)
+        flow = _Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst))
         self._active[self._next_flow_id] = flow
         self._next_flow_id += 1
         self._schedule_update()
@@ -269,7 +294,21 @@ class Network:
     # -- timing of one message ------------------------------------------------
 
     def _path_latency(self, src: str, dst: str) -> float:
-        return self.links[src].latency_s + self.links[dst].latency_s
+        latency = self.links[src].latency_s + self.links[dst].latency_s
+        a, b = self.site_of.get(src), self.site_of.get(dst)
+        if a != b and a is not None and b is not None:
+            latency += self.wan[a].latency_s + self.wan[b].latency_s
+        return latency
+
+    def _wan_ports(self, src: str, dst: str) -> tuple:
+        """The WAN ports a message from src to dst crosses (none within a site, or without sites)."""
+        a, b = self.site_of.get(src), self.site_of.get(dst)
+        if a == b or a is None or b is None:
+            return ()
+        return (_wan_port(a, "up"), _wan_port(b, "down"))
+
+    def crosses_wan(self, src: str, dst: str) -> bool:
+        return bool(self._wan_ports(src, dst))
 
     def _draw_lost_packets(self, src: str, dst: str, nbytes: int) -> int:
         p = 1 - (1 - self.links[src].loss) * (1 - self.links[dst].loss)
@@ -284,6 +323,9 @@ class Network:
         stats = self.stats[src]
         stats.bytes_sent += nbytes
         stats.wire_bytes_sent += wire
+        if self.site_of and self.crosses_wan(src, dst):
+            self.wan_bytes[self.site_of[src]]["up"] += nbytes
+            self.wan_bytes[self.site_of[dst]]["down"] += nbytes
         result = FlowResult(src, dst, nbytes, start, now, now + delay, lost, wire)
         delivery = _Delivery(result, on_deliver)
         self._pending[dst].add(delivery)
@@ -371,8 +413,8 @@ class Network:
         flows_on_port = defaultdict(list)
         for flow in self._active.values():
             flow.rate = -1.0          # not yet fixed
-            flows_on_port[flow.up].append(flow)
-            flows_on_port[flow.down].append(flow)
+            for port in flow.ports:
+                flows_on_port[port].append(flow)
         capacity_left = {port: self._capacity[port] for port in flows_on_port}
         unfixed = {port: len(flows) for port, flows in flows_on_port.items()}
         heap = [(capacity_left[port] / count, port) for port, count in unfixed.items()]
@@ -390,10 +432,9 @@ class Network:
                 if flow.rate >= 0:
                     continue
                 flow.rate = current
-                capacity_left[flow.up] -= current
-                unfixed[flow.up] -= 1
-                capacity_left[flow.down] -= current
-                unfixed[flow.down] -= 1
+                for p in flow.ports:
+                    capacity_left[p] -= current
+                    unfixed[p] -= 1
 
     def _arm_timer(self) -> None:
         """One timeout for the earliest completion; later changes make it stale."""
@@ -408,3 +449,8 @@ class Network:
     def _check_node(self, node: str) -> None:
         if node not in self.links:
             raise KeyError(f"unknown node {node!r}")
+
+
+def _wan_port(site: str, direction: str) -> tuple[str, str]:
+    """A site's WAN port; the "wan:" prefix keeps it apart from access ports (node, "up"|"down")."""
+    return (f"wan:{site}", direction)

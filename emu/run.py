@@ -31,7 +31,11 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
         for name in scenario.node_names
         for link in [scenario.link(name)]
     }
-    network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu)
+    # Sites (network.sites): each node's access link is its site's LAN; each site has a WAN attachment.
+    wan = {name: link_from_spec(site.wan.up_mbps, site.wan.down_mbps, site.wan.latency_ms)
+           for name, site in scenario.network.sites.items()}
+    network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu,
+                      sites=scenario.site_of, wan=wan)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed)
     for spec in roles(scenario, work, key, load_population(scenario)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])
@@ -78,7 +82,7 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float) ->
     for name in scenario.node_names:
         if name not in down:
             world.start(name)
-    if scenario.mode == "ddp":
+    if scenario.mode in ("ddp", "geo"):
         # Until every worker's role returned or its node crashed (a crashed worker's
         # process ends with None; the survivors stop or go on without it, never hang).
         # A worker down from the start joins when it comes up; one that comes back
@@ -112,7 +116,10 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float) ->
                            bytes_rejected=world.nodes[n].bytes_rejected)
                for n, r in zip(scenario.node_names, results)]
     wire = sum(s.wire_bytes_sent for s in stats.values())
+    extra = {"wire_bytes": wire}
+    if scenario.network.sites:  # what the network model saw cross each site's WAN (payload bytes)
+        extra["wan_bytes"] = world.network.wan_bytes
     summary = run_summary(scenario, "emu", records, time_s=end, wall_time_s=time.perf_counter() - wall_start,
-                          extra={"wire_bytes": wire})
+                          extra=extra)
     run.write_json("summary.json", summary)
     return summary

@@ -14,6 +14,8 @@ them back.  ``run_summary`` turns the records into the run's summary:
         time on the runtime's clock an evaluation reached it, or null),
     FL:  codec, rounds, rounds_failed, updates (accepted / late / rejected / ... counts)
     DDP: compression, workers, steps, bytes_per_step, models_agree, lost_ranks, survivors
+    geo: architecture, compression, rounds, models_agree, wan_bytes, wan, comm_s_per_round, lost
+        (core.geo.report)
     and what only one runtime knows under its own key: "emu" (wire_bytes, with
     retransmissions) or "real" (exit codes, transport counters).
 """
@@ -22,15 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dtemu.core.geo.report import geo_record, geo_summary
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.scenario import CONTROLLER, Scenario
 
 DONE = "done"
 
-
-def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, bytes_received: int,
-                time_s: float | None = None, bytes_rejected: int = 0) -> dict:
-    """One node's numbers; ``result`` is what its role returned (None: it never finished).
 
 def time_to_accuracy(history: list[tuple[float, float]], targets) -> dict[str, float | None]:
     """For each target accuracy, the first time (runtime clock) an evaluation in ``history``
@@ -42,6 +41,10 @@ def time_to_accuracy(history: list[tuple[float, float]], targets) -> dict[str, f
     return out
 
 
+def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, bytes_received: int,
+                time_s: float | None = None, bytes_rejected: int = 0) -> dict:
+    """One node's numbers; ``result`` is what its role returned (None: it never finished).
+
     ``bytes_received`` counts what the node took in; the part its role refused (forged, malformed,
     late, duplicate ...: ``bytes_rejected``) is not traffic it accepted and is counted apart."""
     record: dict[str, Any] = {"node": name, "bytes_sent": bytes_sent,
@@ -50,8 +53,12 @@ def time_to_accuracy(history: list[tuple[float, float]], targets) -> dict[str, f
         record["time_s"] = round(time_s, 9)
     if result is None:
         return record
+    if scenario.mode == "geo":
+        record.update(geo_record(result), time_to_accuracy=time_to_accuracy(result.history, scenario.targets))
+        return record
     if scenario.mode == "ddp":
         record.update(final_accuracy=result.final_accuracy, steps=result.steps,
+                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
                       # what the steps' exchanges sent (no barrier, no evaluation)
                       step_bytes_sent=result.bytes_sent, model_sha256=sha256_of(result.weights),
                       # after a loss (ddp.on_worker_lost): why it stopped, the ranks lost, its membership
@@ -59,12 +66,12 @@ def time_to_accuracy(history: list[tuple[float, float]], targets) -> dict[str, f
                       members=list(result.members), generation=result.generation)
     elif name == CONTROLLER:
         record.update(final_accuracy=result.final_accuracy, rounds=result.rounds_completed,
+                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
                       rounds_failed=result.rounds_failed, stop_reason=result.stop_reason,
                       updates=dict(sorted(result.counts.items())), model_sha256=sha256_of(result.weights))
     else:
         record["model_round"] = result
     return record
-                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
 
 
 def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *, time_s: float | None,
@@ -72,7 +79,6 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
     """The run's summary from every rank's record (None or {} for a rank that left none)."""
     records = [r or {} for r in records]
     training = [r for r, name in zip(records, scenario.node_names) if name in scenario.training_nodes]
-                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
     summary: dict[str, Any] = {
         "scenario": scenario.name, "runtime": runtime, "mode": scenario.mode, "seed": scenario.seed,
         "bytes_up": sum(r.get("bytes_sent", 0) for r in training),
@@ -80,19 +86,23 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
         "bytes_rejected": sum(r.get("bytes_rejected", 0) for r in records),
         "time_s": None if time_s is None else round(time_s, 9),
         "wall_time_s": round(wall_time_s, 3),
+        "time_to_accuracy": time_to_accuracy([], scenario.targets),
     }
-    summary.update(_ddp(scenario, records) if scenario.mode == "ddp" else _fl(scenario, records[0]))
+    if scenario.mode == "geo":
+        summary.update(geo_summary(scenario, records, time_to_accuracy([], scenario.targets)))
+    else:
+        summary.update(_ddp(scenario, records) if scenario.mode == "ddp" else _fl(scenario, records[0]))
     summary[runtime] = extra or {}
     return summary
 
 
 def _fl(scenario: Scenario, lead: dict) -> dict:
     return {"codec": scenario.fl.codec, "final_accuracy": lead.get("final_accuracy"),
+            "time_to_accuracy": lead.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),
             "rounds": lead.get("rounds", 0), "rounds_failed": lead.get("rounds_failed", 0),
             "stop_reason": lead.get("stop_reason", "the controller left no record"),
             "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256")}
 
-        "time_to_accuracy": time_to_accuracy([], scenario.targets),
 
 def _ddp(scenario: Scenario, records: list[dict]) -> dict:
     """The numbers of the survivors: the ranks that finished and that no survivor lost (a crashed
@@ -106,8 +116,8 @@ def _ddp(scenario: Scenario, records: list[dict]) -> dict:
     reasons = [r["stop_reason"] for r in survivors.values() if r.get("stop_reason", DONE) != DONE]
     first = next(iter(survivors.values()), {})
     return {"compression": scenario.ddp.compression, "workers": scenario.ddp.workers,
-            "time_to_accuracy": lead.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),
             "final_accuracy": first.get("final_accuracy"), "steps": steps,
+            "time_to_accuracy": first.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),
             "bytes_per_step": round(sum(r.get("step_bytes_sent", 0) for r in survivors.values())
                                     / max(steps, 1) / max(len(survivors), 1), 3),
             "model_sha256": hashes[0] if hashes else None, "models_agree": len(hashes) == 1,
@@ -124,4 +134,3 @@ def failed_summary(scenario: Scenario, runtime: str, error: BaseException, *, wa
     summary["stop_reason"] = f"{type(error).__name__}: {error}"
     summary["failed"] = True
     return summary
-            "time_to_accuracy": first.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),

@@ -15,9 +15,11 @@ from dtemu.core.ddp.worker import worker
 from dtemu.core.fl.client import client
 from dtemu.core.fl.controller import controller
 from dtemu.core.fl.population import Population
+from dtemu.core.geo import roles as geo
+from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER
 from dtemu.core.ml.workload import Workload
 from dtemu.core.scenario import CONTROLLER, Scenario
-from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD
+from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, GEO_PULL, GEO_PUSH, MODEL_BLOB, TRAIN_CMD
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,25 @@ def role_of(scenario: Scenario, rank: int, work: Workload, key: bytes | None = N
     if scenario.mode == "ddp":
         return RoleSpec(rank, name, (COLL_FRAMES,), (COLL_FRAMES,),
                         lambda ctx, init: worker(ctx, scenario, work, rank))
+    if scenario.mode == "geo":
+        return geo_role(scenario, rank, name, work)
     if name == CONTROLLER:
         return RoleSpec(rank, name, (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB),
                         lambda ctx, init: controller(ctx, scenario, work, init, key, population))
     return RoleSpec(rank, name, (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,),
                     lambda ctx, init: client(ctx, scenario, work, rank, key))
+
+
+def geo_role(scenario: Scenario, rank: int, name: str, work: Workload) -> RoleSpec:
+    """geo: the master and the root PS (global or flat) in the central site; local PSs and workers."""
+    if name == MASTER:
+        return RoleSpec(rank, name, (GEO_PULL,), (GEO_PUSH,), lambda ctx, init: geo.master(ctx, scenario, work, name))
+    if name in (GLOBAL_PS, FLAT_PS):
+        return RoleSpec(rank, name, (GEO_PUSH,), (GEO_PULL,), lambda ctx, init: geo.root_ps(ctx, scenario, work, name))
+    if name in scenario.training_nodes:
+        return RoleSpec(rank, name, (GEO_PULL,), (GEO_PUSH,), lambda ctx, init: geo.worker(ctx, scenario, work, name))
+    return RoleSpec(rank, name, (GEO_PUSH, GEO_PULL), (GEO_PUSH, GEO_PULL),
+                    lambda ctx, init: geo.local_ps(ctx, scenario, work, name))
 
 
 def roles(scenario: Scenario, work: Workload, key: bytes | None = None,

@@ -8,8 +8,10 @@ TRAIN_CMD = "train/train_cmd"  # controller -> clients: TrainCmd, Stop
 CLIENT_UPDATE = "train/client_update"  # clients -> controller: ClientUpdate
 MODEL_BLOB = "train/model_blob"  # controller -> clients: ModelBlob; the latest one is durable
 COLL_FRAMES = "coll/frames"  # data-parallel workers: collective frames
+GEO_PUSH = "geo/push"  # geo: toward the root (worker -> PS, local PS -> global PS, master's initial model)
+GEO_PULL = "geo/pull"  # geo: away from the root (PS -> local PS, worker, master)
 
-ALL = (TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB, COLL_FRAMES)
+ALL = (TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB, COLL_FRAMES, GEO_PUSH, GEO_PULL)
 
 # A late joiner gets the latest message of these topics (DDS TRANSIENT_LOCAL).
 DURABLE_TOPICS = frozenset({MODEL_BLOB})

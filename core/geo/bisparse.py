@@ -1,0 +1,62 @@
+"""BiSparse's sparsifying end: residuals with momentum correction and a sampled top-k threshold.
+
+At a local parameter server, each round's site gradient G_t (its workers' sum
+over the number of workers in all sites) goes through
+
+    v_t = m * v_{t-1} + G_t          (velocity: momentum correction)
+    u_t = u_{t-1} + v_t              (position: what is owed to the model)
+
+and the largest entries of |u_t| are sent as (index, value) pairs; the sent
+entries are zeroed in both v_t and u_t, the rest stays as the residual and is
+sent when it has grown.  Because the momentum lives here, the workers apply
+the aggregate with plain SGD (no momentum of their own), as in DGC.
+
+The selection is DGC's (``core.compression.dgc.select_indices``): per
+parameter tensor, a threshold from a random sample of ``sample_ratio`` of the
+magnitudes, at most k = ceil(density * numel) entries (at least one).  The
+sample is drawn from a generator seeded with (seed, site, round), so a run
+repeats bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dtemu.core.compression.dgc import select_indices
+
+
+class ResidualSparsifier:
+    def __init__(self, sizes: list[int], density: float, sample_ratio: float, momentum: float,
+                 seed: int, site: int):
+        self.sizes = list(sizes)
+        self.dim = sum(self.sizes)
+        self.density, self.sample_ratio, self.momentum = density, sample_ratio, momentum
+        self.seed, self.site = seed, site
+        self.v = np.zeros(self.dim, np.float32)
+        self.u = np.zeros(self.dim, np.float32)
+        self._mask = np.empty(max(self.sizes, default=0), dtype=bool)
+
+    def compress(self, grad: np.ndarray, round_: int) -> tuple[np.ndarray, np.ndarray]:
+        """Add this round's gradient; (ascending indices, values) to send."""
+        if grad.shape != (self.dim,):
+            raise ValueError(f"gradient of shape {grad.shape}, expected ({self.dim},)")
+        self.v *= np.float32(self.momentum)
+        self.v += grad
+        self.u += self.v
+        rng = np.random.default_rng([self.seed, self.site, round_])
+        chosen = []
+        off = 0
+        for n in self.sizes:
+            if n:
+                k = max(1, math.ceil(self.density * n))
+                mag = np.abs(self.u[off:off + n])
+                sel = select_indices(mag, k, self.density, self.sample_ratio, rng, mask=self._mask[:n])
+                chosen.append(sel + off)
+            off += n
+        idx = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+        values = self.u[idx].copy()
+        self.u[idx] = 0.0
+        self.v[idx] = 0.0
+        return idx, values

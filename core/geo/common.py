@@ -1,0 +1,163 @@
+"""What every geo role shares: the model as a flat vector, the round's data, collecting a round's
+payloads, and the tally of bytes that crossed the WAN."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dtemu.core import events as ev
+from dtemu.core.errors import GeoPayloadError
+from dtemu.core.geo.payload import Payload, decode, encode_dense
+from dtemu.core.ml import data as datasets
+from dtemu.core.runtime.requests import Recv
+from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH  # noqa: F401 (the roles' topics)
+
+
+
+@dataclass
+class GeoResult:
+    """What a geo role returns (summary.json reads it through ``core.geo.report``)."""
+
+    role: str
+    site: str
+    rounds: int = 0
+    weights: np.ndarray | None = None          # master and workers: the model they end with
+    final_accuracy: float | None = None
+    history: list = field(default_factory=list)  # master: (time, accuracy) of every evaluation
+    wan_sent: int = 0                            # bytes of the rounds this node sent across the WAN
+    wan_received: int = 0                        # ... and received from across it
+    wan_init: int = 0                            # bytes of the initial model it sent across the WAN
+    comm_s: list = field(default_factory=list)  # worker: push to pull, per round
+    rejected: int = 0                            # payloads refused (malformed, unknown sender, stale)
+    stop_reason: str | None = None
+    lost: list = field(default_factory=list)    # nodes this role gave up waiting for
+
+
+# --- the model as one flat vector of its parameters -------------------------------
+def params_of(model) -> list[torch.Tensor]:
+    return list(model.parameters())
+
+
+def get_vector(model) -> np.ndarray:
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1) for p in params_of(model)]).numpy().astype(np.float32)
+
+
+def grad_vector(model) -> np.ndarray:
+    return torch.cat([p.grad.reshape(-1) for p in params_of(model)]).numpy().astype(np.float32)
+
+
+def set_vector(model, vec: np.ndarray) -> None:
+    src = torch.from_numpy(np.array(vec, dtype=np.float32))
+    off = 0
+    with torch.no_grad():
+        for p in params_of(model):
+            p.copy_(src[off:off + p.numel()].view_as(p))
+            off += p.numel()
+
+
+class Applier:
+    """Turns what comes down (an aggregated gradient, or weights) into the model; the same
+    on every worker and on the master, so their models stay bit-identical."""
+
+    def __init__(self, model, lr: float, momentum: float, weights_mode: bool):
+        self.model, self.weights_mode = model, weights_mode
+        self.opt = torch.optim.SGD(params_of(model), lr=lr, momentum=momentum)
+
+    def apply(self, vec: np.ndarray) -> None:
+        if self.weights_mode:
+            set_vector(self.model, vec)
+            return
+        src = torch.from_numpy(np.array(vec, dtype=np.float32))
+        off = 0
+        for p in params_of(self.model):
+            p.grad = src[off:off + p.numel()].view_as(p).clone()
+            off += p.numel()
+        self.opt.step()
+
+
+def site_downlink(pull: Payload, raw: bytes, fp16: bool) -> bytes:
+    """What a local PS forwards to its workers from the global PS's pull: dense (half precision
+    under FP16); a sparse aggregate is expanded first, a dense one goes on as it came."""
+    if pull.sparse:
+        return encode_dense(pull.round, pull.dense(), fp16)
+    return raw
+
+
+def worker_optimizer_momentum(geo) -> float:
+    """BiSparse keeps the momentum in its residuals (momentum correction): plain SGD then."""
+    return 0.0 if geo.sparse else geo.momentum
+
+
+# --- data ------------------------------------------------------------------------
+def round_batch(work, scenario, index: int, round_: int) -> np.ndarray:
+    """Worker ``index``'s batch of ``round_`` (1-based): its shard of an even split of the
+    training set, reshuffled every epoch from (seed, index, epoch)."""
+    cache = work.__dict__.setdefault("_geo_shards", {})
+    workers = len(scenario.training_nodes)
+    if workers not in cache:
+        labels = work.dataset.y_train.numpy()
+        cache[workers] = datasets.partition(scenario.data.partition, labels, workers, seed=scenario.seed,
+                                            alpha=scenario.data.alpha,
+                                            shards_per_client=scenario.data.shards_per_client)
+    shard = cache[workers][index]
+    b = scenario.geo.batch_size
+    per_epoch = max(1, len(shard) // b)
+    epoch, i = divmod(round_ - 1, per_epoch)
+    order = shard[np.random.default_rng([scenario.seed, index, epoch]).permutation(len(shard))]
+    return order[i * b:(i + 1) * b]
+
+
+# --- receiving a round ---------------------------------------------------------------
+class Inbox:
+    """Collects one round's payloads from the expected senders; everything else is refused and
+    counted (malformed, unknown sender, a round already closed), never applied."""
+
+    def __init__(self, ctx, topic: str, dim: int, site_of: dict[str, str], site: str, result: GeoResult):
+        self.ctx, self.topic, self.dim = ctx, topic, dim
+        self.site_of, self.site, self.result = site_of, site, result
+        self.early: dict[tuple[int, str], tuple[Payload, bytes]] = {}
+
+    def _refuse(self, msg, reason: str, error: str = "") -> None:
+        self.result.rejected += 1
+        self.ctx.refused(msg)
+        self.ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=reason,
+                      **({"error": error} if error else {}))
+
+    def collect(self, senders: list[str], round_: int, deadline: float | None, count_wan: bool = True):
+        """{sender: (payload, raw bytes)} of ``round_``; fewer than ``senders`` when the deadline passed."""
+        got = {s: self.early.pop((round_, s)) for s in senders if (round_, s) in self.early}
+        while len(got) < len(senders):
+            msg = yield Recv((self.topic,), deadline)
+            if msg is None:
+                break
+            if msg.src not in senders:
+                self._refuse(msg, "unknown_sender")
+                continue
+            try:
+                payload = decode(msg.data, self.dim)
+            except GeoPayloadError as err:
+                self._refuse(msg, "malformed", str(err))
+                continue
+            if payload.round < round_ or (payload.round == round_ and msg.src in got):
+                self._refuse(msg, "stale" if payload.round < round_ else "duplicate")
+                continue
+            if count_wan and self.site_of.get(msg.src) != self.site:
+                self.result.wan_received += len(msg.data)
+            if payload.round > round_:
+                self.early[(payload.round, msg.src)] = (payload, msg.data)
+                continue
+            got[msg.src] = (payload, msg.data)
+        return got
+
+
+def sent_across(result: GeoResult, site_of: dict[str, str], site: str, dst: str, nbytes: int,
+                init: bool = False) -> None:
+    if site_of.get(dst) != site:
+        if init:
+            result.wan_init += nbytes
+        else:
+            result.wan_sent += nbytes

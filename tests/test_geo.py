@@ -1,0 +1,289 @@
+"""Geo-distributed training (issue 11): sites in the network model, the geo payloads, BiSparse's
+residuals, and whole HiPS / flat-PS runs in emu over a tiny stand-in model (no data set)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import simpy
+import torch
+import torch.nn.functional as F
+
+from dtemu.core.errors import GeoPayloadError
+from dtemu.core.geo.bisparse import ResidualSparsifier
+from dtemu.core.geo.common import GeoResult, Inbox
+from dtemu.core.geo.payload import HEADER, decode, encode_dense, encode_sparse, sum_sparse
+from dtemu.core.runtime.requests import Message, RecordingContext, Recv
+from dtemu.core.scenario import parse_scenario
+from dtemu.emu.network import Link, Network
+from dtemu.emu.run import run_emulation
+
+
+# --- the network model with sites ------------------------------------------------------
+def _site_net(env, wan_mbps=10.0):
+    lan = Link(up_bps=100e6, down_bps=100e6, latency_s=0.001)
+    links = {n: lan for n in ("a1", "a2", "b1", "b2")}
+    wan = {"A": Link(up_bps=wan_mbps * 1e6, down_bps=wan_mbps * 1e6, latency_s=0.01),
+           "B": Link(up_bps=wan_mbps * 1e6, down_bps=wan_mbps * 1e6, latency_s=0.02)}
+    return Network(env, links, sites={"a1": "A", "a2": "A", "b1": "B", "b2": "B"}, wan=wan)
+
+
+def _deliveries(env, net, sends):
+    got = {}
+    for src, dst, n in sends:
+        net.send(src, dst, n, lambda src=src, dst=dst: got.setdefault((src, dst), env.now))
+    env.run()
+    return got
+
+
+def test_a_message_between_sites_crosses_both_wan_links_and_pays_their_latency():
+    env = simpy.Environment()
+    net = _site_net(env)
+    got = _deliveries(env, net, [("a1", "b1", 125_000)])  # 1 Mbit through a 10 Mbit/s WAN: 0.1 s
+    assert got[("a1", "b1")] == pytest.approx(0.1 + 0.001 + 0.001 + 0.01 + 0.02)
+    assert net.wan_bytes == {"A": {"up": 125_000, "down": 0}, "B": {"up": 0, "down": 125_000}}
+
+
+def test_inside_a_site_only_the_lan_counts():
+    env = simpy.Environment()
+    net = _site_net(env)
+    got = _deliveries(env, net, [("a1", "a2", 125_000)])  # 1 Mbit at 100 Mbit/s
+    assert got[("a1", "a2")] == pytest.approx(0.01 + 0.002)
+    assert net.wan_bytes["A"] == {"up": 0, "down": 0}
+
+
+def test_flows_share_a_site_wan_link_max_min_fairly():
+    env = simpy.Environment()
+    net = _site_net(env)
+    # Two senders of site A to two receivers of B: A's WAN uplink is shared, 5 Mbit/s each.
+    got = _deliveries(env, net, [("a1", "b1", 125_000), ("a2", "b2", 125_000)])
+    assert got[("a1", "b1")] == pytest.approx(0.2 + 0.032)
+    assert got[("a2", "b2")] == pytest.approx(0.2 + 0.032)
+    # A LAN flow beside them is not slowed by the WAN.
+    env = simpy.Environment()
+    net = _site_net(env)
+    got = _deliveries(env, net, [("a1", "b1", 125_000), ("a1", "a2", 125_000)])
+    assert got[("a1", "a2")] == pytest.approx(125_000 * 8 / 90e6 + 0.002)
+
+
+def test_without_sites_the_network_is_the_flat_star():
+    env = simpy.Environment()
+    link = Link(up_bps=8e6, down_bps=8e6, latency_s=0.0)
+    net = Network(env, {"x": link, "y": link})
+    got = _deliveries(env, net, [("x", "y", 1_000_000)])
+    assert got[("x", "y")] == pytest.approx(1.0)
+    assert net.wan_bytes == {}
+
+
+# --- payloads ---------------------------------------------------------------------------
+def test_payloads_round_trip():
+    v = np.arange(10, dtype=np.float32) / 3
+    assert np.array_equal(decode(encode_dense(4, v), 10).dense(), v)
+    half = decode(encode_dense(4, v, fp16=True), 10)
+    assert half.round == 4 and np.array_equal(half.dense(), v.astype(np.float16).astype(np.float32))
+    assert len(encode_dense(1, v, fp16=True)) == HEADER.size + 20
+    sp = decode(encode_sparse(7, 10, np.array([1, 5]), np.array([0.5, -2.0])), 10)
+    assert sp.sparse and sp.round == 7
+    assert np.array_equal(sp.dense(), np.array([0, .5, 0, 0, 0, -2, 0, 0, 0, 0], np.float32))
+
+
+def _sparse_raw(dim, count, idx, vals):
+    return HEADER.pack(b"GEO1", 3, 0, 0, 1, dim, count) + np.array(idx, "<u4").tobytes() \
+        + np.array(vals, "<f4").tobytes()
+
+
+@pytest.mark.parametrize("raw, why", [
+    (_sparse_raw(10, 2, [1, 10], [1, 1]), "out of range"),
+    (_sparse_raw(10, 2, [3, 3], [1, 1]), "repeated"),
+    (_sparse_raw(10, 2, [4, 3], [1, 1]), "repeated or out of order"),
+    (_sparse_raw(10, 3, [1, 2], [1, 1]), "header says 3"),
+    (_sparse_raw(10, 11, [1] * 11, [1] * 11), "11 sparse entries"),
+    (_sparse_raw(12, 1, [1], [1]), "dimension 12"),
+    (_sparse_raw(10, 1, [1], [float("nan")]), "not finite"),
+    (encode_dense(1, np.ones(10))[:-1], "dense body"),
+    (b"XXXX" + encode_dense(1, np.ones(10))[4:], "magic"),
+    (b"GEO1", "shorter"),
+])
+def test_malformed_payloads_are_refused_with_a_typed_error(raw, why):
+    with pytest.raises(GeoPayloadError, match=why):
+        decode(raw, 10)
+
+
+def test_sparse_payloads_are_summed_by_index():
+    a = decode(encode_sparse(1, 8, np.array([0, 3]), np.array([1.0, 2.0])), 8)
+    b = decode(encode_sparse(1, 8, np.array([3, 7]), np.array([0.5, 4.0])), 8)
+    idx, vals = sum_sparse([a, b], 8)
+    assert idx.tolist() == [0, 3, 7] and vals.tolist() == [1.0, 2.5, 4.0]
+
+
+def test_a_role_refuses_and_counts_what_it_cannot_use():
+    ctx = RecordingContext(node="global-ps")
+    result = GeoResult(role="global_ps", site="c")
+    inbox = Inbox(ctx, "geo/push", 10, {"a-ps": "a", "b-ps": "b"}, "c", result)
+    good = encode_sparse(2, 10, np.array([1]), np.array([1.0]))
+    queue = [Message("geo/push", "a-ps", _sparse_raw(10, 2, [3, 3], [1, 1])),   # duplicates
+             Message("geo/push", "evil", good),                                     # unknown sender
+             Message("geo/push", "a-ps", encode_sparse(1, 10, np.array([1]), np.array([1.0]))),  # stale
+             Message("geo/push", "a-ps", good), Message("geo/push", "a-ps", good),  # a duplicate
+             Message("geo/push", "b-ps", good)]
+    gen = inbox.collect(["a-ps", "b-ps"], 2, deadline=5.0)
+    req = next(gen)
+    try:
+        while True:
+            assert isinstance(req, Recv)
+            req = gen.send(queue.pop(0))
+    except StopIteration as stop:
+        got = stop.value
+    assert sorted(got) == ["a-ps", "b-ps"]
+    assert result.rejected == 4
+    reasons = [e["reason"] for e in ctx.events]
+    assert reasons == ["malformed", "unknown_sender", "stale", "duplicate"]
+    assert ctx.bytes_rejected > 0
+
+
+# --- BiSparse's residuals -----------------------------------------------------------------
+def test_residuals_with_momentum_correction():
+    sp = ResidualSparsifier([100, 4], density=0.05, sample_ratio=0.5, momentum=0.9, seed=0, site=0)
+    g = np.linspace(-1, 1, 104).astype(np.float32)
+    idx, vals = sp.compress(g, 1)
+    assert len(idx) == 5 + 1   # ceil(5% of 100) + at least one of the small tensor
+    assert np.array_equal(vals, g[idx])           # v = g, u = v at the first round
+    assert np.all(sp.u[idx] == 0) and np.all(sp.v[idx] == 0)
+    rest = np.setdiff1d(np.arange(104), idx)
+    assert np.array_equal(sp.u[rest], g[rest])
+    idx2, vals2 = sp.compress(g, 2)               # v = 0.9 v + g, u = u + v
+    v = 0.9 * g + g
+    v[idx] = g[idx]
+    u = g.copy()
+    u[idx] = 0
+    u = u + v
+    assert np.allclose(vals2, u[idx2])
+
+
+# --- whole runs in emu ---------------------------------------------------------------------
+class _Data:
+    def __init__(self):
+        gen = torch.Generator().manual_seed(0)
+        self.x_train = torch.randn(512, 8, generator=gen)
+        w = torch.randn(8, 3, generator=gen)
+        self.y_train = (self.x_train @ w).argmax(1)
+        self.x_test, self.y_test = self.x_train[:128], self.y_train[:128]
+
+
+class StandIn:
+    """What the geo roles use of a Workload: a linear model on 512 synthetic samples."""
+
+    reference_cost = 1e-4
+    test_size = 128
+
+    def __init__(self):
+        self.dataset = _Data()
+
+    def new_model(self):
+        torch.manual_seed(1)
+        return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
+
+    def gradients(self, model, batch, rank, step):
+        model.zero_grad()
+        loss = F.cross_entropy(model(self.dataset.x_train[batch]), self.dataset.y_train[batch])
+        loss.backward()
+        return float(loss.detach())
+
+    def evaluate_shard(self, model, rank, world):
+        with torch.no_grad():
+            pred = model(self.dataset.x_test).argmax(1)
+        return int((pred == self.dataset.y_test).sum()), 128
+
+
+def geo_scenario(**sets):
+    raw = {"name": "geo-test", "mode": "geo", "seed": 3, "targets": [0.5],
+           "network": {"sites": {"c": {"wan": {"up_mbps": 10, "down_mbps": 10, "latency_ms": 5}},
+                                 "a": {"wan": {"up_mbps": 10, "down_mbps": 10, "latency_ms": 5}},
+                                 "b": {"wan": {"up_mbps": 10, "down_mbps": 10, "latency_ms": 5}}}},
+           "geo": {"workers_per_site": 2, "rounds": 12, "eval_every": 4, "batch_size": 16, "lr": 0.1,
+                   "round_timeout_s": 5, "sample_ratio": 0.5}}
+    return parse_scenario(raw, [f"{k}={v}" for k, v in sets.items()])
+
+
+def _run(tmp_path, name, **sets):
+    return run_emulation(geo_scenario(**sets), tmp_path / name, work=StandIn())
+
+
+def test_hips_run_agrees_everywhere_and_counts_the_wan(tmp_path):
+    s = _run(tmp_path, "hips")
+    assert s["mode"] == "geo" and s["stop_reason"] == "done" and s["rounds"] == 12
+    assert s["models_agree"] and s["model_sha256"]
+    assert s["final_accuracy"] is not None and s["time_to_accuracy"]["0.5"] is not None
+    # Every byte the roles say they sent across the WAN is what the network carried through the WANs.
+    net = s["emu"]["wan_bytes"]
+    assert s["wan_bytes"] == sum(v["up"] for v in net.values()) == sum(v["down"] for v in net.values())
+    # A local PS pushes one dense fp32 vector a round and pulls one back: no more.
+    dense = s["wan"]["dense_bytes"]
+    assert s["wan"]["up_per_node_round"] == dense + HEADER.size
+    assert s["wan"]["down_per_node_round"] == dense + HEADER.size
+    records = [json.loads(line) for line in (tmp_path / "hips" / "events.jsonl").read_text().splitlines()]
+    ends = {e["node"]: e for e in records if e["kind"] == "geo_end"}
+    assert all(ends[n]["wan_sent"] == 0 for n in ends if "-w" in n)   # workers never cross the WAN
+    assert _run(tmp_path, "again")["model_sha256"] == s["model_sha256"]  # deterministic
+
+
+def test_the_flat_ps_sends_every_worker_across_the_wan_and_takes_longer(tmp_path):
+    flat = _run(tmp_path, "flat", **{"geo.architecture": "flat"})
+    hips = _run(tmp_path, "hips")
+    assert flat["models_agree"] and flat["wan"]["nodes"] == 4
+    assert flat["wan"]["up_per_node_round"] == flat["wan"]["dense_bytes"] + HEADER.size
+    assert flat["wan_bytes"] > 1.9 * hips["wan_bytes"]
+    assert flat["time_s"] > hips["time_s"]
+
+
+@pytest.mark.parametrize("variant, limit", [("bisparse", 0.1), ("bisparse_fp16", 0.07)])
+def test_bisparse_cuts_the_wan_both_ways(tmp_path, variant, limit):
+    s = _run(tmp_path, variant, **{"geo.compression": variant})
+    assert s["models_agree"] and s["stop_reason"] == "done"
+    assert s["wan"]["up_ratio"] <= limit and s["wan"]["down_ratio"] <= limit
+
+
+def test_fp16_halves_every_dense_transfer(tmp_path):
+    fp16 = _run(tmp_path, "fp16", **{"geo.compression": "fp16"})
+    none = _run(tmp_path, "none")
+    assert fp16["models_agree"]
+    assert fp16["wan"]["up_per_node_round"] - HEADER.size == (none["wan"]["up_per_node_round"] - HEADER.size) / 2
+    assert fp16["bytes_up"] < 0.51 * none["bytes_up"]
+
+
+def test_global_optimizer_returns_weights(tmp_path):
+    s = _run(tmp_path, "gopt", **{"geo.global_optimizer": "true"})
+    assert s["models_agree"] and s["stop_reason"] == "done"
+
+
+def test_a_lost_site_ends_the_run_instead_of_hanging_it(tmp_path):
+    sc = geo_scenario(**{"faults.offline": '[{"node": "b-ps", "start_s": 0.05}]'})
+    s = run_emulation(sc, tmp_path / "lost", work=StandIn())
+    assert s["stop_reason"] != "done" and "b-ps" in s["lost"]
+    assert s["time_s"] < 12 * 5 + 10
+
+
+@pytest.mark.parametrize("sets, key", [
+    ({"network.sites": "{}"}, "network.sites"),
+    ({"network.central": "nowhere"}, "network.central"),
+    ({"geo.compression": "bisparse", "geo.architecture": "flat"}, "geo.compression"),
+    ({"geo.compression": "bisparse", "geo.global_optimizer": "true"}, "geo.global_optimizer"),
+])
+def test_scenarios_that_cannot_work_are_refused(sets, key):
+    from dtemu.core.errors import ScenarioError
+    with pytest.raises(ScenarioError, match=key):
+        geo_scenario(**sets)
+
+
+def test_sites_in_an_fl_scenario_place_every_node():
+    from dtemu.core.errors import ScenarioError
+    raw = {"name": "x", "fl": {"clients": 2},
+           "network": {"sites": {"h": {"nodes": ["controller", "client1"]}, "f": {"nodes": ["client2"]}}}}
+    s = parse_scenario(raw)
+    assert s.site_of == {"controller": "h", "client1": "h", "client2": "f"}
+    assert s.link("client2").up_mbps == 1000.0
+    raw["network"]["sites"]["f"]["nodes"] = []
+    with pytest.raises(ScenarioError, match="not placed: client2"):
+        parse_scenario(raw)
