@@ -50,6 +50,7 @@ def _kind(name: str, required: str = "", optional: str = "", doc: str = "", limi
 
 
 # --- a node's life (the runtimes) ------------------------------------------------
+NODE_STARTING = _kind("node_starting", doc="real launch started the rank's process (it is loading, not yet up)")
 NODE_UP = _kind("node_up", doc="the node (re)started")
 NODE_DOWN = _kind("node_down", doc="the node crashed, was switched off or killed")
 DELIVER = _kind("deliver", "src topic bytes sent_at comm_s", doc="a message reached the node's role",

@@ -29,6 +29,7 @@ RECENT_EVENTS = 8
 MAX_ROWS = 40
 
 # Client states.
+STARTING = "starting"  # real launch: the process is starting (imports, data, DDS) and not yet up
 WAITING = "waiting"  # up, waiting for a command (or for the model it needs)
 TRAINING = "training"
 UPLOADING = "uploading"
@@ -43,6 +44,7 @@ AGGREGATING = "aggregating"  # the round is closed: aggregate, checkpoint, evalu
 DONE = "done"
 
 STATE_STYLES = {
+    STARTING: "dim italic",
     WAITING: "dim",
     TRAINING: "bold yellow",
     UPLOADING: "bold cyan",
@@ -66,6 +68,7 @@ _CLIENT_STATES = {
     kinds.DROPOUT: DROPPED,
     kinds.NODE_DOWN: OFFLINE,
     kinds.NODE_UP: WAITING,
+    kinds.NODE_STARTING: STARTING,
 }
 # Too frequent to be news; they show up as bytes in the table instead.
 _QUIET_KINDS = frozenset({kinds.DELIVER})

@@ -30,6 +30,7 @@ from dtemu.core.scenario import CONTROLLER, Scenario, stretched
 from dtemu.core import events as ev
 from dtemu.core.runtime.summary import run_summary
 from dtemu.real.primitives import CRASH_EXIT
+from dtemu.real.start_line import START_FILE, is_ready, write_start
 
 GRACE_S = 15.0  # how long clients may take to exit after the controller did
 
@@ -87,8 +88,10 @@ def launch(args, scenario: Scenario) -> int:
         print(f"real launch: time scale {scale:g} ({how}); every scenario duration is stretched by it "
               f"(--time-scale 1 turns this off)", file=sys.stderr)
     scenario = stretched(scenario, scale)  # the launcher's own schedule (offline windows, restarts) too
-    epoch = time.time()
-    env = {**os.environ, "DTEMU_EPOCH": repr(epoch), "DTEMU_LAUNCHED": "1"}  # one time origin for all ranks
+    # One time origin for all ranks: the instant every rank is up (real.start_line), as emu's time 0.
+    start_file = out / "start.json"
+    start_file.unlink(missing_ok=True)
+    env = {**os.environ, START_FILE: str(start_file.resolve()), "DTEMU_LAUNCHED": "1"}
     if getattr(args, "key_file", None):
         env["DTEMU_KEY_FILE"] = str(Path(args.key_file).resolve())
     fired: dict[int, list[int]] = {r: [] for r in range(ranks)}
@@ -107,8 +110,9 @@ def launch(args, scenario: Scenario) -> int:
         log = open(out / f"rank{rank}.log", "ab" if restart else "wb")
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
-    schedule = _Schedule(scenario, epoch)
+    schedule = _Schedule(scenario)
     procs: list[subprocess.Popen | None] = [None if schedule.down_at_start(r) else start(r) for r in range(ranks)]
+    epoch: float | None = None  # set when every rank is ready
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
@@ -117,10 +121,18 @@ def launch(args, scenario: Scenario) -> int:
     try:
         with dashboard:
             leader_done_at = None
+            for rank, p in enumerate(procs):
+                if p is not None:
+                    dashboard.observe({"t": 0.0, "node": scenario.node_names[rank], "kind": ev.NODE_STARTING})
             while len(codes) < ranks:
                 for f in followers:
                     for event in f.poll():
                         dashboard.observe(event)
+                if epoch is None and all(p is None or p.poll() is not None or is_ready(out / f"rank{r}")
+                                         for r, p in enumerate(procs)):
+                    epoch = time.time()
+                    write_start(start_file, epoch)
+                    schedule.begin(epoch)
                 for rank, p in enumerate(procs):
                     if rank in codes or p is None or p.poll() is None:
                         continue
@@ -140,7 +152,7 @@ def launch(args, scenario: Scenario) -> int:
                     if procs[rank] is not None and procs[rank].poll() is None:
                         procs[rank].kill()
                         procs[rank].wait()
-                        _log_kill(out / f"rank{rank}", scenario.node_names[rank], time.time() - epoch)
+                        _log_kill(out / f"rank{rank}", scenario.node_names[rank], time.time() - (epoch or 0.0))
                 for rank in schedule.due_starts(time.time()):
                     if rank not in codes and procs[rank] is None:
                         procs[rank] = start(rank, restart=True)
@@ -182,8 +194,15 @@ def launch(args, scenario: Scenario) -> int:
         return code if isinstance(code, int) and code > 0 else 1
     acc = summary.get("final_accuracy")
     print(f"{scenario.name} (real, {ranks} processes): accuracy {acc}, up {summary.get('bytes_up', 0) / 1e6:.2f} MB, "
-          f"down {summary.get('bytes_down', 0) / 1e6:.2f} MB, wall {summary['wall_time_s']:.1f} s -> {out}")
+          f"down {summary.get('bytes_down', 0) / 1e6:.2f} MB, wall {summary['wall_time_s']:.1f} s"
+          f"{_failed_rounds(out)} -> {out}")
     return 0
+
+
+def _failed_rounds(out: Path) -> str:
+    """', rounds failed: 3, 7' for an FL run that had failed rounds (a user's first question), or ''."""
+    failed = [e.get("round") for e in read_events(out) if e.get("kind") == ev.ROUND_FAILED]
+    return f", rounds failed: {', '.join(map(str, failed))}" if failed else ""
 
 
 def _last_line(log: Path) -> str:
@@ -206,23 +225,28 @@ def _log_kill(folder: Path, node: str, t: float) -> None:
 
 
 class _Schedule:
-    """When ranks are killed and (re)started, in wall-clock seconds since the Unix epoch."""
+    """When ranks are killed and (re)started, in wall-clock seconds since the Unix epoch.
 
-    def __init__(self, scenario: Scenario, epoch: float):
-        self.epoch = epoch
+    The offline windows count from the run's origin (``begin``: every rank is up); crash
+    restarts are added as they happen."""
+
+    def __init__(self, scenario: Scenario):
         self.names = scenario.node_names
+        self.offline = scenario.faults.offline
         self.kills: list[tuple[float, int]] = []
         self.starts: list[tuple[float, int]] = []
-        self._killed: set[int] = set()
-        for w in scenario.faults.offline:
+        self._killed = {self.names.index(w.node) for w in self.offline if w.start_s == 0}
+        self._first_down = set(self._killed)
+        self.begun = False
+
+    def begin(self, epoch: float) -> None:
+        self.begun = True
+        for w in self.offline:
             rank = self.names.index(w.node)
             if w.start_s > 0:
-                self.kills.append((self.epoch + w.start_s, rank))
+                self.kills.append((epoch + w.start_s, rank))
             if w.end_s is not None:
-                self.starts.append((self.epoch + w.end_s, rank))
-            if w.start_s == 0:
-                self._killed.add(rank)
-        self._first_down = set(self._killed)
+                self.starts.append((epoch + w.end_s, rank))
 
     def down_at_start(self, rank: int) -> bool:
         return rank in self._first_down
@@ -246,6 +270,8 @@ class _Schedule:
         return rank in self._killed
 
     def pending(self, rank: int) -> bool:
+        if not self.begun and any(self.names.index(w.node) == rank and w.end_s is not None for w in self.offline):
+            return True  # down until its window ends, which counts from the origin to come
         return any(r == rank for _, r in self.starts)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -22,6 +21,7 @@ from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
 
 from .primitives import RealPrimitives
+from .start_line import wait_for_start
 from .transport import DdsTransport
 
 
@@ -65,9 +65,9 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
                       key=key) as transport:
-        epoch = os.environ.get("DTEMU_EPOCH")  # set by `real launch`: one time origin for all ranks
-        prims = RealPrimitives(name, transport, run, spec.publishes, timer,
-                               epoch=float(epoch) if epoch else None)
+        # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).
+        epoch = wait_for_start(run.path)
+        prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch)
         faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
                                      faultlib.CrashPlan(scenario.faults, set(fired)))
         driver = Driver(prims, faults)

@@ -1,0 +1,37 @@
+"""real launch: scenario times count from the instant every rank is up, not from the launch."""
+
+from dtemu.core.scenario import parse_scenario
+from dtemu.real import start_line
+from dtemu.real.launch import _Schedule
+
+
+def test_a_rank_waits_at_the_start_line_and_takes_its_origin(tmp_path, monkeypatch):
+    monkeypatch.delenv(start_line.START_FILE, raising=False)
+    assert start_line.wait_for_start(tmp_path) is None  # not launched: its own clock
+    path = tmp_path / "start.json"
+    monkeypatch.setenv(start_line.START_FILE, str(path))
+    start_line.write_start(path, 1234.5)
+    folder = tmp_path / "rank1"
+    folder.mkdir()
+    assert start_line.wait_for_start(folder) == 1234.5
+    assert start_line.is_ready(folder)
+
+
+def test_a_torn_or_foreign_start_file_is_not_an_origin(tmp_path):
+    path = tmp_path / "start.json"
+    for text in ("", "{", '{"origin": "soon"}', "[1]", '{"other": 1}'):
+        path.write_text(text)
+        assert start_line.read_start(path) is None
+
+
+def test_offline_windows_count_from_the_origin():
+    s = parse_scenario({"name": "t", "fl": {"clients": 2},
+                        "faults": {"offline": [{"node": "client1", "start_s": 5, "end_s": 9},
+                                               {"node": "client2", "start_s": 0, "end_s": 3}]}})
+    sched = _Schedule(s)
+    assert sched.down_at_start(2) and not sched.down_at_start(1)
+    assert sched.pending(2)  # still to come back, though the origin is not known yet
+    assert sched.due_kills(1e12) == [] and sched.due_starts(1e12) == []  # nothing before the origin
+    sched.begin(1000.0)
+    assert sched.due_kills(1004.9) == [] and sched.due_kills(1005.0) == [1]
+    assert sched.due_starts(1003.0) == [2] and sched.due_starts(1009.0) == [1]
