@@ -111,6 +111,7 @@ class DashboardState:
         self.bad_events = 0
         self.recent: deque[dict] = deque(maxlen=RECENT_EVENTS)
         self._dropped: set[str] = set()
+        self.sampled: tuple[int, int] | None = None  # (asked, available) in a sampled round
 
     @classmethod
     def from_scenario(cls, scenario) -> DashboardState:
@@ -195,6 +196,9 @@ class DashboardState:
                 view.state = WAITING
                 self._dropped.discard(name)
 
+    def _sampled(self, node: NodeView, ev: dict) -> None:
+        self.sampled = (int(ev["asked"]), int(ev["available"]))
+
     def _round_close(self, node: NodeView, ev: dict) -> None:
         node.state = AGGREGATING
 
@@ -234,6 +238,7 @@ _CONTROLLER_HANDLERS = {
     kinds.RUN_START: DashboardState._run_start,
     kinds.ROUND_START: DashboardState._round_start,
     kinds.ROUND_CLOSE: DashboardState._round_close,
+    kinds.SAMPLED: DashboardState._sampled,
     kinds.ROUND_FAILED: DashboardState._round_failed,
     kinds.EVAL: DashboardState._eval,
     kinds.RUN_END: DashboardState._run_end,
@@ -279,6 +284,8 @@ def _header(state: DashboardState, title: str, elapsed_s: float | None) -> Panel
     parts = [f"round {round_}/{total}"]
     if state.attempt:
         parts.append(f"attempt {state.attempt}")
+    if state.sampled is not None:
+        parts.append(f"asked {state.sampled[0]} of {state.sampled[1]} available")
     parts.append(f"t {state.t:.3f} s")
     if elapsed_s is not None:
         parts.append(f"wall {elapsed_s:.1f} s")
@@ -295,6 +302,8 @@ def _header(state: DashboardState, title: str, elapsed_s: float | None) -> Panel
 
 
 def _node_table(state: DashboardState) -> Table:
+    if len(state.nodes) > MAX_ROWS:
+        return _summary_table(state)
     table = Table(expand=False, show_edge=False, pad_edge=False)
     for name, justify in (("node", "left"), ("state", "left"), ("round", "right"),
                           ("up", "right"), ("down", "right"), ("loss", "right")):
@@ -311,6 +320,37 @@ def _node_table(state: DashboardState) -> Table:
         )
     if len(views) > MAX_ROWS:
         table.add_row(f"… {len(views) - MAX_ROWS} more", "", "", "", "", "")
+    return table
+
+
+# With more nodes than MAX_ROWS: one row per state (how many, their bytes, their mean
+# loss), then the nodes at work (the controller and who trains or uploads), at most this many.
+BUSY_ROWS = 12
+_BUSY = (COLLECTING, AGGREGATING, TRAINING, UPLOADING)
+
+
+def _summary_table(state: DashboardState) -> Table:
+    """Many nodes (a thousand clients): a summary by state, not a thousand rows."""
+    table = Table(expand=False, show_edge=False, pad_edge=False)
+    for name, justify in (("state", "left"), ("nodes", "right"), ("up", "right"), ("down", "right"),
+                          ("mean loss", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    by_state: dict[str, list[NodeView]] = {}
+    for v in state.nodes.values():
+        by_state.setdefault(v.state, []).append(v)
+    for name in sorted(by_state, key=lambda st: (-len(by_state[st]), st)):
+        views = by_state[name]
+        losses = [v.loss for v in views if v.loss is not None]
+        table.add_row(Text(name, style=STATE_STYLES.get(name, "")), str(len(views)),
+                      human_bytes(sum(v.bytes_up for v in views)), human_bytes(sum(v.bytes_down for v in views)),
+                      "-" if not losses else f"{sum(losses) / len(losses):.4f}")
+    busy = [v for v in state.nodes.values() if v.state in _BUSY]
+    for v in busy[:BUSY_ROWS]:
+        table.add_row(Text(f"  {v.name}", style=STATE_STYLES.get(v.state, "")), v.state,
+                      human_bytes(v.bytes_up), human_bytes(v.bytes_down),
+                      "-" if v.loss is None else f"{v.loss:.4f}")
+    if len(busy) > BUSY_ROWS:
+        table.add_row(f"  … {len(busy) - BUSY_ROWS} more at work", "", "", "", "")
     return table
 
 

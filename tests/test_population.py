@@ -102,3 +102,18 @@ def test_a_round_with_no_one_available_waits_out_its_time(tmp_path):
     assert of(events, "round_failed", round=1)
     assert second["expected"] == 0  # at ~5 s: still no one
     assert of(events, "sampled", round=2)[0]["available"] == 0
+
+
+def test_dashboard_summarises_a_thousand_clients(tmp_path):
+    from rich.console import Console
+
+    from dtemu.host.dashboard import DashboardState, render
+
+    sc = scenario(clients=1000, **{"fl.sample": 100, "fl.rounds": 1})
+    state = DashboardState.from_scenario(sc)
+    run_emulation(sc, tmp_path / "r", work=StandIn(), observers=[state.observe])
+    console = Console(width=120, record=True, file=open("/dev/null", "w"))
+    console.print(render(state))
+    text = console.export_text()
+    assert len(text.splitlines()) < 40
+    assert "asked 100 of 1000 available" in text and "stopped" in text and "1000" in text

@@ -29,7 +29,10 @@ from dtemu.core import events as ev
 class _State:
     def __init__(self):
         self.model_round = -1
-        self.weights = None
+        # The newest model as it arrived (the ModelBlob's bytes), decoded only when training:
+        # an idle client holds no weights of its own, and in emu every client holds the same
+        # bytes object, so a thousand idle clients cost one copy of the model, not a thousand.
+        self.model_msg: bytes | None = None
         self.cmd: TrainCmd | None = None
         self.stop: Stop | None = None
         self.done: set[tuple[int, int]] = set()  # (round, seed) already answered
@@ -59,7 +62,8 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | Non
         cmd = state.cmd
         if cmd is not None and state.model_round == cmd.round - 1:
             state.cmd = None
-            data = yield from _train_and_upload(ctx, work, index, cmd, state.weights, params, feedback, auth)
+            base = _weights_of(state.model_msg, work.dim)
+            data = yield from _train_and_upload(ctx, work, index, cmd, base, params, feedback, auth)
             state.done.add((cmd.round, cmd.seed))
             if data is not None:
                 state.last_sent = ((cmd.round, cmd.seed), data)
@@ -74,15 +78,21 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | Non
     return state.model_round
 
 
+def _weights_of(model_msg: bytes, dim: int) -> np.ndarray:
+    """The weights in a ModelBlob that was checked when it arrived."""
+    return codecs.decode(messages.decode(model_msg).packet, expected_dim=dim).to_dense()
+
+
 def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
     try:
-        m = messages.decode(auth.open(msg.topic, msg.src, msg.data).data)
+        opened = auth.open(msg.topic, msg.src, msg.data).data
+        m = messages.decode(opened)
         if auth.enabled and msg.src != CONTROLLER:
             raise AuthError("forged", f"{msg.src!r} is not the controller")
         if isinstance(m, ModelBlob):
             if m.round > state.model_round:
-                state.weights = codecs.decode(m.packet, expected_dim=dim).to_dense()
-                state.model_round = m.round
+                codecs.decode(m.packet, expected_dim=dim)  # a bad packet is refused now, not when used
+                state.model_msg, state.model_round = opened, m.round
         elif isinstance(m, TrainCmd):
             if state.last_sent is not None and state.last_sent[0] == (m.round, m.seed):
                 state.resend = True  # the same command again: our answer was lost
