@@ -23,6 +23,15 @@ class MessageError(DecodeError):
     """A malformed wire message (TrainCmd, ClientUpdate, ModelBlob, ...)."""
 
 
+class StateMessageError(MessageError):
+    """A malformed state-server message (ESync's RESET / REPORT / QUERY / RESPONSE): ``reason`` says
+    which check failed (short, for counting: truncated, magic, version, type, action, status, ...)."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}")
+
+
 class FrameError(DecodeError):
     """A malformed collective frame or gradient bucket (DDP)."""
 

@@ -82,7 +82,8 @@ ROUND_CLOSE = _kind("round_close", "round ready expected min clients timed_out n
 AGGREGATED = _kind("aggregated", "round model_sha256")
 ROUND_FAILED = _kind("round_failed", "round ready min policy")
 CHECKPOINT = _kind("checkpoint", "round path")
-EVAL = _kind("eval", "accuracy", "round epoch step", doc="test accuracy (FL: after a round; DDP: an epoch)")
+EVAL = _kind("eval", "accuracy", "round epoch step loss",
+             doc="test accuracy (FL: after a round; DDP: an epoch; ps: a global version, with the test loss)")
 RUN_END = _kind("run_end", "reason rounds_completed rounds_failed model_sha256 counts")
 
 # --- federated learning: a client ------------------------------------------------
@@ -106,16 +107,6 @@ WORKER_LOST = _kind("worker_lost", "ranks step waiting_for generation action")
 MEMBERSHIP = _kind("membership", "generation members step leader", "excluded")
 WORKER_END = _kind("worker_end", "steps model_sha256 bytes_sent bytes_received counts",
                    "stop_reason lost_ranks members generation")
-
-# --- geo-distributed training (core.geo) -------------------------------------------
-GEO_START = _kind("geo_start", "role site dim", "architecture compression")
-GEO_STEP = _kind("geo_step", "round loss compute_s comm_s bytes_sent",
-                 doc="a worker's round: compute, then push to pull (comm_s)")
-GEO_ROUND = _kind("geo_round", "round role wait_s wan_s bytes_up bytes_down",
-                  doc="a PS closed a round: waited wait_s for its pushes, then wan_s for the level above "
-                      "(global/flat PS: for sending down)")
-GEO_LOST = _kind("geo_lost", "round missing reason", doc="a geo role gave up waiting for these nodes")
-GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_sha256 stop_reason")
 
 # --- geo-distributed training (core.geo) -------------------------------------------
 GEO_START = _kind("geo_start", "role site dim", "architecture compression")

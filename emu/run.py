@@ -100,13 +100,14 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float) ->
         # Until the controller's role returns (it may crash and restart on the way),
         # then let what is still in flight land (the last model, Stop), as it would
         # for real; clients exit on Stop, so the event queue runs dry.
-        done = world.nodes[CONTROLLER].finished
+        lead = scenario.node_names[0]  # the FL controller; mode ps: the parameter server
+        done = world.nodes[lead].finished
         try:
             env.run(until=done)
         except RuntimeError:
             if done.triggered:
                 raise
-            raise DtemuError(f"the controller stopped at t={env.now:g} s without finishing the run "
+            raise DtemuError(f"the {lead} stopped at t={env.now:g} s without finishing the run "
                              "(it crashed and was not restarted); nothing is left to happen") from None
         end = env.now
         env.run()

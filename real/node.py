@@ -14,7 +14,7 @@ from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.driver import CRASHED, Driver, run_blocking
 from dtemu.core.runtime.summary import node_record
-from dtemu.core.runtime.wiring import role_of
+from dtemu.core.runtime.wiring import readers_of, role_of
 from dtemu.core.scenario import Scenario
 from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
@@ -67,7 +67,8 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
                       key=key) as transport:
         # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).
         epoch = wait_for_start(run.path)
-        prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch)
+        prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch,
+                               readers=readers_of(scenario))
         faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
                                      faultlib.CrashPlan(scenario.faults, set(fired)))
         driver = Driver(prims, faults)

@@ -40,8 +40,10 @@ CRASH_EXIT = 100
 
 class RealPrimitives:
     def __init__(self, name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str],
-                 timer: ComputeTimer, epoch: float | None = None):
+                 timer: ComputeTimer, epoch: float | None = None, readers: dict | None = None):
         self.node = name
+        # topic -> the nodes that read it (None: every peer reads every topic this node publishes)
+        self.readers = readers
         # Sealed messages count from here: a restarted process goes on above its previous life.
         self.incarnation = int(time.time() * 1000)
         self.transport = transport
@@ -130,7 +132,9 @@ class RealPrimitives:
         missing = set(self.transport.wait_peers(list(peers), timeout_s=left()))
         present = [p for p in peers if p not in missing]
         if present and self.publishes:
-            unmatched = self.transport.wait_matched({t: present for t in self.publishes},
+            want = {t: [p for p in present if self.readers is None or p in self.readers.get(t, ())]
+                    for t in self.publishes}
+            unmatched = self.transport.wait_matched({t: names for t, names in want.items() if names},
                                                     timeout_s=left(), role="readers")
             for names in unmatched.values():
                 if isinstance(names, (list, tuple, set)):

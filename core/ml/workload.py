@@ -38,6 +38,8 @@ class Workload:
         spec = self.scenario.data
         labels = self.dataset.y_train.numpy()
         parties = self.scenario.ddp.workers if self.scenario.mode == "ddp" else self.scenario.fl.clients
+        if self.scenario.mode == "ps":
+            parties = self.scenario.ps.workers
         return datasets.partition(
             spec.partition,
             labels,

@@ -26,6 +26,7 @@ from typing import Any
 
 from dtemu.core.geo.report import geo_record, geo_summary
 from dtemu.core.ml.params import sha256_of
+from dtemu.core.ps.summary import ps_record, ps_summary
 from dtemu.core.scenario import CONTROLLER, Scenario
 
 DONE = "done"
@@ -55,6 +56,11 @@ def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, byt
         return record
     if scenario.mode == "geo":
         record.update(geo_record(result), time_to_accuracy=time_to_accuracy(result.history, scenario.targets))
+        return record
+    if scenario.mode == "ps":
+        record.update(ps_record(result))
+        if "history" in record:
+            record["time_to_accuracy"] = time_to_accuracy(record["history"], scenario.targets)
         return record
     if scenario.mode == "ddp":
         record.update(final_accuracy=result.final_accuracy, steps=result.steps,
@@ -90,6 +96,8 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
     }
     if scenario.mode == "geo":
         summary.update(geo_summary(scenario, records, time_to_accuracy([], scenario.targets)))
+    elif scenario.mode == "ps":
+        summary.update(ps_summary(scenario, records, time_to_accuracy([], scenario.targets), time_s))
     else:
         summary.update(_ddp(scenario, records) if scenario.mode == "ddp" else _fl(scenario, records[0]))
     summary[runtime] = extra or {}

@@ -1,7 +1,7 @@
 """Which rank runs which role, and what it reads and writes: written once for both runtimes.
 
 FL: rank 0 is the controller, ranks 1..N the clients.  DDP: ranks 0..W-1 are
-the workers.  A ``RoleSpec`` starts its role on a ``Context`` with the
+the workers.  ps: rank 0 the parameter server, 1 the state server, 2.. the workers.  A ``RoleSpec`` starts its role on a ``Context`` with the
 checkpoint to resume from (the FL controller; emu hands a restarted
 controller its latest checkpoint, real ``fl.init_path``).
 """
@@ -19,7 +19,12 @@ from dtemu.core.geo import roles as geo
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER
 from dtemu.core.ml.workload import Workload
 from dtemu.core.scenario import CONTROLLER, Scenario
-from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, GEO_PULL, GEO_PUSH, MODEL_BLOB, TRAIN_CMD
+from dtemu.core.ps.server import parameter_server
+from dtemu.core.ps.spec import PS, SS
+from dtemu.core.ps.state_server import state_server
+from dtemu.core.ps.worker import ps_worker
+from dtemu.core.wire.topics import (CLIENT_UPDATE, COLL_FRAMES, GEO_PULL, GEO_PUSH, MODEL_BLOB, PS_MODEL, PS_UPDATE,
+                                    SS_REPLY, SS_STATE, TRAIN_CMD)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ def role_of(scenario: Scenario, rank: int, work: Workload, key: bytes | None = N
     if scenario.mode == "ddp":
         return RoleSpec(rank, name, (COLL_FRAMES,), (COLL_FRAMES,),
                         lambda ctx, init: worker(ctx, scenario, work, rank))
+    if scenario.mode == "ps":
+        return ps_role(scenario, rank, name, work)
     if scenario.mode == "geo":
         return geo_role(scenario, rank, name, work)
     if name == CONTROLLER:
@@ -59,6 +66,28 @@ def geo_role(scenario: Scenario, rank: int, name: str, work: Workload) -> RoleSp
         return RoleSpec(rank, name, (GEO_PULL,), (GEO_PUSH,), lambda ctx, init: geo.worker(ctx, scenario, work, name))
     return RoleSpec(rank, name, (GEO_PUSH, GEO_PULL), (GEO_PUSH, GEO_PULL),
                     lambda ctx, init: geo.local_ps(ctx, scenario, work, name))
+
+
+def ps_role(scenario: Scenario, rank: int, name: str, work: Workload) -> RoleSpec:
+    """ps: rank 0 the parameter server, rank 1 the state server, ranks 2.. the workers."""
+    if name == PS:
+        return RoleSpec(rank, name, (PS_UPDATE,), (PS_MODEL, SS_STATE),
+                        lambda ctx, init: parameter_server(ctx, scenario, work, init))
+    if name == SS:
+        workers = list(range(2, 2 + scenario.ps.workers))
+        return RoleSpec(rank, name, (SS_STATE,), (SS_REPLY,),
+                        lambda ctx, init: state_server(ctx, scenario.node_names, workers))
+    return RoleSpec(rank, name, (PS_MODEL, SS_REPLY), (PS_UPDATE, SS_STATE),
+                    lambda ctx, init: ps_worker(ctx, scenario, work, rank))
+
+
+def readers_of(scenario: Scenario) -> dict[str, frozenset[str]] | None:
+    """Which nodes read each topic, where not every peer reads every topic a node publishes
+    (mode ps: the state server reads none of the models); None: they all do."""
+    if scenario.mode != "ps":
+        return None
+    workers = frozenset(scenario.ps.worker_names)
+    return {PS_MODEL: workers, SS_REPLY: workers, PS_UPDATE: frozenset({PS}), SS_STATE: frozenset({SS})}
 
 
 def roles(scenario: Scenario, work: Workload, key: bytes | None = None,

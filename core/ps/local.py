@@ -1,0 +1,82 @@
+"""A worker's local work in mode ps: its batches, one SGD iteration, the initial model, evaluation.
+
+Batches are a stream per worker: each epoch a permutation of its partition drawn from
+(seed, rank, epoch), cut into batches of ``ps.batch_size`` (the last, partial one
+kept), so the k-th iteration of a worker trains on the same samples in emu and real.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dtemu.core.ml.params import flatten
+
+
+class BatchStream:
+    def __init__(self, indices: np.ndarray, batch_size: int, seed: int, rank: int):
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.batch_size = batch_size
+        self.seed, self.rank = seed, rank
+        self.epoch, self.pos = 0, 0
+        self._order = self._permute()
+
+    def _permute(self) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, self.rank, self.epoch])
+        return self.indices[rng.permutation(len(self.indices))]
+
+    @property
+    def per_epoch(self) -> int:
+        """Iterations in one epoch of this worker's data."""
+        return max(1, -(-len(self.indices) // self.batch_size))
+
+    def next(self) -> np.ndarray:
+        if self.pos >= len(self._order):
+            self.epoch, self.pos = self.epoch + 1, 0
+            self._order = self._permute()
+        batch = self._order[self.pos:self.pos + self.batch_size]
+        self.pos += self.batch_size
+        return batch
+
+
+def sgd_iteration(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                  batch: np.ndarray, seed: int) -> float:
+    """One local iteration (Eq. 10-11): the batch's cross-entropy, its gradient, one SGD step."""
+    idx = torch.from_numpy(batch)
+    model.train()
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        torch.manual_seed(seed)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
+
+
+def xavier_weights(model: nn.Module, seed: int) -> np.ndarray:
+    """Algorithm 2's w^0 = Xavier(f): Xavier-uniform weights of every conv and linear layer,
+    zero biases, from ``seed``; other layers keep their own initialisation."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
+                nn.init.xavier_uniform_(module.weight, generator=gen)
+                if module.bias is not None:
+                    module.bias.zero_()
+    return flatten(model)
+
+
+def evaluate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) on (x, y), in eval mode without gradients."""
+    model.eval()
+    correct, loss = 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(x), batch_size):
+            out = model(x[start:start + batch_size])
+            target = y[start:start + batch_size]
+            loss += float(F.cross_entropy(out, target, reduction="sum"))
+            correct += int((out.argmax(dim=1) == target).sum())
+    model.train()
+    return correct / max(len(x), 1), loss / max(len(x), 1)

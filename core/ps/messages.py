@@ -1,0 +1,198 @@
+"""Wire formats of mode ps: the state server's messages and the parameter server's.
+
+State messages (ESync's Fig. 4), fixed size, little-endian::
+
+    magic b"ESS1" | version u8 | msg_type u8 | action u8 | reserved u8 |
+    sender u16 | receiver u16 | status: k u16, i u32, r u32, c f64, m f64, t f64
+
+``msg_type``: RESET (PS -> SS: worker k's record starts afresh at round r), REPORT
+(worker -> SS: it entered round r), QUERY (worker -> SS: TRAIN once more or SYNC?),
+RESPONSE (SS -> worker, ``action`` TRAIN or SYNC); and two of our own beyond the
+design's four: LEAVE (PS -> SS: worker k missed round r's deadline and is left out
+of the straggler search until it reports again) and STOP (PS -> SS: the run is over).
+Sender and receiver are ranks.  ``decode_state`` trusts nothing: sizes, magic,
+version, type, action, finite non-negative times, and raises ``StateMessageError``
+with a short reason for counting.
+
+Parameter-server messages (header b"EPS1" | version u8 | type u8 | reserved u16):
+MODEL (version u32, selected count u16, selected ranks u16..., an fp32 codec packet),
+UPDATE (base version u32, worker u16, iterations u32, samples u32, loss f32, packet),
+JOIN (worker u16: send me the current model), STOP (version u32).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from dtemu.core.compression import codecs
+from dtemu.core.errors import DecodeError, MessageError, StateMessageError
+
+# --- state messages ------------------------------------------------------------
+STATE_MAGIC = b"ESS1"
+STATE_VERSION = 1
+RESET, REPORT, QUERY, RESPONSE, LEAVE, STOP = 1, 2, 3, 4, 5, 6
+MSG_TYPES = {RESET: "RESET", REPORT: "REPORT", QUERY: "QUERY", RESPONSE: "RESPONSE", LEAVE: "LEAVE", STOP: "STOP"}
+NONE, TRAIN, SYNC = 0, 1, 2
+ACTIONS = {NONE: "NONE", TRAIN: "TRAIN", SYNC: "SYNC"}
+_STATE = struct.Struct("<4sBBBBHHHIIddd")
+STATE_SIZE = _STATE.size
+
+
+@dataclass(frozen=True)
+class Status:
+    """A worker's six-tuple: rank k, local iteration i, round r, compute time c of one local
+    iteration, transfer time m of an update to the PS, and the time t it was taken."""
+
+    k: int
+    i: int
+    r: int
+    c: float
+    m: float
+    t: float
+
+
+@dataclass(frozen=True)
+class StateMsg:
+    msg_type: int
+    sender: int
+    receiver: int
+    status: Status
+    action: int = NONE
+
+
+def encode_state(msg: StateMsg) -> bytes:
+    st = msg.status
+    return _STATE.pack(STATE_MAGIC, STATE_VERSION, msg.msg_type, msg.action, 0, msg.sender, msg.receiver,
+                       st.k, st.i, st.r, st.c, st.m, st.t)
+
+
+def decode_state(data: bytes | memoryview) -> StateMsg:
+    """Untrusted bytes -> StateMsg, or StateMessageError."""
+    if len(data) != STATE_SIZE:
+        raise StateMessageError("size", f"{len(data)} bytes, a state message has {STATE_SIZE}")
+    magic, version, kind, action, reserved, sender, receiver, k, i, r, c, m, t = _STATE.unpack(data)
+    if magic != STATE_MAGIC:
+        raise StateMessageError("magic", f"bad magic {bytes(magic)!r}")
+    if version != STATE_VERSION:
+        raise StateMessageError("version", f"unsupported version {version}")
+    if kind not in MSG_TYPES:
+        raise StateMessageError("type", f"unknown msg_type {kind}")
+    if action not in ACTIONS or (kind == RESPONSE) != (action != NONE):
+        raise StateMessageError("action", f"action {action} with msg_type {MSG_TYPES[kind]}")
+    if reserved:
+        raise StateMessageError("reserved", "reserved byte set")
+    for name, value in (("c", c), ("m", m), ("t", t)):
+        if not (math.isfinite(value) and value >= 0):
+            raise StateMessageError("status", f"{name} = {value!r} is not a finite time >= 0")
+    return StateMsg(kind, sender, receiver, Status(k, i, r, c, m, t), action)
+
+
+# --- parameter-server messages ---------------------------------------------------
+PS_MAGIC = b"EPS1"
+PS_VERSION = 1
+_MODEL, _UPDATE, _JOIN, _STOP = 1, 2, 3, 4
+_HEADER = struct.Struct("<4sBBH")
+_MODEL_BODY = struct.Struct("<IH")
+_UPDATE_BODY = struct.Struct("<IHIIf")
+_JOIN_BODY = struct.Struct("<H")
+_STOP_BODY = struct.Struct("<I")
+FP32 = codecs.CodecParams("fp32")
+
+
+@dataclass(frozen=True)
+class Model:
+    version: int  # global model version (the round it starts)
+    weights: np.ndarray
+    selected: tuple[int, ...] = ()  # ranks asked to train on it (TiFL); empty: everyone
+
+
+@dataclass(frozen=True)
+class Update:
+    version: int  # the global version it was trained from
+    worker: int  # rank
+    iterations: int
+    samples: int
+    loss: float
+    delta: np.ndarray
+
+
+@dataclass(frozen=True)
+class Join:
+    worker: int
+
+
+@dataclass(frozen=True)
+class PsStop:
+    version: int
+
+
+def _head(kind: int) -> bytes:
+    return _HEADER.pack(PS_MAGIC, PS_VERSION, kind, 0)
+
+
+def encode_ps(msg) -> bytes:
+    if isinstance(msg, Model):
+        return b"".join((_head(_MODEL), _MODEL_BODY.pack(msg.version, len(msg.selected)),
+                         struct.pack(f"<{len(msg.selected)}H", *msg.selected), codecs.encode(msg.weights, FP32)))
+    if isinstance(msg, Update):
+        return b"".join((_head(_UPDATE), _UPDATE_BODY.pack(msg.version, msg.worker, msg.iterations, msg.samples,
+                                                           msg.loss), codecs.encode(msg.delta, FP32)))
+    if isinstance(msg, Join):
+        return _head(_JOIN) + _JOIN_BODY.pack(msg.worker)
+    if isinstance(msg, PsStop):
+        return _head(_STOP) + _STOP_BODY.pack(msg.version)
+    raise TypeError(f"not a ps message: {type(msg).__name__}")
+
+
+def decode_ps(data: bytes | memoryview, dim: int):
+    """Untrusted bytes -> Model | Update | Join | PsStop, or MessageError (CodecError for a bad
+    vector; a vector of another length than ``dim`` or not finite is refused too)."""
+    view = memoryview(data)
+    if len(view) < _HEADER.size:
+        raise MessageError(f"ps message of {len(view)} bytes is shorter than its header")
+    magic, version, kind, reserved = _HEADER.unpack_from(view)
+    if magic != PS_MAGIC or version != PS_VERSION or reserved:
+        raise MessageError(f"bad ps header {bytes(magic)!r} v{version}")
+    body = view[_HEADER.size:]
+    if kind == _MODEL:
+        _at_least(body, _MODEL_BODY.size, "Model")
+        ver, n = _MODEL_BODY.unpack_from(body)
+        end = _MODEL_BODY.size + 2 * n
+        _at_least(body, end, "Model")
+        selected = struct.unpack_from(f"<{n}H", body, _MODEL_BODY.size)
+        return Model(ver, _vector(body[end:], dim), tuple(selected))
+    if kind == _UPDATE:
+        _at_least(body, _UPDATE_BODY.size, "Update")
+        ver, worker, iterations, samples, loss = _UPDATE_BODY.unpack_from(body)
+        return Update(ver, worker, iterations, samples, loss, _vector(body[_UPDATE_BODY.size:], dim))
+    if kind == _JOIN:
+        _exact(body, _JOIN_BODY.size, "Join")
+        return Join(*_JOIN_BODY.unpack(body))
+    if kind == _STOP:
+        _exact(body, _STOP_BODY.size, "Stop")
+        return PsStop(*_STOP_BODY.unpack(body))
+    raise MessageError(f"unknown ps message type {kind}")
+
+
+def _vector(packet: memoryview, dim: int) -> np.ndarray:
+    try:
+        vec = codecs.decode(bytes(packet), expected_dim=dim).to_dense()
+    except DecodeError:
+        raise
+    if not np.isfinite(vec).all():
+        raise MessageError("vector is not finite")
+    return vec
+
+
+def _exact(body: memoryview, size: int, what: str) -> None:
+    if len(body) != size:
+        raise MessageError(f"{what} body is {len(body)} bytes, expected {size}")
+
+
+def _at_least(body: memoryview, size: int, what: str) -> None:
+    if len(body) < size:
+        raise MessageError(f"{what} body is {len(body)} bytes, shorter than {size}")

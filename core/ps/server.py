@@ -1,0 +1,242 @@
+"""The parameter server role (ESync's Algorithm 2, and the baselines' servers).
+
+Synchronous algorithms (esync, ssgd, fedavg, feddrop, tifl), per round r:
+publish w^r to every worker (with the ranks chosen to train on it, TiFL), tell
+the state server round r has begun (esync), collect updates until the strategy's
+quorum is in or ``ps.round_timeout_s`` passed, then with at least
+``ps.min_workers`` updates w^{r+1} = w^r + epsilon * sum_k (n_k/n) delta_k (the
+strategy's ``aggregate``); workers that missed the deadline are declared gone to
+the state server (LEAVE).  Asynchronous algorithms (asgd, dcasgd, fedasync): each
+update is applied as it comes (the strategy's ``apply``) and the new model goes
+back to its sender alone.
+
+Every message is untrusted: what does not decode, comes from a node that is not
+the worker it names, is for an older version (late: FedDrop's dropped updates),
+a duplicate, or from a worker not chosen this round is counted and dropped.  A
+JOIN (a worker that starts or restarts) is answered with the current model.
+The server checkpoints (version, weights) after every round (asynchronous: at
+every evaluation); a restarted server resumes from it and publishes the same
+version again, and a worker whose update died with the old server sends it again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dtemu.core import events as ev
+from dtemu.core.errors import DecodeError
+from dtemu.core.ml.params import load_flat, sha256_of
+from dtemu.core.ps import messages as pm
+from dtemu.core.ps.local import evaluate_loss, xavier_weights
+from dtemu.core.ps.spec import PS, SS
+from dtemu.core.ps.strategies import make_strategy
+from dtemu.core.runtime import points
+from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
+from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE, SS_STATE
+
+
+@dataclass
+class ServerResult:
+    weights: np.ndarray
+    version: int = 0
+    final_accuracy: float | None = None
+    final_loss: float | None = None
+    history: list = field(default_factory=list)  # (time, accuracy)
+    rounds_failed: int = 0
+    stop_reason: str = "done"
+    counts: Counter = field(default_factory=Counter)  # updates: accepted, late, duplicate, malformed, ...
+
+
+class _Server:
+    """The state both loops share: the model, the peers, evaluation and refusals."""
+
+    def __init__(self, ctx, scenario, work, init: bytes | None):
+        self.ctx, self.scenario, self.work, self.ps = ctx, scenario, work, scenario.ps
+        names = scenario.node_names
+        self.rank_of = {n: r for r, n in enumerate(names)}
+        self.name_of = dict(enumerate(names))
+        self.ranks = [self.rank_of[w] for w in self.ps.worker_names]
+        samples = {self.rank_of[w]: len(work.partitions[i]) for i, w in enumerate(self.ps.worker_names)}
+        self.strategy = make_strategy(self.ps, self.ranks, samples, scenario.seed)
+        self.uses_ss = self.ps.algorithm == "esync" and self.ps.fixed_iterations is None
+        self.model = work.new_model()
+        weights = (xavier_weights(self.model, scenario.seed) if self.ps.init == "xavier"
+                   else work.initial_weights.copy())
+        self.out = ServerResult(weights=weights)
+        self.resumed = False
+        if init is not None:
+            try:
+                saved = pm.decode_ps(init, work.dim)
+            except DecodeError as err:
+                raise DecodeError(f"the parameter server's checkpoint does not decode: {err}") from None
+            if isinstance(saved, pm.Model):
+                self.out.weights, self.out.version, self.resumed = saved.weights, saved.version, True
+                ctx.emit(ev.RESUME, round=saved.version, model_sha256=sha256_of(saved.weights))
+        self.last_eval_t = ctx.now()
+        self.evaluated: int | None = None  # the version last evaluated
+
+    def time_up(self) -> bool:
+        return self.ps.max_time_s is not None and self.ctx.now() >= self.ps.max_time_s
+
+    def model_bytes(self, selected=()) -> bytes:
+        return pm.encode_ps(pm.Model(self.out.version, self.out.weights, tuple(selected)))
+
+    def state(self, msg_type: int, k: int, r: int) -> Send:
+        st = pm.Status(k, 0, r, 0.0, 0.0, self.ctx.now())
+        return Send(SS_STATE, pm.encode_state(pm.StateMsg(msg_type, self.rank_of[PS], self.rank_of[SS], st)),
+                    to=SS)
+
+    def decode(self, msg):
+        """An update or join from a worker, or None (refused and counted)."""
+        try:
+            m = pm.decode_ps(msg.data, self.work.dim)
+            if not isinstance(m, (pm.Update, pm.Join)):
+                raise DecodeError(f"{type(m).__name__} is not for the parameter server")
+            if m.worker not in self.ranks or self.name_of[m.worker] != msg.src:
+                raise DecodeError(f"names rank {m.worker}, came from {msg.src!r}")
+            return m
+        except DecodeError as err:
+            self.refuse(msg, "malformed", str(err))
+            return None
+
+    def refuse(self, msg, reason: str, error: str = "") -> None:
+        self.out.counts[reason] += 1
+        self.ctx.refused(msg)
+        self.ctx.emit(ev.UPDATE_REJECTED, reason=reason, src=msg.src, error=error)
+
+    def evaluate(self, force: bool = False):
+        ps, now = self.ps, self.ctx.now()
+        due = self.out.version % ps.eval_every == 0 or (
+            ps.eval_every_s is not None and now - self.last_eval_t >= ps.eval_every_s)
+        if not (due or force) or self.evaluated == self.out.version:
+            return
+        n = self.work.test_size
+        x, y = self.work.dataset.x_test[:n], self.work.dataset.y_test[:n]
+
+        def run():
+            load_flat(self.model, self.out.weights)
+            return evaluate_loss(self.model, x, y)
+
+        acc, loss = yield Compute(run, kind="eval")
+        self.last_eval_t, self.evaluated = now, self.out.version
+        self.out.final_accuracy, self.out.final_loss = acc, loss
+        if not self.out.history or self.out.history[-1][0] != now:
+            self.out.history.append((now, acc))
+        self.ctx.emit(ev.EVAL, round=self.out.version, accuracy=acc, loss=round(loss, 6))
+
+
+def parameter_server(ctx, scenario, work, init: bytes | None = None):
+    s = _Server(ctx, scenario, work, init)
+    ps = s.ps
+    peers = tuple(ps.worker_names) + ((SS,) if s.uses_ss else ())
+    matched = yield WaitPeers(peers, deadline=ctx.now() + ps.barrier_timeout_s)
+    ctx.emit(ev.BARRIER, matched=len(matched), missing=sorted(set(peers) - set(matched)))
+    ctx.emit(ev.RUN_START, clients=ps.workers, rounds=ps.rounds, first_round=s.out.version, dim=work.dim)
+    if not s.resumed:
+        yield from s.evaluate(force=True)
+    if ps.asynchronous:
+        yield from _asynchronous(s)
+    else:
+        yield from _synchronous(s)
+    out = s.out
+    if s.time_up() and out.version < ps.rounds:
+        out.stop_reason = "done"  # the scenario's time budget is the end it asked for
+    yield Send(PS_MODEL, pm.encode_ps(pm.PsStop(out.version)))
+    if s.uses_ss:
+        yield s.state(pm.STOP, s.rank_of[PS], out.version)
+    if s.evaluated != out.version:
+        yield from s.evaluate(force=True)
+    ctx.emit(ev.RUN_END, reason=out.stop_reason, rounds_completed=out.version, rounds_failed=out.rounds_failed,
+             model_sha256=sha256_of(out.weights), counts=dict(out.counts))
+    return out
+
+
+def _synchronous(s: _Server):
+    ctx, ps, out, strategy = s.ctx, s.ps, s.out, s.strategy
+    first = out.version
+    while out.version < ps.rounds and not s.time_up():
+        version = out.version
+        selected = strategy.configure_round(version)
+        expected = set(selected) or set(s.ranks)
+        start = ctx.now()
+        deadline = start + ps.round_timeout_s
+        ctx.emit(ev.ROUND_START, round=version, attempt=0)
+        yield Point(points.ROUND, version)
+        model = s.model_bytes(selected)
+        if version > first or s.resumed:  # (the first model goes to each worker as it joins)
+            yield Send(PS_MODEL, model)
+        if s.uses_ss:
+            yield s.state(pm.RESET, s.rank_of[PS], version)
+        updates: dict[int, pm.Update] = {}
+        arrivals: dict[int, float] = {}
+        quorum = strategy.quorum(len(expected))
+        while len(updates) < quorum:
+            msg = yield Recv((PS_UPDATE,), deadline=deadline)
+            if msg is None:
+                break
+            m = s.decode(msg)
+            if isinstance(m, pm.Join):
+                yield Send(PS_MODEL, model, to=msg.src)
+            elif isinstance(m, pm.Update):
+                if m.version != version:
+                    s.refuse(msg, "late" if m.version < version else "future", f"version {m.version}, now {version}")
+                elif m.worker not in expected:
+                    s.refuse(msg, "not_selected")
+                elif m.worker in updates:
+                    s.refuse(msg, "duplicate")
+                else:
+                    updates[m.worker] = m
+                    arrivals[m.worker] = ctx.now() - start
+                    out.counts["accepted"] += 1
+                    ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
+                             samples=m.samples, staleness=0, loss=round(m.loss, 6))
+        timed_out = len(updates) < quorum
+        enough = len(updates) >= min(ps.min_workers, len(expected))
+        ctx.emit(ev.PS_ROUND, version=version, updates=len(updates), expected=len(expected), quorum=quorum,
+                 timed_out=timed_out, aggregated=enough, selected=sorted(s.name_of[k] for k in expected),
+                 iterations={s.name_of[k]: u.iterations for k, u in sorted(updates.items())})
+        if enough:
+            out.weights = strategy.aggregate(out.weights, list(updates.values()))
+        else:
+            out.rounds_failed += 1
+        strategy.observe_round(version, arrivals)
+        if s.uses_ss:
+            for k in sorted(expected - set(updates)):
+                yield s.state(pm.LEAVE, k, version)
+        yield Point(points.AGGREGATED, version)
+        out.version = version + 1
+        ctx.save_checkpoint(s.model_bytes())
+        yield from s.evaluate()
+
+
+def _asynchronous(s: _Server):
+    ctx, ps, out, strategy = s.ctx, s.ps, s.out, s.strategy
+    base: dict[int, np.ndarray] = {}  # the model each worker was last sent (DC-ASGD's backup)
+    while out.version < ps.rounds and not s.time_up():
+        msg = yield Recv((PS_UPDATE,), deadline=ps.max_time_s)
+        if msg is None:
+            break
+        m = s.decode(msg)
+        if m is None:
+            continue
+        if isinstance(m, pm.Update):
+            sent = base.get(m.worker)
+            staleness = out.version - m.version
+            if sent is None or staleness < 0:
+                s.refuse(msg, "unknown_base" if sent is None else "future", f"version {m.version}")
+                continue
+            out.weights = strategy.apply(out.weights, m, staleness, sent)
+            out.version += 1
+            out.counts["accepted"] += 1
+            ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
+                     samples=m.samples, staleness=staleness, loss=round(m.loss, 6))
+        base[m.worker] = out.weights
+        yield Send(PS_MODEL, s.model_bytes(), to=msg.src)
+        if isinstance(m, pm.Update):
+            before = len(out.history)
+            yield from s.evaluate()
+            if len(out.history) > before:
+                ctx.save_checkpoint(s.model_bytes())

@@ -1,0 +1,201 @@
+"""A worker of mode ps (ESync's Algorithm 3, and the baselines' workers).
+
+It joins (JOIN: the server answers with the current model), then per round:
+takes w^r as its base, measures m_k (the model's transfer time, as the time one
+update to the server takes on a symmetric link), REPORTs the new round to the
+state server (esync), and runs local iterations: under ESync it asks the state
+server after each one (QUERY -> TRAIN or SYNC; no answer within
+``ps.query_timeout_s`` counts as SYNC), otherwise it runs the algorithm's count
+(``strategies.local_iterations``).  On SYNC it pushes delta = w - w^r and waits
+for a newer model; the time it waits, less that model's own transfer, is its
+blocking time d_wait.  c_k is the runtime clock's time of the last iteration
+(virtual in emu, wall in real), so real mode's counts follow the speeds measured.
+
+A newer model that arrives while it trains (FedDrop closed the round without
+it; a restarted worker) ends the round's work: what it did is dropped.  The same
+version arriving again after a push means the server lost the update (it
+restarted): the update goes again.  Anything that does not decode is counted and
+dropped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dtemu.core import events as ev
+from dtemu.core.errors import DecodeError
+from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.ps import messages as pm
+from dtemu.core.ps.local import BatchStream, sgd_iteration
+from dtemu.core.ps.spec import PS, SS
+from dtemu.core.ps.strategies import local_iterations
+from dtemu.core.runtime import points
+from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
+from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE, SS_REPLY, SS_STATE
+
+
+@dataclass
+class WorkerResult:
+    rounds: int = 0  # updates pushed
+    iterations: int = 0  # local iterations, in all
+    per_round: list = field(default_factory=list)  # local iterations of each pushed update
+    samples: int = 0
+    compute_s: float = 0.0
+    blocking_s: float = 0.0
+    dropped_rounds: int = 0  # work a newer model overtook
+    query_timeouts: int = 0
+    rejected: Counter = field(default_factory=Counter)
+
+
+class _Worker:
+    def __init__(self, ctx, scenario, work, rank: int):
+        self.ctx, self.ps, self.work = ctx, scenario.ps, work
+        self.rank = rank
+        self.ss_rank = scenario.node_names.index(SS)
+        index = rank - 2  # worker1 is rank 2 and holds partition 0
+        self.stream = BatchStream(work.partitions[index], self.ps.batch_size, scenario.seed, rank)
+        self.plan = local_iterations(self.ps, self.stream.per_epoch)
+        self.model = work.new_model()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=self.ps.lr)
+        self.pending: pm.Model | None = None  # a newer model that arrived meanwhile
+        # Models older than this are ignored: the version being trained + 1, or, once its update
+        # is pushed, that version itself (the server restarted and publishes it again).
+        self.floor = 0
+        self.stop = False
+        self.out = WorkerResult()
+        self.c = 0.0
+        self.m = 0.0
+
+    def take(self, msg) -> None:
+        """Keep the newest model (or Stop) from one message of the server."""
+        try:
+            m = pm.decode_ps(msg.data, self.work.dim)
+            if msg.src != PS or not isinstance(m, (pm.Model, pm.PsStop)):
+                raise DecodeError(f"{type(m).__name__} from {msg.src!r}")
+        except DecodeError as err:
+            self.out.rejected["malformed"] += 1
+            self.ctx.refused(msg)
+            self.ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason="malformed", error=str(err))
+            return
+        if isinstance(m, pm.PsStop):
+            self.stop = True
+        elif m.version >= self.floor and (self.pending is None or m.version >= self.pending.version):
+            self.pending = m
+            self.m = max(0.0, msg.received_at - msg.sent_at)
+
+    def poll(self):
+        """Take whatever the server sent, without waiting."""
+        while True:
+            msg = yield Recv((PS_MODEL,), deadline=self.ctx.now())
+            if msg is None:
+                return
+            self.take(msg)
+
+    def state(self, msg_type: int, i: int, r: int) -> Send:
+        st = pm.Status(self.rank, i, r, self.c, self.m, self.ctx.now())
+        return Send(SS_STATE, pm.encode_state(pm.StateMsg(msg_type, self.rank, self.ss_rank, st)), to=SS)
+
+    def ask(self, i: int, r: int):
+        """QUERY the state server; its action (no answer in time: SYNC)."""
+        yield self.state(pm.QUERY, i, r)
+        deadline = self.ctx.now() + self.ps.query_timeout_s
+        while True:
+            msg = yield Recv((SS_REPLY,), deadline=deadline)
+            if msg is None:
+                self.out.query_timeouts += 1
+                return pm.SYNC
+            try:
+                reply = pm.decode_state(msg.data)
+                if msg.src != SS or reply.msg_type != pm.RESPONSE or reply.status.k != self.rank:
+                    raise DecodeError(f"not a response to rank {self.rank} from the state server")
+            except DecodeError as err:
+                self.out.rejected["malformed"] += 1
+                self.ctx.refused(msg)
+                self.ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason="malformed", error=str(err))
+                continue
+            if reply.status.i == i and reply.status.r == r:
+                return reply.action
+            # an answer to an earlier query (it came after its deadline): wait for ours
+
+
+def ps_worker(ctx, scenario, work, rank: int):
+    w = _Worker(ctx, scenario, work, rank)
+    ps = w.ps
+    adaptive = w.plan is None
+    peers = (PS, SS) if adaptive else (PS,)
+    yield WaitPeers(peers, deadline=ctx.now() + ps.barrier_timeout_s)
+    yield Send(PS_UPDATE, pm.encode_ps(pm.Join(rank)), to=PS)
+    last_push: tuple[int, bytes] | None = None
+    version = -1
+    while not w.stop:
+        # Wait for a model newer than the one we trained on (or the same again: our update was lost).
+        waited_from = ctx.now()
+        while not w.stop and w.pending is None:
+            msg = yield Recv((PS_MODEL,))
+            w.take(msg)
+        if w.stop:
+            break
+        model, w.pending = w.pending, None
+        w.floor = model.version + 1
+        if last_push is not None and model.version == version:
+            yield Send(PS_UPDATE, last_push[1], to=PS)  # the server restarted without it
+            ctx.emit(ev.UPDATE_RESENT, round=version, bytes=len(last_push[1]))
+            last_push = None
+            continue
+        if last_push is not None:
+            w.out.blocking_s += max(0.0, ctx.now() - waited_from - w.m)
+        last_push = None
+        version = model.version
+        if model.selected and rank not in model.selected:
+            continue  # not chosen this round (TiFL): wait for the next model
+        base = model.weights
+        load_flat(w.model, base)
+        i, loss_sum, samples = 0, 0.0, 0
+        if adaptive:
+            yield w.state(pm.REPORT, 0, version)
+        overtaken = False
+        while True:
+            if adaptive:
+                action = pm.TRAIN if i == 0 else (yield from w.ask(i, version))
+            else:
+                action = pm.TRAIN if i < w.plan else pm.SYNC
+            if action == pm.SYNC:
+                break
+            batch = w.stream.next()
+            seed = int(np.random.SeedSequence([scenario.seed, rank, w.out.iterations]).generate_state(1)[0])
+            yield Point(points.TRAIN, version)
+            started = ctx.now()
+            loss = yield Compute(lambda b=batch, s=seed: sgd_iteration(w.model, w.opt, work.dataset.x_train,
+                                                                       work.dataset.y_train, b, s),
+                                 samples=len(batch))
+            w.c = ctx.now() - started
+            w.out.compute_s += w.c
+            w.out.iterations += 1
+            i, loss_sum, samples = i + 1, loss_sum + loss * len(batch), samples + len(batch)
+            yield from w.poll()
+            if w.stop or (w.pending is not None and w.pending.version > version):
+                overtaken = True
+                break
+        if overtaken:
+            w.out.dropped_rounds += 1
+            continue
+        delta = flatten(w.model) - base
+        if not np.isfinite(delta).all():
+            ctx.emit(ev.UPDATE_NOT_FINITE, round=version)
+            continue
+        data = pm.encode_ps(pm.Update(version, rank, i, samples, loss_sum / max(samples, 1), delta))
+        yield Point(points.UPLOAD, version)
+        yield Send(PS_UPDATE, data, to=PS)
+        last_push = (version, data)
+        w.floor = version
+        w.out.rounds += 1
+        w.out.per_round.append(i)
+        w.out.samples += samples
+        ctx.emit(ev.PS_WORKER_ROUND, round=version, iterations=i, samples=samples,
+                 compute_s=round(w.out.compute_s, 9), c=round(w.c, 9), m=round(w.m, 9))
+    ctx.emit(ev.CLIENT_STOP, round=version, reason="stop", rejected=dict(w.out.rejected))
+    return w.out

@@ -1,0 +1,253 @@
+"""Mode ps (issue 10): ESync's state server, the parameter server and the workers, in emu.
+
+A synthetic, learnable data set (class = brightest quadrant pattern) keeps these fast
+and independent of the MNIST archives; virtual time is exact, so no sleeps.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dtemu.core import events as ev
+from dtemu.core.errors import StateMessageError
+from dtemu.core.ml.data import Dataset
+from dtemu.core.ml.workload import Workload
+from dtemu.core.ps import messages as sm
+from dtemu.core.ps.state_server import state_server
+from dtemu.core.ps.state_table import StateTable
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.core.runtime.requests import Message, RecordingContext, Recv, Send
+from dtemu.core.scenario import ComputeSpec, SlowdownStep, VaryingSlowdown, parse_scenario
+from dtemu.emu.run import run_emulation
+
+
+def synthetic(n_train=960, n_test=200, seed=0) -> Dataset:
+    g = torch.Generator().manual_seed(seed)
+
+    def make(n):
+        y = torch.randint(0, 10, (n,), generator=g)
+        x = torch.rand((n, 1, 28, 28), generator=g) * 0.3
+        for c in range(10):  # a bright bar whose row says the class
+            x[y == c, 0, 2 + 2 * c: 4 + 2 * c, 4:24] += 1.0
+        return x, y
+
+    xt, yt = make(n_train)
+    xs, ys = make(n_test)
+    return Dataset("synthetic", xt, yt, xs, ys)
+
+
+DATA = synthetic()
+
+
+def scenario(**ps):
+    slow = ps.pop("slow", 10.0)
+    workers = ps.get("workers", 4)
+    raw = {"name": "ps-test", "mode": "ps", "model": "small_cnn", "targets": [0.5, 0.9],
+           "ps": {"workers": workers, "rounds": 4, "lr": 0.05, **ps},
+           "network": {"default": {"latency_ms": 0.1}},
+           "compute": {"nodes": {f"worker{k}": {"slowdown": slow} for k in range(workers // 2 + 1, workers + 1)}}}
+    return parse_scenario(raw)
+
+
+def run(tmp_path, s, name="run"):
+    summary = run_emulation(s, tmp_path / name, work=Workload(s, DATA))
+    events = [json.loads(line) for line in (tmp_path / name / "events.jsonl").read_text().splitlines()]
+    assert ev.problems(events) == []
+    return summary, events
+
+
+# --- wire format -------------------------------------------------------------------
+
+
+def test_state_message_round_trip_and_refusals():
+    st = sm.Status(3, 7, 2, 0.0025, 0.0004, 12.5)
+    msg = sm.StateMsg(sm.QUERY, 3, 1, st)
+    data = sm.encode_state(msg)
+    assert len(data) == sm.STATE_SIZE and sm.decode_state(data) == msg
+    reply = sm.StateMsg(sm.RESPONSE, 1, 3, st, sm.SYNC)
+    assert sm.decode_state(sm.encode_state(reply)).action == sm.SYNC
+    bad = {
+        "size": data[:-1],
+        "magic": b"XXXX" + data[4:],
+        "type": data[:5] + bytes([9]) + data[6:],
+        "action": sm.encode_state(sm.StateMsg(sm.QUERY, 3, 1, st, sm.TRAIN)),  # an action on a QUERY
+        "status": sm.encode_state(sm.StateMsg(sm.QUERY, 3, 1, sm.Status(3, 1, 0, math.nan, 0.0, 1.0))),
+    }
+    for reason, raw in bad.items():
+        with pytest.raises(StateMessageError) as err:
+            sm.decode_state(raw)
+        assert err.value.reason == reason
+    negative = sm.encode_state(sm.StateMsg(sm.REPORT, 3, 1, sm.Status(3, 0, 0, 0.1, -1.0, 1.0)))
+    with pytest.raises(StateMessageError):
+        sm.decode_state(negative)
+
+
+# --- Algorithm 1 -----------------------------------------------------------------
+
+
+def test_query_rule_lets_fast_workers_train_until_the_straggler_is_due():
+    table = StateTable([2, 3])
+    table.report(sm.Status(3, 0, 0, 1.0, 0.1, 0.0))  # the straggler: d = 1.1, due at 1.1
+    table.report(sm.Status(2, 0, 0, 0.1, 0.1, 0.0))
+    assert table.query(sm.Status(2, 0, 0, 0.1, 0.1, 0.0), now=0.0) == sm.TRAIN  # i = 0
+    assert table.query(sm.Status(2, 4, 0, 0.1, 0.1, 0.4), now=0.4) == sm.TRAIN  # 0.4 + 0.2 <= 1.1
+    assert table.query(sm.Status(2, 5, 0, 0.1, 0.1, 0.95), now=0.95) == sm.SYNC  # 0.95 + 0.2 > 1.1
+    assert table.query(sm.Status(3, 1, 0, 1.0, 0.1, 1.0), now=1.0) == sm.SYNC  # the straggler itself
+    # A worker already in the next round trains while the straggler is behind.
+    table.report(sm.Status(2, 0, 1, 0.1, 0.1, 1.2))
+    assert table.query(sm.Status(2, 3, 1, 0.1, 0.1, 1.5), now=1.5) == sm.TRAIN
+
+
+def test_a_straggler_the_ps_declared_gone_no_longer_holds_the_others():
+    table = StateTable([2, 3, 4])
+    table.report(sm.Status(4, 0, 0, 5.0, 0.1, 0.0))  # crashed for good; its record stays
+    table.report(sm.Status(2, 0, 1, 0.1, 0.1, 0.0))
+    table.report(sm.Status(3, 0, 1, 0.2, 0.1, 0.0))
+    assert table.query(sm.Status(2, 2, 1, 0.1, 0.1, 0.2), now=0.2) == sm.TRAIN  # r_k > r_s: forever, unless...
+    table.leave(4)
+    assert table.straggler()[0] == 3
+    assert table.query(sm.Status(2, 3, 1, 0.1, 0.1, 0.3), now=0.3) == sm.SYNC  # 0.3 + 0.2 > 0.0 + 0.3
+
+
+def drive(role, inbox):
+    """Run a role generator against a list of messages; returns what it sent and its result."""
+    sent, value = [], None
+    try:
+        req = next(role)
+        while True:
+            if isinstance(req, Recv):
+                req = role.send(inbox.pop(0) if inbox else Message("ps/state", "ps", sm.encode_state(
+                    sm.StateMsg(sm.STOP, 0, 1, sm.Status(0, 0, 0, 0.0, 0.0, 0.0)))))
+            elif isinstance(req, Send):
+                sent.append(req)
+                req = role.send(1)
+            else:
+                req = role.send(None)
+    except StopIteration as stop:
+        value = stop.value
+    return sent, value
+
+
+def test_state_server_refuses_bad_input_and_keeps_answering():
+    names = ["ps", "ss", "worker1", "worker2"]
+
+    def from_(src, kind, k, i=1, r=0, c=0.01, m=0.001, sender=None):
+        st = sm.Status(k, i, r, c, m, 1.0)
+        data = sm.encode_state(sm.StateMsg(kind, names.index(src) if sender is None else sender, 1, st))
+        return Message("ps/state", src, data, received_at=1.0)
+
+    inbox = [
+        from_("ps", sm.RESET, 0, r=0),
+        from_("worker1", sm.QUERY, 7),  # an unknown rank
+        from_("worker1", sm.QUERY, 3),  # worker1 speaking for worker2
+        from_("worker1", sm.QUERY, 2, sender=3),  # claims another sender
+        from_("worker2", sm.REPORT, 3, i=0, r=5),  # a round the PS has not begun
+        from_("worker1", sm.RESET, 2),  # only the PS resets
+        Message("ps/state", "worker1", b"\x00" * 10),
+        Message("ps/state", "worker1", sm.encode_state(sm.StateMsg(sm.QUERY, 2, 1, sm.Status(2, 1, 0, 0.1, 0.1, 1.0)))[:4]
+                + b"\xff" * (sm.STATE_SIZE - 4)),
+        from_("worker1", sm.QUERY, 2),  # a good one: answered
+    ]
+    ctx = RecordingContext(node="ss")
+    sent, result = drive(state_server(ctx, names, [2, 3]), inbox)
+    assert result.queries == 1 and len(sent) == 1 and sent[0].to == "worker1"
+    assert sm.decode_state(sent[0].data).msg_type == sm.RESPONSE
+    assert dict(result.rejected) == {"unknown_rank": 2, "sender": 1, "future_round": 1, "not_ps": 1,
+                                     "size": 1, "version": 1}
+    assert ctx.bytes_rejected > 0 and result.stopped
+
+
+# --- whole runs (emu) ------------------------------------------------------------
+
+
+def test_esync_fast_workers_fill_the_stragglers_time(tmp_path):
+    s = scenario(algorithm="esync")
+    summary, events = run(tmp_path, s)
+    it = summary["iterations_per_round"]
+    assert summary["rounds"] == 4 and summary["stop_reason"] == "done"
+    assert it["worker3"] == it["worker4"] == 1.0  # the stragglers: one iteration a round
+    assert it["worker1"] > 4 and it["worker2"] > 4  # fast ones: as many as fit (h_c = 10)
+    assert set(summary["blocking_time_s"]) == {"worker1", "worker2", "worker3", "worker4"}
+    assert summary["state_server"]["queries"] > 0 and summary["time_to_accuracy"].keys() == {"0.5", "0.9"}
+    assert summary["samples_per_s"] > 0 and set(summary["bytes_per_node"]) == set(s.node_names)
+    again, _ = run(tmp_path, s, "again")
+    assert again["model_sha256"] == summary["model_sha256"]  # deterministic for a seed
+
+
+def test_esync_beats_ssgd_in_time_and_blocks_less(tmp_path):
+    esync, _ = run(tmp_path, scenario(algorithm="esync", rounds=6), "esync")
+    ssgd, _ = run(tmp_path, scenario(algorithm="ssgd", rounds=6), "ssgd")
+    assert all(v == 1.0 for v in ssgd["iterations_per_round"].values())
+    assert esync["final_accuracy"] > ssgd["final_accuracy"]
+    fast_wait = lambda s: s["blocking_time_s"]["worker1"]  # noqa: E731
+    assert fast_wait(esync) < fast_wait(ssgd)
+
+
+def test_fixed_iterations_are_a_deterministic_schedule(tmp_path):
+    summary, events = run(tmp_path, scenario(algorithm="esync", fixed_iterations=3))
+    assert summary["local_iterations"] == {f"worker{k}": 12 for k in range(1, 5)}
+    assert summary["state_server"].get("queries", 0) == 0  # nobody asks the state server
+
+
+@pytest.mark.parametrize("algorithm", ["asgd", "dcasgd", "fedasync", "fedavg", "feddrop", "tifl"])
+def test_every_baseline_runs(tmp_path, algorithm):
+    extra = {"feddrop": {"feddrop_k_hat": 2}, "fedasync": {"staleness": "poly"},
+             "tifl": {"tifl_workers_per_round": 2, "tifl_credits": [10, 1]}}.get(algorithm, {})
+    summary, events = run(tmp_path, scenario(algorithm=algorithm, rounds=6, **extra))
+    assert summary["rounds"] == 6 and summary["final_accuracy"] is not None
+    if algorithm == "feddrop":  # the two stragglers never make a round after the first
+        rounds = [e for e in events if e["kind"] == ev.PS_ROUND]
+        assert all(e["updates"] == 2 for e in rounds)
+    if algorithm == "tifl":
+        rounds = [e for e in events if e["kind"] == ev.PS_ROUND][1:]
+        slow = [e for e in rounds if "worker3" in e["selected"]]
+        assert len(slow) <= 1 and all(len(e["selected"]) == 2 for e in rounds)  # the slow tier's 1 credit
+
+
+def test_a_crashed_worker_does_not_hold_the_run(tmp_path):
+    s = scenario(algorithm="esync", rounds=4, round_timeout_s=0.5, min_workers=2,
+                 slow=10.0)
+    raw = s.to_dict()
+    raw["faults"]["offline"] = [{"node": "worker4", "start_s": 0.05}]
+    s = parse_scenario(raw)
+    summary, events = run(tmp_path, s)
+    assert summary["rounds"] == 4 and summary["stop_reason"] == "done"
+    closed = [e for e in events if e["kind"] == ev.PS_ROUND]
+    late = [e for e in closed if e["timed_out"]]
+    assert late and all(e["updates"] == 3 and e["aggregated"] for e in late)
+    starts = {e["round"]: e["t"] for e in events if e["kind"] == ev.ROUND_START}
+    for e in late:  # closed at its deadline to the nanosecond
+        assert e["t"] == pytest.approx(starts[e["version"]] + 0.5, abs=1e-9)
+
+
+# --- speeds that change ----------------------------------------------------------
+
+
+def test_schedule_and_random_process_change_a_nodes_speed():
+    spec = ComputeSpec(train_s_per_sample=0.001, slowdown=2.0,
+                       schedule=[SlowdownStep(at_s=10.0, slowdown=5.0), SlowdownStep(at_s=20.0, slowdown=1.0)])
+    timer = ComputeTimer(spec, None, seed=[0, 1])
+    assert [timer.duration(10, now=t) for t in (0.0, 10.0, 25.0)] == pytest.approx([0.02, 0.05, 0.01])
+    assert timer.stretch(now=12.0) == 5.0
+    varying = ComputeTimer(ComputeSpec(train_s_per_sample=0.001, varying=VaryingSlowdown(period_s=1.0, low=1.0,
+                                                                                     high=8.0)), None, seed=[0, 1])
+    draws = [varying.slowdown_at(t + 0.5) for t in range(20)]
+    assert all(1.0 <= d <= 8.0 for d in draws) and len(set(draws)) > 10
+    assert draws == [varying.slowdown_at(t + 0.1) for t in range(20)]  # the same in a period, from the seed
+    plain = ComputeTimer(ComputeSpec(train_s_per_sample=0.001, slowdown=3.0), None, seed=0)
+    assert plain.duration(7, now=99.0) == 7 * 0.003 and not plain.changing
+
+
+def test_esync_follows_a_speed_that_changes(tmp_path):
+    s = scenario(algorithm="esync", rounds=8, slow=1.0)
+    raw = s.to_dict()
+    # worker4 becomes 10x slower at t = 0.02 s: from then on the others fill its time
+    raw["compute"]["nodes"] = {"worker4": {"schedule": [{"at_s": 0.02, "slowdown": 10.0}]}}
+    s = parse_scenario(raw)
+    summary, events = run(tmp_path, s)
+    rounds = [e for e in events if e["kind"] == ev.PS_ROUND]
+    first, last = rounds[1]["iterations"], rounds[-1]["iterations"]
+    assert first["worker1"] <= 2 and last["worker1"] >= 5 and last["worker4"] == 1
