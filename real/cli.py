@@ -25,7 +25,9 @@ from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
 from dtemu.core.runtime.summary import DONE
 from dtemu.report.cli import add_commands
 from dtemu.report.cli import run as run_reader
+from dtemu.core.ps.spec import PS
 from dtemu.core.scenario import CONTROLLER, stretched
+from dtemu.host.rundir import CHECKPOINT
 from dtemu.host.scenario_file import check_model, load_scenario, read_init
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
@@ -123,6 +125,8 @@ def run_rank(args, scenario) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-real-{time.strftime('%Y%m%d-%H%M%S')}" / f"rank{args.rank}"
     try:  # a restarted controller (real launch, --append) may resume from the last round's checkpoint
         init = read_init(scenario, resuming_a_crash=args.append) if name == CONTROLLER else None
+        if name == PS and args.append and (out / CHECKPOINT).is_file():  # a restarted parameter server (mode ps)
+            init = (out / CHECKPOINT).read_bytes()
     except ScenarioError as err:
         print(f"real: {err}", file=sys.stderr)
         return EXIT_USAGE

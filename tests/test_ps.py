@@ -251,3 +251,37 @@ def test_esync_follows_a_speed_that_changes(tmp_path):
     rounds = [e for e in events if e["kind"] == ev.PS_ROUND]
     first, last = rounds[1]["iterations"], rounds[-1]["iterations"]
     assert first["worker1"] <= 2 and last["worker1"] >= 5 and last["worker4"] == 1
+
+
+# --- the servers crash and restart (faults.offline: exact virtual times) ----------------
+
+
+def with_offline(s, node, start_s, end_s):
+    raw = s.to_dict()
+    raw["faults"]["offline"] = [{"node": node, "start_s": start_s, "end_s": end_s}]
+    return parse_scenario(raw)
+
+
+def test_parameter_server_restarts_from_its_checkpoint(tmp_path):
+    s = with_offline(scenario(algorithm="esync", rounds=6, round_timeout_s=1.0, query_timeout_s=0.05),
+                     "ps", 0.07, 0.2)
+    summary, events = run(tmp_path, s)
+    assert summary["rounds"] == 6 and summary["stop_reason"] == "done"
+    resume = [e for e in events if e["kind"] == ev.RESUME]
+    up = [e for e in events if e["kind"] == ev.NODE_UP and e["node"] == "ps"]
+    assert len(resume) == 1 and up[-1]["t"] == pytest.approx(0.2, abs=1e-9) and resume[0]["t"] == up[-1]["t"]
+    closed = [e["version"] for e in events if e["kind"] == ev.PS_ROUND]
+    assert closed == sorted(closed) and set(closed) == set(range(6))
+    # the updates the old server took with it were sent again
+    assert any(e["kind"] == ev.UPDATE_RESENT for e in events)
+    assert all(e["updates"] == 4 for e in events if e["kind"] == ev.PS_ROUND)
+
+
+def test_state_server_restarts_empty_and_the_run_goes_on(tmp_path):
+    s = with_offline(scenario(algorithm="esync", rounds=6, query_timeout_s=0.05), "ss", 0.05, 0.1)
+    summary, events = run(tmp_path, s)
+    assert summary["rounds"] == 6 and summary["stop_reason"] == "done" and summary["rounds_failed"] == 0
+    up = [e for e in events if e["kind"] == ev.NODE_UP and e["node"] == "ss"]
+    assert up[-1]["t"] == pytest.approx(0.1, abs=1e-9)
+    rounds = [e for e in events if e["kind"] == ev.PS_ROUND]
+    assert rounds[-1]["iterations"]["worker1"] > 4  # after the restart, ESync again
