@@ -315,7 +315,7 @@ def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None
     with open(out / "events.jsonl", "w") as f:
         for *_, e in events:
             f.write(json.dumps(e, separators=(",", ":")) + "\n")
-    if scenario.mode == "ddp":
+    if scenario.mode in ("ddp", "geo"):
         ends = [r["time_s"] for r in records if r.get("model_sha256") and "time_s" in r]
         time_s = max(ends, default=None)
     else:

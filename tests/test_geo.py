@@ -258,11 +258,40 @@ def test_global_optimizer_returns_weights(tmp_path):
     assert s["models_agree"] and s["stop_reason"] == "done"
 
 
-def test_a_lost_site_ends_the_run_instead_of_hanging_it(tmp_path):
+def test_a_lost_site_is_reported_and_the_others_go_on(tmp_path):
     sc = geo_scenario(**{"faults.offline": '[{"node": "b-ps", "start_s": 0.05}]'})
     s = run_emulation(sc, tmp_path / "lost", work=StandIn())
-    assert s["stop_reason"] != "done" and "b-ps" in s["lost"]
-    assert s["time_s"] < 12 * 5 + 10
+    assert s["stop_reason"] == "done" and s["rounds"] == 12 and s["lost"] == ["b-ps"]
+    assert s["survivors"] == 2 and s["models_agree"]     # site a's workers, with the master
+    lost = [json.loads(line) for line in (tmp_path / "lost" / "events.jsonl").read_text().splitlines()
+            if '"geo_lost"' in line]
+    assert {e["node"] for e in lost} == {"global-ps", "b-w0", "b-w1"}
+    assert s["time_s"] < 5 * 5 + 1     # b's workers wait out their pull (5 round timeouts), then stop
+
+
+def test_a_lost_worker_leaves_its_site_going(tmp_path):
+    sc = geo_scenario(**{"faults.offline": '[{"node": "a-w1", "start_s": 0.05}]'})
+    s = run_emulation(sc, tmp_path / "lostw", work=StandIn())
+    assert s["stop_reason"] == "done" and s["lost"] == ["a-w1"] and s["survivors"] == 3 and s["models_agree"]
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_mixedsync_is_asynchronous_between_sites(tmp_path, lam):
+    sets = {"geo.sync": "mixed", "geo.dcasgd_lambda": lam,
+            "network.sites.b.wan.up_mbps": 1, "network.sites.b.wan.down_mbps": 1}   # site b is slow
+    s = _run(tmp_path, f"mixed{lam}", **sets)
+    assert s["stop_reason"] == "done" and s["rounds"] == 2 * 12 and s["final_accuracy"] is not None
+    events = [json.loads(line) for line in (tmp_path / f"mixed{lam}" / "events.jsonl").read_text().splitlines()]
+    done = {e["node"]: e["t"] for e in events if e["kind"] == "geo_end"}
+    assert done["a-ps"] < done["b-ps"] / 2     # the fast site did not wait for the slow one
+    fsa = _run(tmp_path, f"fsa{lam}", **{k: v for k, v in sets.items() if k.startswith("network")})
+    assert done["a-ps"] < fsa["time_s"] / 2
+
+
+def test_mixedsync_goes_on_without_a_lost_site(tmp_path):
+    s = _run(tmp_path, "mixedlost", **{"geo.sync": "mixed",
+                                       "faults.offline": '[{"node": "b-ps", "start_s": 0.05}]'})
+    assert s["stop_reason"] == "done" and "b-ps" in s["lost"] and s["survivors"] == 2
 
 
 @pytest.mark.parametrize("sets, key", [
@@ -270,6 +299,7 @@ def test_a_lost_site_ends_the_run_instead_of_hanging_it(tmp_path):
     ({"network.central": "nowhere"}, "network.central"),
     ({"geo.compression": "bisparse", "geo.architecture": "flat"}, "geo.compression"),
     ({"geo.compression": "bisparse", "geo.global_optimizer": "true"}, "geo.global_optimizer"),
+    ({"geo.sync": "mixed", "geo.architecture": "flat"}, "geo.sync"),
 ])
 def test_scenarios_that_cannot_work_are_refused(sets, key):
     from dtemu.core.errors import ScenarioError

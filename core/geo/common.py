@@ -154,6 +154,36 @@ class Inbox:
         return got
 
 
+    def collect_next(self, expected: dict[str, int], deadline: float | None):
+        """(sender, payload, raw) of the first push of a sender's expected round (MixedSync), or None
+        at the deadline; other rounds are kept (later) or refused (earlier), as in ``collect``."""
+        for src, round_ in expected.items():
+            if (round_, src) in self.early:
+                return (src, *self.early.pop((round_, src)))
+        while True:
+            msg = yield Recv((self.topic,), deadline)
+            if msg is None:
+                return None
+            if msg.src not in expected:
+                self._refuse(msg, "unknown_sender")
+                continue
+            try:
+                payload = decode(msg.data, self.dim)
+            except GeoPayloadError as err:
+                self._refuse(msg, "malformed", str(err))
+                continue
+            want = expected[msg.src]
+            if payload.round < want or (payload.round, msg.src) in self.early:
+                self._refuse(msg, "stale" if payload.round < want else "duplicate")
+                continue
+            if self.site_of.get(msg.src) != self.site:
+                self.result.wan_received += len(msg.data)
+            if payload.round > want:
+                self.early[(payload.round, msg.src)] = (payload, msg.data)
+                continue
+            return msg.src, payload, msg.data
+
+
 def sent_across(result: GeoResult, site_of: dict[str, str], site: str, dst: str, nbytes: int,
                 init: bool = False) -> None:
     if site_of.get(dst) != site:

@@ -6,7 +6,9 @@
     wan_bytes (every byte that crossed a WAN link, both directions, the initial model included),
     wan (per WAN node and round, rounds only: bytes up and down, and as a fraction of the dense
     fp32 model; a WAN node is a local PS under HiPS, a worker under the flat PS),
-    comm_s_per_round (workers' mean push-to-pull time), rejected, stop_reason, lost
+    comm_s_per_round (workers' mean push-to-pull time), rejected, survivors (workers that did every
+    round), stop_reason (the master's and root PS's: a lost site's workers stop, the run goes on),
+    lost (the nodes some role gave up waiting for)
 """
 
 from __future__ import annotations
@@ -45,7 +47,12 @@ def geo_summary(scenario, records: list[dict], no_hits: dict) -> dict[str, Any]:
     up = sum(r.get("wan_sent", 0) for r in wan_nodes) / n
     down = sum(r.get("wan_received", 0) for r in wan_nodes) / n
     dense = 4 * dim if dim else None
-    reasons = [r["stop_reason"] for r in records if r.get("stop_reason", DONE) != DONE]
+    # The run's fate is the master's and the root PS's: a lost site's workers stop, the run goes on.
+    leads = [master, by_name.get(scenario.node_names[1], {})]
+    reasons = [r["stop_reason"] for r in leads if r.get("stop_reason", DONE) != DONE]
+    if not master:
+        reasons.append("the master left no record")
+    survivors = [w for w in workers if w.get("rounds") == g.rounds]
     comm = [r["comm_s_mean"] for r in workers if "comm_s_mean" in r]
     sha = master.get("model_sha256")
     return {
@@ -53,7 +60,10 @@ def geo_summary(scenario, records: list[dict], no_hits: dict) -> dict[str, Any]:
         "rounds": rounds, "final_accuracy": master.get("final_accuracy"),
         "time_to_accuracy": master.get("time_to_accuracy") or no_hits,
         "model_sha256": sha,
-        "models_agree": bool(sha) and all(w.get("model_sha256") == sha for w in workers),
+        # FSA: every worker that did every round ends with the master's model (MixedSync: with
+        # the weights of its site's last pull, so this says little there)
+        "models_agree": bool(sha) and bool(survivors) and all(w.get("model_sha256") == sha for w in survivors),
+        "survivors": len(survivors),
         "wan_bytes": sum(r.get("wan_sent", 0) + r.get("wan_init", 0) for r in records),
         "wan": {"nodes": len(wan_nodes), "up_per_node_round": round(up, 3), "down_per_node_round": round(down, 3),
                 "dense_bytes": dense,

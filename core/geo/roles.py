@@ -14,9 +14,11 @@ gradient, which every worker and the master apply with the same SGD, so their mo
 identical; with ``geo.global_optimizer`` the global PS keeps the model and sends weights.
 
 Before round 1 the master sends the initial model down the same tree (fp32, counted apart
-from the rounds' traffic).  Every wait has a deadline (``geo.round_timeout_s``): a role whose
-round does not complete stops with the missing nodes named, so a lost site ends the run
-instead of hanging it.
+from the rounds' traffic).  Every wait has a deadline: a PS waits ``geo.round_timeout_s`` for its
+children's pushes, then reports the silent ones (``geo_lost``) and goes on without them (a lost
+site or worker never hangs the others); a pull waits longer, so that the level above
+can wait out its own timeout first (``TIMEOUTS``).  A worker whose PS is gone, or a PS whose global PS is gone,
+stops and says so.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ from dtemu.core.geo.payload import decode, encode_dense, encode_sparse, sum_spar
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime.requests import Compute, Send
+
+
+# (pushes, pull): how many round timeouts each role waits.  The waits nest, so that a level
+# above a lost node times out and goes on before the levels below give it up: a local PS waits
+# 1 for its workers, the global PS 2 for the local PSs (one of which may be waiting out a lost
+# worker), a local PS 3 for its pull, a worker 5 (its PS may wait 1, then 3).
+TIMEOUTS = {"worker": (1, 5), "local_ps": (1, 3), "global_ps": (2, 0), "flat_ps": (1, 0), "master": (1, 3)}
 
 
 class _Base:
@@ -58,13 +67,22 @@ class _Base:
         return Inbox(self.ctx, topic, self.dim, self.site_of, self.site, self.result)
 
     def deadline(self) -> float:
-        return self.ctx.now() + self.g.round_timeout_s
+        """For a round's pushes from the level below."""
+        return self.ctx.now() + TIMEOUTS[self.result.role][0] * self.g.round_timeout_s
 
-    def gave_up(self, round_: int, missing: list[str]):
-        self.result.lost = sorted(missing)
-        self.result.stop_reason = f"round {round_}: no payload from {', '.join(sorted(missing))} " \
-                                  f"within {self.g.round_timeout_s:g} s"
-        self.ctx.emit(ev.GEO_LOST, round=round_, missing=sorted(missing), reason="timeout")
+    def pull_deadline(self) -> float:
+        """For the level above, which may itself wait out a timeout on a lost child and go on."""
+        return self.ctx.now() + TIMEOUTS[self.result.role][1] * self.g.round_timeout_s
+
+    def gave_up(self, round_: int, missing: list[str], going_on: bool = False):
+        """Nothing from ``missing`` within the round's timeout: report it; unless the role goes on
+        without them (a PS whose other children answered), it stops here."""
+        self.result.lost = sorted(set(self.result.lost) | set(missing))
+        self.ctx.emit(ev.GEO_LOST, round=round_, missing=sorted(missing),
+                      reason="timeout, going on without" if going_on else "timeout, stopping")
+        if not going_on:
+            self.result.stop_reason = f"round {round_}: no payload from {', '.join(sorted(missing))} " \
+                                      f"within {self.g.round_timeout_s:g} s"
 
     def finish(self, weights: np.ndarray | None = None) -> GeoResult:
         r = self.result
@@ -84,26 +102,35 @@ def master(ctx, scenario, work, name: str = MASTER):
     g = b.g
     weights = get_vector(b.model)
     yield from b.send(GEO_PUSH, encode_dense(0, weights), b.root, init=True)
-    applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.global_optimizer)
+    applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.weights_down)
     pulls = b.inbox(GEO_PULL)
-    for r in range(1, g.rounds + 1):
-        got = yield from pulls.collect([b.root], r, b.deadline())
+    # MixedSync: one pull per global update, every site's rounds in turn.
+    last = g.rounds * (len(worker_sites(scenario.network.sites, scenario.network.central)) if g.sync == "mixed" else 1)
+    for r in range(1, last + 1):
+        got = yield from pulls.collect([b.root], r, b.pull_deadline())
         if not got:
-            b.gave_up(r, [b.root])
+            # MixedSync: the global PS stops sending when it has left a lost site out at the end.
+            b.gave_up(r, [b.root], going_on=g.sync == "mixed" and r > 1)
             break
         payload, raw = got[b.root]
-        if b.hips:  # what a local PS hands its workers, so that the master's model is theirs
+        if b.hips and not g.weights_down:  # what a local PS hands its workers, so that the master's model is theirs
             payload = decode(site_downlink(payload, raw, g.fp16), b.dim)
         applier.apply(payload.dense())
         b.result.rounds = r
-        if r % g.eval_every == 0 or r == g.rounds:
-            correct, total = yield Compute(lambda: work.evaluate_shard(b.model, 0, 1),
-                                           samples=work.test_size, kind="eval")
-            accuracy = correct / total
-            b.result.final_accuracy = accuracy
-            b.result.history.append((ctx.now(), accuracy))
-            ctx.emit(ev.EVAL, round=r, accuracy=accuracy)
+        if r % g.eval_every == 0 or r == last:
+            yield from _evaluate(b, r)
+    if b.result.rounds and b.result.rounds % g.eval_every and b.result.rounds != last:
+        yield from _evaluate(b, b.result.rounds)   # the run ended early: the model it ended with
     return b.finish(get_vector(b.model))
+
+
+def _evaluate(b: _Base, round_: int):
+    correct, total = yield Compute(lambda: b.work.evaluate_shard(b.model, 0, 1), samples=b.work.test_size,
+                                   kind="eval")
+    accuracy = correct / total
+    b.result.final_accuracy = accuracy
+    b.result.history.append((b.ctx.now(), accuracy))
+    b.ctx.emit(ev.EVAL, round=round_, accuracy=accuracy)
 
 
 def worker(ctx, scenario, work, name: str):
@@ -117,7 +144,7 @@ def worker(ctx, scenario, work, name: str):
         b.gave_up(0, [up])
         return b.finish(get_vector(b.model))
     set_vector(b.model, got[up][0].dense())
-    applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.global_optimizer)
+    applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.weights_down)
     for r in range(1, g.rounds + 1):
         batch = round_batch(work, scenario, index, r)
         t0 = ctx.now()
@@ -125,7 +152,7 @@ def worker(ctx, scenario, work, name: str):
         t1 = ctx.now()
         data = encode_dense(r, grad_vector(b.model), g.fp16)
         yield from b.send(GEO_PUSH, data, up)
-        got = yield from pulls.collect([up], r, b.deadline())
+        got = yield from pulls.collect([up], r, b.pull_deadline())
         if not got:
             b.gave_up(r, [up])
             break
@@ -156,16 +183,24 @@ def local_ps(ctx, scenario, work, name: str):
         site_index = worker_sites(scenario.network.sites, scenario.network.central).index(b.site)
         sparsifier = ResidualSparsifier(b.sizes, g.density, g.sample_ratio, g.residual_momentum,
                                         scenario.seed, site_index)
+    site_size = len(workers)
     for r in range(1, g.rounds + 1):
         t0 = ctx.now()
         got = yield from pushes.collect(workers, r, b.deadline())
         if len(got) < len(workers):
-            b.gave_up(r, [w for w in workers if w not in got])
-            break
+            b.gave_up(r, [w for w in workers if w not in got], going_on=bool(got))
+            if not got:
+                break
+            workers = [w for w in workers if w in got]   # the site goes on without them
         total = np.zeros(b.dim, np.float32)
         for w in workers:   # in a fixed order: arrival order changes no bit
             total += got[w][0].dense()
-        share = total / np.float32(b.workers_total)
+        if g.sync == "mixed":   # the site's mean gradient: the global PS applies each site's as it comes
+            share = total / np.float32(len(workers))
+        else:                   # the site's part of the mean over every worker
+            share = total / np.float32(b.workers_total)
+            if len(workers) < site_size:
+                share *= np.float32(site_size / len(workers))
         if sparsifier is not None:
             idx, vals = sparsifier.compress(share, r)
             data = encode_sparse(r, b.dim, idx, vals)
@@ -173,7 +208,7 @@ def local_ps(ctx, scenario, work, name: str):
             data = encode_dense(r, share, g.fp16)
         t1 = ctx.now()
         yield from b.send(GEO_PUSH, data, GLOBAL_PS)
-        down = yield from pulls.collect([GLOBAL_PS], r, b.deadline())
+        down = yield from pulls.collect([GLOBAL_PS], r, b.pull_deadline())
         if not down:
             b.gave_up(r, [GLOBAL_PS])
             break
@@ -202,13 +237,19 @@ def root_ps(ctx, scenario, work, name: str):
     set_vector(b.model, init_payload.dense())
     for child in children:
         yield from b.send(GEO_PULL, init_raw, child, init=True)
-    applier = Applier(b.model, g.lr, g.momentum, False) if g.global_optimizer else None
+    applier = Applier(b.model, g.lr, g.momentum, False) if g.weights_down else None
+    if g.sync == "mixed":
+        return (yield from _mixed_global(b, children, pushes, applier))
+    weight = {c: (g.workers_per_site if b.hips else 1) for c in children}   # workers behind each child
     for r in range(1, g.rounds + 1):
         t0 = ctx.now()
         got = yield from pushes.collect(children, r, b.deadline())
         if len(got) < len(children):
-            b.gave_up(r, [c for c in children if c not in got])
-            break
+            b.gave_up(r, [c for c in children if c not in got], going_on=bool(got))
+            if not got:
+                break
+            children = [c for c in children if c in got]   # the run goes on without a lost site
+        present = sum(weight[c] for c in children)
         t1 = ctx.now()
         if g.sparse:
             idx, vals = sum_sparse([got[c][0] for c in children], b.dim)
@@ -218,7 +259,9 @@ def root_ps(ctx, scenario, work, name: str):
             for c in children:
                 total += got[c][0].dense()
             if not b.hips:  # the flat PS has every worker's gradient: it takes the mean itself
-                total /= np.float32(b.workers_total)
+                total /= np.float32(present)
+            elif present < b.workers_total:  # each site sent its part of the mean over every worker
+                total *= np.float32(b.workers_total / present)
             if applier is not None:
                 applier.apply(total)
                 total = get_vector(b.model)
@@ -229,3 +272,38 @@ def root_ps(ctx, scenario, work, name: str):
         ctx.emit(ev.GEO_ROUND, round=r, role=b.result.role, wait_s=round(t1 - t0, 9),
                  wan_s=round(ctx.now() - t1, 9), bytes_up=sum(len(got[c][1]) for c in children), bytes_down=len(out))
     return b.finish(get_vector(b.model) if applier is not None else None)
+
+
+def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier):
+    """MixedSync at the global PS: each site's push is applied as it comes (DC-ASGD compensates
+    for the weights having moved since that site pulled) and answered with the new weights, and
+    with them the master.  A site silent for ``geo.round_timeout_s`` is reported and left out."""
+    g, ctx = b.g, b.ctx
+    expected = {c: 1 for c in children}          # the next round of each site
+    pulled = {c: get_vector(b.model) for c in children}   # what each site last received
+    version = 0
+    while expected:
+        got = yield from pushes.collect_next(expected, b.deadline())
+        if got is None:
+            b.gave_up(version, sorted(expected), going_on=True)
+            break
+        child, payload, raw = got
+        t0 = ctx.now()
+        grad = payload.dense()
+        w = get_vector(b.model)
+        if g.dcasgd_lambda > 0:   # DC-ASGD: g + lambda g*g*(w_now - w_when_pulled)
+            grad = grad + np.float32(g.dcasgd_lambda) * grad * grad * (w - pulled[child])
+        applier.apply(grad)
+        version += 1
+        w = get_vector(b.model)
+        out = encode_dense(payload.round, w, g.fp16)       # the site's round ...
+        pulled[child] = decode(out, b.dim).dense()
+        yield from b.send(GEO_PULL, out, child)
+        yield from b.send(GEO_PULL, encode_dense(version, w, g.fp16), MASTER)   # ... the master's version
+        ctx.emit(ev.GEO_ROUND, round=version, role="global_ps", wait_s=0.0, wan_s=round(ctx.now() - t0, 9),
+                 bytes_up=len(raw), bytes_down=len(out))
+        expected[child] += 1
+        if expected[child] > g.rounds:
+            del expected[child]
+    b.result.rounds = version
+    return b.finish(get_vector(b.model))

@@ -49,8 +49,12 @@ class SiteSpec:
 class GeoSpec:
     # hips: workers -> local PS (LAN) -> global PS (WAN); flat: every worker -> one PS over the WAN.
     architecture: Literal["hips", "flat"] = "hips"
-    # fsa: synchronous inside and between sites.
-    sync: Literal["fsa"] = "fsa"
+    # fsa: synchronous inside and between sites.  mixed (MixedSync): synchronous inside a site,
+    # asynchronous between sites: the global PS keeps the model, applies each site's gradient as it
+    # comes (DC-ASGD with geo.dcasgd_lambda > 0) and sends that site the new weights.
+    sync: Literal["fsa", "mixed"] = "fsa"
+    # DC-ASGD's delay compensation at the global PS (mixed): g + lambda * g * g * (w - w_site_pulled).
+    dcasgd_lambda: float = field(default=0.0, metadata=check(non_negative))
     workers_per_site: int = field(default=4, metadata=check(between(1, U16, "worker ranks")))
     rounds: int = field(default=100, metadata=check(between(1, U32, "a round is 32 bits on the wire")))
     batch_size: int = field(default=64, metadata=check(positive))
@@ -76,6 +80,11 @@ class GeoSpec:
     @property
     def fp16(self) -> bool:
         return self.compression.endswith("fp16")
+
+    @property
+    def weights_down(self) -> bool:
+        """What comes down is weights (the global PS keeps the model), not the aggregated gradient."""
+        return self.global_optimizer or self.sync == "mixed"
 
 
 def central_site(sites: dict[str, SiteSpec], central: str | None) -> str | None:
