@@ -317,3 +317,14 @@ def test_sites_in_an_fl_scenario_place_every_node():
     raw["network"]["sites"]["f"]["nodes"] = []
     with pytest.raises(ScenarioError, match="not placed: client2"):
         parse_scenario(raw)
+
+
+def test_the_communication_table_tool_measures_rounds():
+    from tools.geo_table import markdown, measure
+    hips = measure(0.05, "hips", 155, 2, 2)
+    flat = measure(0.05, "flat", 155, 2, 2)
+    # 0.2 MB a vector: the flat PS carries 4 workers' vectors over its site's WAN, HiPS 2 sites'.
+    assert 0 < hips < flat
+    md = markdown([{"params_m": 0.05, "hips_1000": 1.0, "hips_155": hips, "flat_1000": 2.0, "flat_155": flat}],
+                  [1000, 155])
+    assert f"| {hips / 2.0:.2f} |" in md
