@@ -328,3 +328,9 @@ def test_the_communication_table_tool_measures_rounds():
     md = markdown([{"params_m": 0.05, "hips_1000": 1.0, "hips_155": hips, "flat_1000": 2.0, "flat_155": flat}],
                   [1000, 155])
     assert f"| {hips / 2.0:.2f} |" in md
+
+
+def test_bisparse_warm_up_sends_more_first():
+    g = geo_scenario(**{"geo.warmup_rounds": 6}).geo
+    assert [g.density_at(r) for r in range(1, 9)] == [0.25, 0.25, 0.0625, 0.0625, 0.015625, 0.015625, 0.01, 0.01]
+    assert geo_scenario().geo.density_at(1) == 0.01

@@ -38,8 +38,10 @@ class ResidualSparsifier:
         self.u = np.zeros(self.dim, np.float32)
         self._mask = np.empty(max(self.sizes, default=0), dtype=bool)
 
-    def compress(self, grad: np.ndarray, round_: int) -> tuple[np.ndarray, np.ndarray]:
-        """Add this round's gradient; (ascending indices, values) to send."""
+    def compress(self, grad: np.ndarray, round_: int, density: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Add this round's gradient; (ascending indices, values) to send (at ``density``, default
+        the sparsifier's: a warm-up sends more)."""
+        density = self.density if density is None else density
         if grad.shape != (self.dim,):
             raise ValueError(f"gradient of shape {grad.shape}, expected ({self.dim},)")
         self.v *= np.float32(self.momentum)
@@ -50,9 +52,9 @@ class ResidualSparsifier:
         off = 0
         for n in self.sizes:
             if n:
-                k = max(1, math.ceil(self.density * n))
+                k = max(1, math.ceil(density * n))
                 mag = np.abs(self.u[off:off + n])
-                sel = select_indices(mag, k, self.density, self.sample_ratio, rng, mask=self._mask[:n])
+                sel = select_indices(mag, k, density, self.sample_ratio, rng, mask=self._mask[:n])
                 chosen.append(sel + off)
             off += n
         idx = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)

@@ -202,7 +202,7 @@ def local_ps(ctx, scenario, work, name: str):
             if len(workers) < site_size:
                 share *= np.float32(site_size / len(workers))
         if sparsifier is not None:
-            idx, vals = sparsifier.compress(share, r)
+            idx, vals = sparsifier.compress(share, r, g.density_at(r))
             data = encode_sparse(r, b.dim, idx, vals)
         else:
             data = encode_dense(r, share, g.fp16)

@@ -22,6 +22,7 @@ MASTER = "master"
 GLOBAL_PS = "global-ps"   # HiPS: aggregates the sites
 FLAT_PS = "ps"            # the flat baseline: one PS that every worker reaches over the WAN
 VARIANTS = ("none", "fp16", "bisparse", "bisparse_fp16")
+WARMUP_DENSITIES = (0.25, 0.0625, 0.015625)   # DGC's warm-up stages (its last, 0.4%, is below k = 1%)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class GeoSpec:
     density: float = field(default=0.01, metadata=check(fraction))          # k: top fraction sent
     sample_ratio: float = field(default=0.005, metadata=check(fraction))    # s: threshold sample
     residual_momentum: float = field(default=0.9, metadata=check(non_negative))  # m of the residuals
+    # DGC's warm-up for BiSparse: the first warmup_rounds rounds send 25%, 6.25%, 1.5625% (a third
+    # of them each, never less than geo.density) before settling at geo.density; 0: none (GeoMX).
+    warmup_rounds: int = field(default=0, metadata=check(non_negative))
     # The global PS keeps the model and returns updated weights (SGD, geo.lr and geo.momentum)
     # instead of the aggregated gradient.
     global_optimizer: bool = False
@@ -80,6 +84,13 @@ class GeoSpec:
     @property
     def fp16(self) -> bool:
         return self.compression.endswith("fp16")
+
+    def density_at(self, round_: int) -> float:
+        """BiSparse's density in ``round_`` (1-based), warm-up included."""
+        if round_ > self.warmup_rounds:
+            return self.density
+        stage = (round_ - 1) * len(WARMUP_DENSITIES) // self.warmup_rounds
+        return max(self.density, WARMUP_DENSITIES[stage])
 
     @property
     def weights_down(self) -> bool:
