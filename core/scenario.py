@@ -547,9 +547,9 @@ def _validate_sites(s: Scenario) -> None:
                                     "geo mode places its nodes itself (master and PS central, workers per site)")
         if s.geo.sparse and s.geo.architecture == "flat":
             raise ScenarioError("geo.compression", "BiSparse sparsifies PS-to-PS traffic: it needs architecture hips")
-        if s.geo.sync == "mixed" and (s.geo.sparse or s.geo.architecture == "flat"):
-            raise ScenarioError("geo.sync", "MixedSync is asynchronous between the sites of HiPS, with dense "
-                                "weights coming down: it needs architecture hips and no bisparse")
+        if s.geo.sync != "fsa" and (s.geo.sparse or s.geo.architecture == "flat"):
+            raise ScenarioError("geo.sync", "MixedSync and HFA move dense weights between the sites of HiPS: "
+                                "they need architecture hips and no bisparse")
         if s.geo.sparse and s.geo.global_optimizer:
             raise ScenarioError("geo.global_optimizer", "BiSparse returns a sparse gradient, not weights: "
                                 "set global_optimizer false with bisparse")

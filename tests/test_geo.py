@@ -334,3 +334,13 @@ def test_bisparse_warm_up_sends_more_first():
     g = geo_scenario(**{"geo.warmup_rounds": 6}).geo
     assert [g.density_at(r) for r in range(1, 9)] == [0.25, 0.25, 0.0625, 0.0625, 0.015625, 0.015625, 0.01, 0.01]
     assert geo_scenario().geo.density_at(1) == 0.01
+
+
+def test_hfa_averages_locally_k2_times_per_global_round(tmp_path):
+    s = _run(tmp_path, "hfa", **{"geo.sync": "hfa", "geo.k1": 2, "geo.k2": 3, "geo.rounds": 4})
+    assert s["stop_reason"] == "done" and s["rounds"] == 4 and s["models_agree"]
+    # one WAN push and pull of the site's weights per global round
+    assert s["wan"]["up_per_node_round"] == s["wan"]["dense_bytes"] + HEADER.size
+    events = [json.loads(line) for line in (tmp_path / "hfa" / "events.jsonl").read_text().splitlines()]
+    steps = [e for e in events if e["kind"] == "geo_step" and e["node"] == "a-w0"]
+    assert len(steps) == 4 * 3      # a local sync every k1 = 2 batches, k2 = 3 of them a round

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from dtemu.core import events as ev
+from dtemu.core.geo import hfa
 from dtemu.core.geo.bisparse import ResidualSparsifier
 from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, GeoResult, Inbox, get_vector, grad_vector,
                                    round_batch, sent_across, set_vector, site_downlink, worker_optimizer_momentum)
@@ -107,7 +108,7 @@ def master(ctx, scenario, work, name: str = MASTER):
     # MixedSync: one pull per global update, every site's rounds in turn.
     last = g.rounds * (len(worker_sites(scenario.network.sites, scenario.network.central)) if g.sync == "mixed" else 1)
     for r in range(1, last + 1):
-        got = yield from pulls.collect([b.root], r, b.pull_deadline())
+        got = yield from pulls.collect([b.root], r * g.k2 if g.sync == "hfa" else r, b.pull_deadline())
         if not got:
             # MixedSync: the global PS stops sending when it has left a lost site out at the end.
             b.gave_up(r, [b.root], going_on=g.sync == "mixed" and r > 1)
@@ -144,6 +145,9 @@ def worker(ctx, scenario, work, name: str):
         b.gave_up(0, [up])
         return b.finish(get_vector(b.model))
     set_vector(b.model, got[up][0].dense())
+    if g.sync == "hfa":
+        yield from hfa.worker(b, index, up, pulls)
+        return b.finish(get_vector(b.model))
     applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.weights_down)
     for r in range(1, g.rounds + 1):
         batch = round_batch(work, scenario, index, r)
@@ -178,6 +182,9 @@ def local_ps(ctx, scenario, work, name: str):
         return b.finish()
     for w in workers:
         yield from b.send(GEO_PULL, got[GLOBAL_PS][1], w, init=True)
+    if g.sync == "hfa":
+        yield from hfa.local_ps(b, workers, pushes, pulls)
+        return b.finish()
     sparsifier = None
     if g.sparse:
         site_index = worker_sites(scenario.network.sites, scenario.network.central).index(b.site)
@@ -240,6 +247,9 @@ def root_ps(ctx, scenario, work, name: str):
     applier = Applier(b.model, g.lr, g.momentum, False) if g.weights_down else None
     if g.sync == "mixed":
         return (yield from _mixed_global(b, children, pushes, applier))
+    if g.sync == "hfa":
+        yield from hfa.global_ps(b, children, pushes)
+        return b.finish(get_vector(b.model))
     weight = {c: (g.workers_per_site if b.hips else 1) for c in children}   # workers behind each child
     for r in range(1, g.rounds + 1):
         t0 = ctx.now()

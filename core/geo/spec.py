@@ -53,7 +53,11 @@ class GeoSpec:
     # fsa: synchronous inside and between sites.  mixed (MixedSync): synchronous inside a site,
     # asynchronous between sites: the global PS keeps the model, applies each site's gradient as it
     # comes (DC-ASGD with geo.dcasgd_lambda > 0) and sends that site the new weights.
-    sync: Literal["fsa", "mixed"] = "fsa"
+    # hfa: K1 local steps at each worker, K2 weight averages at the local PS, then one global
+    # average (core.geo.hfa).
+    sync: Literal["fsa", "mixed", "hfa"] = "fsa"
+    k1: int = field(default=4, metadata=check(positive))   # HFA: local SGD steps per local sync
+    k2: int = field(default=2, metadata=check(positive))   # HFA: local syncs per global sync
     # DC-ASGD's delay compensation at the global PS (mixed): g + lambda * g * g * (w - w_site_pulled).
     dcasgd_lambda: float = field(default=0.0, metadata=check(non_negative))
     workers_per_site: int = field(default=4, metadata=check(between(1, U16, "worker ranks")))
@@ -95,7 +99,7 @@ class GeoSpec:
     @property
     def weights_down(self) -> bool:
         """What comes down is weights (the global PS keeps the model), not the aggregated gradient."""
-        return self.global_optimizer or self.sync == "mixed"
+        return self.global_optimizer or self.sync in ("mixed", "hfa")
 
 
 def central_site(sites: dict[str, SiteSpec], central: str | None) -> str | None:
