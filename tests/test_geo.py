@@ -344,3 +344,22 @@ def test_hfa_averages_locally_k2_times_per_global_round(tmp_path):
     events = [json.loads(line) for line in (tmp_path / "hfa" / "events.jsonl").read_text().splitlines()]
     steps = [e for e in events if e["kind"] == "geo_step" and e["node"] == "a-w0"]
     assert len(steps) == 4 * 3      # a local sync every k1 = 2 batches, k2 = 3 of them a round
+
+
+def test_heartbeats_find_a_dead_local_ps_before_the_round_timeout(tmp_path):
+    sc = geo_scenario(**{"geo.heartbeat_s": 0.2, "faults.offline": '[{"node": "b-ps", "start_s": 0.05}]'})
+    s = run_emulation(sc, tmp_path / "beat", work=StandIn())
+    assert s["stop_reason"] == "done" and s["rounds"] == 12 and s["lost"] == ["b-ps"]
+    lost = [json.loads(line) for line in (tmp_path / "beat" / "events.jsonl").read_text().splitlines()
+            if '"geo_lost"' in line and '"global-ps"' in line]
+    assert lost[0]["reason"] == "heartbeat, going on without" and lost[0]["t"] < 1.0   # not 2 x 5 s
+    # beats alone do not change a healthy run's model
+    assert _run(tmp_path, "beats", **{"geo.heartbeat_s": 0.05})["model_sha256"] == \
+        _run(tmp_path, "nobeats")["model_sha256"]
+
+
+def test_a_heartbeat_is_a_payload_of_its_own():
+    from dtemu.core.geo.payload import BEAT, encode_beat
+    assert decode(encode_beat(10), 10).kind == BEAT
+    with pytest.raises(GeoPayloadError, match="heartbeat"):
+        decode(HEADER.pack(b"GEO1", 4, 0, 0, 0, 10, 1) + b"\0" * 8, 10)

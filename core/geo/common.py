@@ -10,7 +10,7 @@ import torch
 
 from dtemu.core import events as ev
 from dtemu.core.errors import GeoPayloadError
-from dtemu.core.geo.payload import Payload, decode, encode_dense
+from dtemu.core.geo.payload import BEAT, Payload, decode, encode_dense
 from dtemu.core.ml import data as datasets
 from dtemu.core.runtime.requests import Recv
 from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH  # noqa: F401 (the roles' topics)
@@ -112,6 +112,19 @@ def round_batch(work, scenario, index: int, round_: int) -> np.ndarray:
 
 
 # --- receiving a round ---------------------------------------------------------------
+SILENT_BEATS = 3   # heartbeats missed before a sender counts as lost
+
+
+@dataclass
+class Beat:
+    """A role's heartbeat: ``send()`` is a generator that sends one; every ``every`` seconds while
+    the role waits in an inbox."""
+
+    send: object
+    every: float
+    next: float | None = None
+
+
 class Inbox:
     """Collects one round's payloads from the expected senders; everything else is refused and
     counted (malformed, unknown sender, a round already closed), never applied."""
@@ -120,6 +133,22 @@ class Inbox:
         self.ctx, self.topic, self.dim = ctx, topic, dim
         self.site_of, self.site, self.result = site_of, site, result
         self.early: dict[tuple[int, str], tuple[Payload, bytes]] = {}
+        # Heartbeats (geo.heartbeat_s): ``beat`` (a ``Beat``, shared by a role's inboxes): sent
+        # while this inbox waits; ``watch`` = period: a sender silent for SILENT_BEATS periods is
+        # given up before the round's deadline.  ``heard``: when each sender was last heard.
+        self.beat: Beat | None = None
+        self.watch: float | None = None
+        self.heard: dict[str, float] = {}
+        self.loss_reason = "timeout"
+
+    def _wake(self, deadline: float | None, waiting: list[str]) -> float | None:
+        """When to look up from the inbox: the deadline, the next beat to send, the next silence."""
+        times = [deadline] if deadline is not None else []
+        if self.beat is not None:
+            times.append(self.beat.next)
+        if self.watch is not None:
+            times += [self.heard[s] + SILENT_BEATS * self.watch for s in waiting]
+        return min(times) if times else None
 
     def _refuse(self, msg, reason: str, error: str = "") -> None:
         self.result.rejected += 1
@@ -130,10 +159,26 @@ class Inbox:
     def collect(self, senders: list[str], round_: int, deadline: float | None, count_wan: bool = True):
         """{sender: (payload, raw bytes)} of ``round_``; fewer than ``senders`` when the deadline passed."""
         got = {s: self.early.pop((round_, s)) for s in senders if (round_, s) in self.early}
+        now = self.ctx.now()
+        for s in senders:
+            self.heard.setdefault(s, now)
+        if self.beat is not None and self.beat.next is None:
+            self.beat.next = now + self.beat.every
+        self.loss_reason = "timeout"
         while len(got) < len(senders):
-            msg = yield Recv((self.topic,), deadline)
+            msg = yield Recv((self.topic,), self._wake(deadline, [s for s in senders if s not in got]))
+            now = self.ctx.now()
             if msg is None:
-                break
+                if deadline is not None and now >= deadline:
+                    break
+                if self.beat is not None and now >= self.beat.next:
+                    yield from self.beat.send()
+                    self.beat.next = self.ctx.now() + self.beat.every
+                if self.watch is not None and any(now >= self.heard[s] + SILENT_BEATS * self.watch
+                                                  for s in senders if s not in got):
+                    self.loss_reason = "heartbeat"
+                    break
+                continue
             if msg.src not in senders:
                 self._refuse(msg, "unknown_sender")
                 continue
@@ -141,6 +186,11 @@ class Inbox:
                 payload = decode(msg.data, self.dim)
             except GeoPayloadError as err:
                 self._refuse(msg, "malformed", str(err))
+                continue
+            self.heard[msg.src] = now
+            if payload.kind == BEAT:
+                if self.site_of.get(msg.src) != self.site:
+                    self.result.wan_received += len(msg.data)
                 continue
             if payload.round < round_ or (payload.round == round_ and msg.src in got):
                 self._refuse(msg, "stale" if payload.round < round_ else "duplicate")
@@ -171,6 +221,8 @@ class Inbox:
                 payload = decode(msg.data, self.dim)
             except GeoPayloadError as err:
                 self._refuse(msg, "malformed", str(err))
+                continue
+            if payload.kind == BEAT:
                 continue
             want = expected[msg.src]
             if payload.round < want or (payload.round, msg.src) in self.early:

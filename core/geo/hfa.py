@@ -91,7 +91,7 @@ def global_ps(b, children: list[str], pushes):
         t0 = ctx.now()
         got = yield from pushes.collect(children, sync, b.deadline())
         if len(got) < len(children):
-            b.gave_up(r, [c for c in children if c not in got], going_on=bool(got))
+            b.gave_up(r, [c for c in children if c not in got], going_on=bool(got), reason=pushes.loss_reason)
             if not got:
                 return
             children = [c for c in children if c in got]

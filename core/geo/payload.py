@@ -4,6 +4,7 @@
 
 - DENSE32 / DENSE16: ``count == dim`` values, float32 or float16 (FP16: every
   dense transfer in half precision);
+- BEAT: a heartbeat (``count`` 0, no body): the sender is alive (``geo.heartbeat_s``);
 - SPARSE: ``count`` (index, value) pairs, indices u32 strictly ascending
   (so never repeated) and below ``dim``, then ``count`` float32 values (the
   sparse traffic between parameter servers stays fp32).
@@ -26,8 +27,8 @@ from dtemu.core.errors import GeoPayloadError
 
 MAGIC = b"GEO1"
 HEADER = struct.Struct("<4sBBHIII")
-DENSE32, DENSE16, SPARSE = 1, 2, 3
-KIND_NAMES = {DENSE32: "dense32", DENSE16: "dense16", SPARSE: "sparse"}
+DENSE32, DENSE16, SPARSE, BEAT = 1, 2, 3, 4
+KIND_NAMES = {DENSE32: "dense32", DENSE16: "dense16", SPARSE: "sparse", BEAT: "beat"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ def encode_sparse(round_: int, dim: int, indices: np.ndarray, values: np.ndarray
     return HEADER.pack(MAGIC, SPARSE, 0, 0, round_, dim, idx.size) + idx.tobytes() + vals.tobytes()
 
 
+def encode_beat(dim: int) -> bytes:
+    return HEADER.pack(MAGIC, BEAT, 0, 0, 0, dim, 0)
+
+
 def decode(data: bytes, dim: int) -> Payload:
     """The payload in ``data``, for a receiver whose vectors have ``dim`` entries."""
     if len(data) < HEADER.size:
@@ -94,6 +99,10 @@ def decode(data: bytes, dim: int) -> Payload:
             raise GeoPayloadError(f"sparse index {int(indices.max())} out of range for dimension {dim}")
         if count > 1 and not np.all(np.diff(indices) > 0):
             raise GeoPayloadError("sparse indices repeated or out of order")
+    elif kind == BEAT:
+        if count or len(body):
+            raise GeoPayloadError(f"a heartbeat with {count} entries and {len(body)} body bytes")
+        values, indices = np.zeros(0, np.float32), None
     else:
         raise GeoPayloadError(f"unknown payload kind {kind}")
     if not np.all(np.isfinite(values)):

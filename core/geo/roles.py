@@ -28,9 +28,9 @@ import numpy as np
 from dtemu.core import events as ev
 from dtemu.core.geo import hfa
 from dtemu.core.geo.bisparse import ResidualSparsifier
-from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, GeoResult, Inbox, get_vector, grad_vector,
+from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, Beat, GeoResult, Inbox, get_vector, grad_vector,
                                    round_batch, sent_across, set_vector, site_downlink, worker_optimizer_momentum)
-from dtemu.core.geo.payload import decode, encode_dense, encode_sparse, sum_sparse
+from dtemu.core.geo.payload import decode, encode_beat, encode_dense, encode_sparse, sum_sparse
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime.requests import Compute, Send
@@ -75,12 +75,12 @@ class _Base:
         """For the level above, which may itself wait out a timeout on a lost child and go on."""
         return self.ctx.now() + TIMEOUTS[self.result.role][1] * self.g.round_timeout_s
 
-    def gave_up(self, round_: int, missing: list[str], going_on: bool = False):
+    def gave_up(self, round_: int, missing: list[str], going_on: bool = False, reason: str = "timeout"):
         """Nothing from ``missing`` within the round's timeout: report it; unless the role goes on
         without them (a PS whose other children answered), it stops here."""
         self.result.lost = sorted(set(self.result.lost) | set(missing))
         self.ctx.emit(ev.GEO_LOST, round=round_, missing=sorted(missing),
-                      reason="timeout, going on without" if going_on else "timeout, stopping")
+                      reason=f"{reason}, going on without" if going_on else f"{reason}, stopping")
         if not going_on:
             self.result.stop_reason = f"round {round_}: no payload from {', '.join(sorted(missing))} " \
                                       f"within {self.g.round_timeout_s:g} s"
@@ -176,6 +176,8 @@ def local_ps(ctx, scenario, work, name: str):
     g = b.g
     workers = site_workers(b.site, g)
     pushes, pulls = b.inbox(GEO_PUSH), b.inbox(GEO_PULL)
+    if g.heartbeat_s is not None:   # while it waits, the global PS hears that the site is alive
+        pushes.beat = pulls.beat = Beat(lambda: b.send(GEO_PUSH, encode_beat(b.dim), GLOBAL_PS), g.heartbeat_s)
     got = yield from pulls.collect([GLOBAL_PS], 0, b.deadline(), count_wan=False)
     if not got:
         b.gave_up(0, [GLOBAL_PS])
@@ -237,6 +239,8 @@ def root_ps(ctx, scenario, work, name: str):
     children = [site_ps(s) for s in sites] if b.hips else list(scenario.training_nodes)
     pushes = b.inbox(GEO_PUSH)
     got = yield from pushes.collect([MASTER], 0, b.deadline(), count_wan=False)
+    if g.heartbeat_s is not None and b.hips:
+        pushes.watch = g.heartbeat_s
     if not got:
         b.gave_up(0, [MASTER])
         return b.finish()
@@ -255,7 +259,7 @@ def root_ps(ctx, scenario, work, name: str):
         t0 = ctx.now()
         got = yield from pushes.collect(children, r, b.deadline())
         if len(got) < len(children):
-            b.gave_up(r, [c for c in children if c not in got], going_on=bool(got))
+            b.gave_up(r, [c for c in children if c not in got], going_on=bool(got), reason=pushes.loss_reason)
             if not got:
                 break
             children = [c for c in children if c in got]   # the run goes on without a lost site

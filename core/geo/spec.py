@@ -78,6 +78,10 @@ class GeoSpec:
     # instead of the aggregated gradient.
     global_optimizer: bool = False
     eval_every: int = field(default=10, metadata=check(positive))
+    # Local PSs send the global PS a heartbeat this often while they wait; a site silent for 3 of
+    # them is reported lost (geo_lost, reason heartbeat) before the round's timeout.  None: off.
+    # 3 periods must outlast the WAN latency and a local PS's push (it does not beat while it sends).
+    heartbeat_s: float | None = field(default=None, metadata=check(positive))
     # A PS waits this long for a round's pushes (and a worker for its pull) before it gives up on them.
     round_timeout_s: float = field(default=60.0, metadata=check(positive))
 
