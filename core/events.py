@@ -53,6 +53,9 @@ def _kind(name: str, required: str = "", optional: str = "", doc: str = "", limi
 NODE_STARTING = _kind("node_starting", doc="real launch started the rank's process (it is loading, not yet up)")
 NODE_UP = _kind("node_up", doc="the node (re)started")
 NODE_DOWN = _kind("node_down", doc="the node crashed, was switched off or killed")
+EXECUTOR_RESTART = _kind("executor_restart", "rerun restarts reason",
+                         doc="emu --jobs: a worker process died; a new pool runs the rerun jobs it owed again "
+                             "(the machine, not the scenario: results are unchanged)")
 DELIVER = _kind("deliver", "src topic bytes sent_at comm_s", doc="a message reached the node's role",
                 limit=DELIVERIES_PER_S)
 DROPOUT = _kind("dropout", "round", doc="the client sits out this round (faults.dropout_p)")
@@ -80,6 +83,9 @@ UPDATE_LATE = _kind("update_late", "client round current", limit=REFUSALS_PER_S)
 UPDATE_REJECTED = _kind("update_rejected", "reason", "src client round error", limit=REFUSALS_PER_S)
 ROUND_CLOSE = _kind("round_close", "round ready expected min clients timed_out note")
 AGGREGATED = _kind("aggregated", "round model_sha256")
+MODEL_SENT = _kind("model_sent", "round codec bytes base full_to",
+                   doc="fl.downlink_codec: the model went down as a delta on round base's (bytes each); "
+                       "full_to clients that may not hold that got the full model first")
 ROUND_FAILED = _kind("round_failed", "round ready min policy")
 CHECKPOINT = _kind("checkpoint", "round path")
 EVAL = _kind("eval", "accuracy", "round epoch step loss",

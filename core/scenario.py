@@ -72,6 +72,9 @@ class FLSpec:
     momentum: float = field(default=0.0, metadata=check(non_negative))
     weight_decay: float = field(default=0.0, metadata=check(non_negative))
     codec: Literal["fp32", "q8", "s4", "sq8"] = "fp32"
+    # The model on its way down: fp32, the whole model; q8 / s4 / sq8: a delta on the model
+    # the clients hold, with that codec (core/fl/downlink.py).
+    downlink_codec: Literal["fp32", "q8", "s4", "sq8"] = "fp32"
     chunk: int = field(default=8192, metadata=check(positive))
     density: float = field(default=0.1, metadata=check(fraction))
     # Clients add the unsent residual of a lossy codec to their next update.
@@ -173,6 +176,9 @@ class NetworkSpec:
     default: LinkSpec = field(default_factory=LinkSpec)
     nodes: dict[str, LinkOverride] = field(default_factory=dict)
     mtu: int = field(default=1500, metadata=check(positive))
+    # A message to many receivers (the model to every client): one flow per receiver
+    # (unicast), or one copy per link (multicast, as DDS over IP multicast on a LAN).
+    delivery: Literal["unicast", "multicast"] = "unicast"
     # Data centres (core.geo.spec): each a LAN and a WAN attachment; empty: the flat star.
     sites: dict[str, SiteSpec] = field(default_factory=dict)
     # The central site (geo: master and global PS); None: the first of network.sites.

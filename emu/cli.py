@@ -1,4 +1,5 @@
-"""``emu run SCENARIO [--set k=v]... [--out DIR] [--no-tui] [--key-file F]``, ``emu report``, ``emu audit``.
+"""``emu run SCENARIO [--set k=v]... [--out DIR] [--no-tui] [--key-file F] [--jobs N] [--executor local|ray]
+[--address A]``, ``emu report``, ``emu audit``.
 
 Exit codes: 0 done; 2 the scenario or a file it names is invalid (nothing is
 started, no run folder is made); 3 the run stopped on a dtemu error (a barrier
@@ -36,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-tui", action="store_true", help="no live dashboard")
     run.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
                                         "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
+    run.add_argument("--jobs", type=int, default=None, metavar="N",
+                     help="worker processes that train the clients of a round at the same time, for the same "
+                          "result (default: the number of cores; 1: in this process, one after another)")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local: a process pool on this machine; ray: Ray tasks (pip install 'dtemu[ray]')")
+    run.add_argument("--address", help="--executor ray: the Ray cluster to join (default: a local Ray)")
     add_commands(sub)
     return p
 
@@ -60,13 +67,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from dtemu.host.dashboard import Dashboard  # rich is slow to import; only when running
 
+    from .executor import default_jobs
     from .run import run_emulation
 
     dashboard = Dashboard(scenario, title=f"emu · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
     try:
         with dashboard:
-            summary = run_emulation(scenario, out, init=init, observers=[dashboard.observe], key=key)
+            summary = run_emulation(scenario, out, init=init, observers=[dashboard.observe], key=key,
+                                    jobs=args.jobs or default_jobs(), executor=args.executor,
+                                    address=args.address)
     except KeyboardInterrupt:
         print(f"emu: interrupted; partial run in {out}", file=sys.stderr)
         return 130

@@ -1,6 +1,6 @@
 """The emulated network: a star of access links with max-min fair flows.
 
-(About 450 lines: the flow model is one piece — links and sites, max-min fair rates, loss — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
+(About 530 lines: the flow model is one piece — links and sites, unicast and multicast flows, max-min fair rates, loss — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
 
 Topology.  Every node has one access link to a central switch: an uplink and
 a downlink (bits/s), a one-way latency and a packet-loss probability.  The
@@ -43,6 +43,13 @@ above, computed exactly as before (a flow's links are its two access ports).
 ``wan_bytes[site]`` counts the payload bytes of finished flows through each
 site's WAN ("up", "down").
 
+Multicast (``multicast``; ``network.delivery: multicast``): one message to many
+receivers is one flow that crosses the sender's uplink once, each WAN port
+once, and every receiver's downlink, at one rate (the smallest fair share of
+any of its links: a reliable multicast goes at its slowest reader's pace); each
+receiver gets it at the flow's end plus its own path latency.  The sender counts
+its bytes once; every receiver counts them.
+
 Edge cases: a zero-byte message uses no bandwidth but still pays latency; a
 message to oneself is delivered at once (zero delay, no links, no loss).
 
@@ -55,6 +62,7 @@ sender failing afterwards does not stop their delivery.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import defaultdict
@@ -160,6 +168,23 @@ class _Flow:
         self.event, self.on_deliver = event, on_deliver
 
 
+class _Multicast:
+    """One message to many receivers, sent once: it crosses the sender's uplink (and each
+    WAN port) once and every receiver's downlink once, at one rate for all (the slowest
+    receiver's, as a reliable multicast is paced); each member is (dst, lost, on_deliver)."""
+
+    __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate", "start", "event", "members",
+                 "lost")
+
+    def __init__(self, src, members, nbytes, total, start, event, wan=()):
+        self.src, self.dst, self.members = src, "*", list(members)
+        self.ports = ((src, "up"), *wan, *((dst, "down") for dst, _, _ in self.members))
+        self.nbytes, self.total, self.remaining = nbytes, total, float(total)
+        self.rate = 0.0
+        self.start, self.event = start, event
+        self.lost = 0  # per member (an aborted multicast reports none)
+
+
 class _Delivery:
     """A message in propagation; ``cancelled`` stops it when the receiver fails."""
 
@@ -251,6 +276,60 @@ class Network:
         self._schedule_update()
         return event
 
+    def multicast(self, src: str, dsts: list[str], nbytes: int,
+                  on_deliver: Callable[[str], None]) -> simpy.Event:
+        """Send ``nbytes`` from src to every node of ``dsts`` at once, as IP multicast on the
+        switch does: one copy per link (``_Multicast``).  ``on_deliver(dst)`` runs at each
+        receiver at its delivery time; the event succeeds with the list of FlowResults when
+        the sender is done.  Loss: each receiver's lost packets are drawn as for a unicast
+        (in ``dsts`` order); their repairs are multicast too, so the flow carries the most
+        any receiver lost, and each receiver pays a round trip per packet it lost."""
+        self._check_node(src)
+        for dst in dsts:
+            self._check_node(dst)
+        nbytes = int(nbytes)
+        now = self.env.now
+        event = self.env.event()
+        self.stats[src].messages_sent += 1
+        members, lost_most = [], 0
+        for dst in dsts:
+            if src in self._down_nodes or dst in self._down_nodes or dst == src:
+                self.stats[src].messages_lost_to_failure += dst != src
+                continue
+            lost = self._draw_lost_packets(src, dst, nbytes)
+            lost_most = max(lost_most, lost)
+            members.append((dst, lost, functools.partial(on_deliver, dst)))
+        total = nbytes + min(lost_most * self.mtu, nbytes)
+        if not members or total == 0:
+            results = [self._member_done(src, m, nbytes, 0, now) for m in members]
+            event.succeed(results)
+            return event
+        wan = []
+        for dst, _, _ in members:
+            wan += [p for p in self._wan_ports(src, dst) if p not in wan]
+        self._sync()
+        self._active[self._next_flow_id] = _Multicast(src, members, nbytes, total, now, event, wan)
+        self._next_flow_id += 1
+        self._schedule_update()
+        return event
+
+    def _member_done(self, src, member, nbytes, start, now) -> FlowResult:
+        """One receiver of a multicast: its message goes into propagation."""
+        dst, lost, on_deliver = member
+        delay = (1 + 2 * lost) * self._path_latency(src, dst)
+        result = FlowResult(src, dst, nbytes, start, now, now + delay, lost, 0)
+        delivery = _Delivery(result, on_deliver)
+        self._pending[dst].add(delivery)
+        self.env.timeout(delay).callbacks.append(lambda _ev: self._deliver(delivery))
+        return result
+
+    def _multicast_done(self, f: _Multicast) -> None:
+        now = self.env.now
+        stats = self.stats[f.src]
+        stats.bytes_sent += f.nbytes  # once: the point of multicast
+        stats.wire_bytes_sent += f.total
+        f.event.succeed([self._member_done(f.src, m, f.nbytes, f.start, now) for m in f.members])
+
     def fail_node(self, node: str) -> None:
         """The node went offline: abort its flows, cancel deliveries to it."""
         self._check_node(node)
@@ -261,7 +340,15 @@ class Network:
         self._sync()
         now = self.env.now
         for flow_id, flow in list(self._active.items()):
-            if flow.src != node and flow.dst != node:
+            if isinstance(flow, _Multicast) and flow.src != node:
+                kept = [m for m in flow.members if m[0] != node]
+                if len(kept) < len(flow.members):  # the others go on without it
+                    self.stats[flow.src].messages_lost_to_failure += 1
+                    flow.members = kept
+                    flow.ports = tuple(p for p in flow.ports if p != (node, "down"))
+                if kept:
+                    continue
+            elif flow.src != node and flow.dst != node:
                 continue
             del self._active[flow_id]
             wire = round(flow.total - flow.remaining)
@@ -372,6 +459,9 @@ class Network:
                 finished.append(flow_id)
         for flow_id in finished:
             f = self._active.pop(flow_id)
+            if isinstance(f, _Multicast):
+                self._multicast_done(f)
+                continue
             self._flow_done(f.src, f.dst, f.nbytes, f.total, f.start, f.lost, f.event,
                             f.on_deliver,
                             delay=(1 + 2 * f.lost) * self._path_latency(f.src, f.dst))

@@ -19,6 +19,7 @@ from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
 
+from .executor import open_executor
 from .faults import schedule_offline, schedule_partitions
 from .network import Network, link_from_spec
 from .world import EmuNode, World
@@ -49,11 +50,14 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
 
 def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = None,
                   observers: Iterable[Callable[[dict], None]] = (), work: Workload | None = None,
-                  key: bytes | None = None) -> dict:
+                  key: bytes | None = None, jobs: int = 1, executor: str = "local",
+                  address: str | None = None) -> dict:
     """Run ``scenario`` in virtual time; returns the summary also written to ``out_dir``.
 
     ``work`` replaces the scenario's learning task (tests use a stand-in);
-    ``key`` seals every FL message (core.wire.auth).
+    ``key`` seals every FL message (core.wire.auth); ``jobs`` > 1: clients train in that
+    many worker processes (``executor`` "local"), or as Ray tasks (``executor`` "ray", on
+    the cluster at ``address`` or a local Ray), for the same result (emu.executor).
     """
     wall_start = time.perf_counter()
     torch.set_num_threads(scenario.threads)
@@ -64,7 +68,8 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         run.observe(fn)
     try:
         run.write_json("scenario.json", scenario.to_dict())
-        return _run(scenario, run, init, work, key, wall_start)
+        with open_executor(executor, jobs, work, scenario.threads, address) as pool:
+            return _run(scenario, run, init, work, key, wall_start, pool)
     except Exception as err:  # the run folder still says what happened (then the error goes on)
         run.write_json("summary.json", failed_summary(scenario, "emu", err,
                                                       wall_time_s=time.perf_counter() - wall_start))
@@ -73,10 +78,12 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         run.close()
 
 
-def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float) -> dict:
+def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, pool=None) -> dict:
     """Build the world, run it to its end, write its summary."""
     env = simpy.Environment()
     world = build_world(env, scenario, work, run, init, key)
+    world.executor = pool
+    world.multicast = scenario.network.delivery == "multicast"
     down = schedule_offline(world, scenario)
     schedule_partitions(world, scenario)
     for name in scenario.node_names:
@@ -118,6 +125,8 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float) ->
                for n, r in zip(scenario.node_names, results)]
     wire = sum(s.wire_bytes_sent for s in stats.values())
     extra = {"wire_bytes": wire}
+    if pool is not None:  # where the clients trained (the result is the same either way)
+        extra["executor"] = pool.describe()
     if scenario.network.sites:  # what the network model saw cross each site's WAN (payload bytes)
         extra["wan_bytes"] = world.network.wan_bytes
     summary = run_summary(scenario, "emu", records, time_s=end, wall_time_s=time.perf_counter() - wall_start,

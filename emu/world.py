@@ -73,6 +73,11 @@ class EmuNode:
     def incarnation(self) -> int:
         return self.starts
 
+    @property
+    def executor(self):
+        """Where Compute jobs run (emu.executor; None: in this process, one after another)."""
+        return self.world.executor
+
     def now(self) -> float:
         return self.world.env.now
 
@@ -86,7 +91,10 @@ class EmuNode:
         targets = self.world.receivers(self.node, topic, to)
         if topic in DURABLE_TOPICS:
             self.world.durable[(self.node, topic)] = data
-        flows = [self.world.transmit(self.node, dst, topic, data) for dst in targets]
+        if self.world.multicast and len(targets) > 1:
+            flows = [self.world.transmit_many(self.node, targets, topic, data)]
+        else:
+            flows = [self.world.transmit(self.node, dst, topic, data) for dst in targets]
         if flows:
             yield self.world.env.all_of(flows)
         return len(targets)
@@ -188,6 +196,8 @@ class World:
         self.durable: dict[tuple[str, str], bytes] = {}
         self.log = log
         self._save_checkpoint = save_checkpoint
+        self.executor = None  # emu.executor's pool (emu run --jobs N > 1), or None
+        self.multicast = False  # network.delivery: one flow per link for a message to many
         self._peers_changed = env.event()
 
     def add(self, node: EmuNode) -> EmuNode:
@@ -260,3 +270,12 @@ class World:
             self.nodes[dst].deliver(Message(topic, src, data, sent_at=sent_at, received_at=self.env.now))
 
         return self.network.send(src, dst, len(data), land)
+
+    def transmit_many(self, src: str, dsts: list[str], topic: str, data: bytes) -> simpy.Event:
+        """One message to every node of ``dsts`` as one multicast flow (network.delivery: multicast)."""
+        sent_at = self.env.now
+
+        def land(dst: str) -> None:
+            self.nodes[dst].deliver(Message(topic, src, data, sent_at=sent_at, received_at=self.env.now))
+
+        return self.network.multicast(src, dsts, len(data), land)

@@ -25,7 +25,8 @@ The XML files live in ``real/config/``, which must stay a plain directory (no
 ``__init__.py``): a package of that name would shadow this module.  Installs
 that are not editable need them as package data (``real = ["config/*.xml"]``).
 
-Environment (all optional): ``DTEMU_DDS_MAX_PARTICIPANTS`` (max participant
+Environment (all optional): ``DTEMU_DDS_DELIVERY`` (lan: ``unicast``, the default, or
+``multicast``: one copy per link to the readers on a segment), ``DTEMU_DDS_MAX_PARTICIPANTS`` (max participant
 index, default 100), ``DTEMU_DDS_WHC_HIGH`` (writer history high-water mark,
 default 2MiB), ``DTEMU_DDS_TRACE`` (trace file), ``DTEMU_DDS_TRACE_VERBOSITY``.
 """
@@ -90,6 +91,14 @@ def _tracing() -> str:
     return f"<Tracing><Verbosity>{verbosity}</Verbosity><OutputFile>{esc}</OutputFile></Tracing>"
 
 
+def _delivery() -> str:
+    """lan: AllowMulticast from DTEMU_DDS_DELIVERY (unicast, the default, or multicast)."""
+    delivery = os.environ.get("DTEMU_DDS_DELIVERY", "unicast").strip() or "unicast"
+    if delivery not in ("unicast", "multicast"):
+        raise ValueError(f"DTEMU_DDS_DELIVERY must be unicast or multicast, got {delivery!r}")
+    return "true" if delivery == "multicast" else "false"
+
+
 def config_xml(profile: str = "loopback", peers: Optional[Iterable[str] | str] = None, *,
                whc_high: Optional[str] = None, max_participants: Optional[int] = None) -> str:
     """The CycloneDDS XML configuration of ``profile`` ("loopback", "lan" or an .xml path)."""
@@ -137,6 +146,7 @@ def config_xml(profile: str = "loopback", peers: Optional[Iterable[str] | str] =
         "whc_high": whc,
         "max_participant_index": str(maxp),
         "tracing": _tracing(),
+        "allow_multicast": _delivery(),
     }
     xml = Template(text).safe_substitute(fields)
     if xml.startswith("<?xml"):  # keep only the document element

@@ -17,7 +17,8 @@ from dtemu.core.compression import codecs
 from dtemu.core.wire import messages
 from dtemu.core.wire.auth import Sealer
 from dtemu.core.errors import AuthError, DecodeError
-from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from dtemu.core.wire.messages import ClientUpdate, ModelBlob, ModelDelta, Stop, TrainCmd
+from dtemu.core.fl.downlink import HeldModel
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
@@ -29,10 +30,11 @@ from dtemu.core import events as ev
 class _State:
     def __init__(self):
         self.model_round = -1
-        # The newest model as it arrived (the ModelBlob's bytes), decoded only when training:
-        # an idle client holds no weights of its own, and in emu every client holds the same
-        # bytes object, so a thousand idle clients cost one copy of the model, not a thousand.
-        self.model_msg: bytes | None = None
+        # The newest model as it arrived (a ModelBlob's bytes and any ModelDeltas on top),
+        # decoded only when training: an idle client holds no weights of its own, and in emu
+        # every client holds the same bytes objects, so a thousand idle clients cost one copy
+        # of the model, not a thousand.
+        self.held = HeldModel()
         self.cmd: TrainCmd | None = None
         self.stop: Stop | None = None
         self.done: set[tuple[int, int]] = set()  # (round, seed) already answered
@@ -62,7 +64,7 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | Non
         cmd = state.cmd
         if cmd is not None and state.model_round == cmd.round - 1:
             state.cmd = None
-            base = _weights_of(state.model_msg, work.dim)
+            base = state.held.weights(work.dim)
             data = yield from _train_and_upload(ctx, work, index, cmd, base, params, feedback, auth)
             state.done.add((cmd.round, cmd.seed))
             if data is not None:
@@ -78,11 +80,6 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | Non
     return state.model_round
 
 
-def _weights_of(model_msg: bytes, dim: int) -> np.ndarray:
-    """The weights in a ModelBlob that was checked when it arrived."""
-    return codecs.decode(messages.decode(model_msg).packet, expected_dim=dim).to_dense()
-
-
 def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
     try:
         opened = auth.open(msg.topic, msg.src, msg.data).data
@@ -90,9 +87,19 @@ def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
         if auth.enabled and msg.src != CONTROLLER:
             raise AuthError("forged", f"{msg.src!r} is not the controller")
         if isinstance(m, ModelBlob):
-            if m.round > state.model_round:
+            # A full model is the controller's reference as it is now: it also replaces the same
+            # round's model built from deltas (a restarted controller starts a new reference).
+            if m.round > state.model_round or (m.round == state.model_round and state.held.deltas):
                 codecs.decode(m.packet, expected_dim=dim)  # a bad packet is refused now, not when used
-                state.model_msg, state.model_round = opened, m.round
+                state.held.take_full(m.round, opened)
+                state.model_round = m.round
+        elif isinstance(m, ModelDelta):
+            if m.round > state.model_round:
+                codecs.decode(m.packet, expected_dim=dim)
+                if state.held.take_delta(m, opened):
+                    state.model_round = m.round
+                else:  # not on the model we hold: wait for the full model the controller will send
+                    state.rejected["no_base"] += 1
         elif isinstance(m, TrainCmd):
             if state.last_sent is not None and state.last_sent[0] == (m.round, m.seed):
                 state.resend = True  # the same command again: our answer was lost
@@ -121,7 +128,11 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
     samples = cmd.epochs * work.subset_size(index, cmd.subset)
     ctx.emit(ev.TRAIN_START, round=cmd.round, samples=samples)
     yield Point(points.TRAIN, cmd.round)
-    new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
+    if hasattr(work, "train_job"):  # the work as data too, for a runtime with worker processes
+        job = work.train_job(base, cmd, index)
+        new_weights, result = yield Compute(lambda: work.run_job(job), samples=samples, job=job)
+    else:
+        new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
     delta = new_weights - base
     if not np.isfinite(delta).all():
         # A diverged client: nothing a codec could carry; the round goes on without it.

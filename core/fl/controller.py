@@ -28,6 +28,7 @@ from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.scenario import Scenario
 from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.core.fl.population import Population
+from dtemu.core.fl.downlink import Downlink
 from dtemu.core import events as ev
 
 FP32 = codecs.CodecParams("fp32")
@@ -73,7 +74,10 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
              authenticated=auth.enabled)
 
     yield from _barrier(ctx, fl, clients)
-    yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, _blob(start - 1, result.weights)))
+    # fl.downlink_codec: the model goes down as a compressed delta on the clients' reference
+    downlink = Downlink(fl, clients) if fl.downlink_codec != "fp32" else None
+    first = downlink.full(start - 1, result.weights) if downlink else _blob(start - 1, result.weights)
+    yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, first))
 
     strategy = FedAvg(server_lr=fl.server_lr)
     round_, attempt = start, 0
@@ -96,6 +100,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
             updates = {}
             yield Sleep(max(0.0, deadline - ctx.now()))
         ready = len(updates)
+        if downlink is not None:
+            downlink.missed(c for c in asked if c not in updates)
         ctx.emit(
             ev.ROUND_CLOSE,
             round=round_,
@@ -127,7 +133,10 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         )
         ctx.emit(ev.CHECKPOINT, round=round_, path=where)
         yield Point(points.CHECKPOINTED, round_)
-        yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, _blob(round_, result.weights)))
+        if downlink is not None:
+            yield from downlink.publish(ctx, round_, result.weights, auth.seal)
+        else:
+            yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, _blob(round_, result.weights)))
         if round_ % fl.eval_every == 0 or round_ == fl.rounds:
             weights = result.weights
             accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval")

@@ -16,7 +16,8 @@ from dtemu.core.ml import data as datasets
 from dtemu.core.ml.models import build_model, model_cost
 from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.scenario import Scenario
-from dtemu.core.ml.train import compute_gradients, evaluate, train_local
+from dtemu.core.ml.train import compute_gradients, evaluate
+from dtemu.core.ml.jobs import TrainJob, run_train_job
 
 
 def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
@@ -107,22 +108,19 @@ class Workload:
     # --- work ----------------------------------------------------------
     def train(self, weights: np.ndarray, cmd, client: int):
         """Train from ``weights`` as ``cmd`` says; returns (new weights, TrainResult)."""
+        return self.run_job(self.train_job(weights, cmd, client))
+
+    def train_job(self, weights: np.ndarray, cmd, client: int) -> TrainJob:
+        """The training ``train`` does, as a picklable job (``core.ml.jobs``) for a worker process."""
         fl = self.scenario.fl
-        load_flat(self._model, weights)
-        idx = self.client_indices(client, cmd)
-        result = train_local(
-            self._model,
-            self.dataset.x_train,
-            self.dataset.y_train,
-            idx,
-            epochs=cmd.epochs,
-            batch_size=fl.batch_size,
-            lr=cmd.lr,
-            momentum=fl.momentum,
-            weight_decay=fl.weight_decay,
-            seed=int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0]),
-        )
-        return flatten(self._model), result
+        return TrainJob(model=self.scenario.model, model_seed=self.scenario.seed, weights=weights,
+                        indices=self.client_indices(client, cmd), epochs=cmd.epochs, batch_size=fl.batch_size,
+                        lr=cmd.lr, momentum=fl.momentum, weight_decay=fl.weight_decay,
+                        seed=int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0]))
+
+    def run_job(self, job: TrainJob):
+        """Run ``job`` here, on this process's model and data set."""
+        return run_train_job(job, self.dataset, self._model)
 
     def evaluate(self, weights: np.ndarray) -> float:
         load_flat(self._model, weights)

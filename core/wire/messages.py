@@ -23,7 +23,7 @@ VERSION = 1
 _HEADER = struct.Struct("<4sBBH")
 
 # type ids
-_TRAIN_CMD, _STOP, _MODEL_BLOB, _CLIENT_UPDATE = 1, 2, 3, 4
+_TRAIN_CMD, _STOP, _MODEL_BLOB, _CLIENT_UPDATE, _MODEL_DELTA = 1, 2, 3, 4, 5
 
 UPDATE_KINDS = ("delta", "weights")
 MAX_NAME = 64
@@ -58,6 +58,21 @@ class ModelBlob:
 
 
 @dataclass(frozen=True)
+class ModelDelta:
+    """The model after ``round`` as a change to the one after ``base`` (fl.downlink_codec):
+    a client holding model ``base`` adds the decoded packet; any other client cannot use it."""
+
+    round: int
+    base: int
+    packet: bytes  # a codec packet of (model - base model)
+    sha256: str  # of the packet
+
+    @classmethod
+    def of(cls, round_: int, base: int, packet: bytes) -> "ModelDelta":
+        return cls(round_, base, packet, hashlib.sha256(packet).hexdigest())
+
+
+@dataclass(frozen=True)
 class ClientUpdate:
     round: int
     seed: int  # the TrainCmd's seed, echoed: tells a retried round from its first attempt
@@ -72,6 +87,7 @@ class ClientUpdate:
 _TRAIN_CMD_BODY = struct.Struct("<IIHdQ")
 _STOP_BODY = struct.Struct("<IH")
 _BLOB_BODY = struct.Struct("<I32s")
+_DELTA_BODY = struct.Struct("<II32s")
 _UPDATE_BODY = struct.Struct("<IQIBIfB")  # round, seed, num_samples, kind, steps, loss, name length
 
 
@@ -87,6 +103,9 @@ def encode(msg) -> bytes:
         return b"".join(
             (_header(_MODEL_BLOB), _BLOB_BODY.pack(msg.round, bytes.fromhex(msg.sha256)), msg.packet)
         )
+    if isinstance(msg, ModelDelta):
+        return b"".join((_header(_MODEL_DELTA), _DELTA_BODY.pack(msg.round, msg.base, bytes.fromhex(msg.sha256)),
+                         msg.packet))
     if isinstance(msg, ClientUpdate):
         name = msg.client.encode()
         if not 0 < len(name) <= MAX_NAME:
@@ -105,7 +124,7 @@ def encode(msg) -> bytes:
 
 
 def decode(data: bytes | memoryview):
-    """Bytes -> TrainCmd | Stop | ModelBlob | ClientUpdate, or MessageError."""
+    """Bytes -> TrainCmd | Stop | ModelBlob | ModelDelta | ClientUpdate, or MessageError."""
     view = memoryview(data)
     if len(view) < _HEADER.size:
         raise MessageError(f"message of {len(view)} bytes is shorter than the header")
@@ -135,6 +154,15 @@ def decode(data: bytes | memoryview):
         if hashlib.sha256(packet).digest() != digest:
             raise MessageError("ModelBlob checksum does not match its payload")
         return ModelBlob(round_, packet, digest.hex())
+    if kind == _MODEL_DELTA:
+        _at_least(body, _DELTA_BODY.size, "ModelDelta")
+        round_, base, digest = _DELTA_BODY.unpack_from(body)
+        if base >= round_:
+            raise MessageError(f"ModelDelta of round {round_} on base {base}: the base must be older")
+        packet = bytes(body[_DELTA_BODY.size :])
+        if hashlib.sha256(packet).digest() != digest:
+            raise MessageError("ModelDelta checksum does not match its payload")
+        return ModelDelta(round_, base, packet, digest.hex())
     if kind == _CLIENT_UPDATE:
         _at_least(body, _UPDATE_BODY.size, "ClientUpdate")
         round_, seed, samples, kind_id, steps, loss, n = _UPDATE_BODY.unpack_from(body)

@@ -1,0 +1,47 @@
+"""A client's training as data: a job that can run in this process or in another one.
+
+``Workload.train`` is a closure over the workload; a runtime that spreads the
+clients of a round over worker processes (``emu --jobs N``, ``--executor ray``)
+needs the same work as a picklable description instead: the model's name and
+seed, the starting weights, the sample indices into the data set every worker
+holds one copy of, the seed and the hyper-parameters.  ``run_train_job`` is the
+one function both paths call, so a job gives bit-identical weights wherever it
+runs (the models hold no state outside their weights; each job loads them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dtemu.core.ml.models import build_model
+from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.ml.train import TrainResult, train_local
+
+
+@dataclass(frozen=True, eq=False)
+class TrainJob:
+    """One client's training of one round."""
+
+    model: str  # a model name or "package.module:factory" (core.ml.models.build_model)
+    model_seed: int  # builds the module; the weights below replace its initial values
+    weights: np.ndarray  # float32, the starting point
+    indices: np.ndarray  # int64 into the data set's training samples
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    seed: int  # batch order and dropout
+
+
+def run_train_job(job: TrainJob, dataset, model=None) -> tuple[np.ndarray, TrainResult]:
+    """(new weights, TrainResult) of ``job`` on ``dataset``; ``model``: a module to reuse (built if None)."""
+    if model is None:
+        model = build_model(job.model, seed=job.model_seed)
+    load_flat(model, job.weights)
+    result = train_local(model, dataset.x_train, dataset.y_train, job.indices, epochs=job.epochs,
+                         batch_size=job.batch_size, lr=job.lr, momentum=job.momentum,
+                         weight_decay=job.weight_decay, seed=job.seed)
+    return flatten(model), result

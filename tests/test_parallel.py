@@ -1,0 +1,82 @@
+"""Clients' training in worker processes changes no result (issue 12): emu --jobs N, the Ray executor."""
+
+import os
+import signal
+
+import pytest
+
+from dtemu.core.runtime.requests import RecordingContext
+from dtemu.core.scenario import parse_scenario
+from dtemu.core.wire.messages import TrainCmd
+from dtemu.emu import executor as executors
+from dtemu.emu.run import run_emulation
+from dtemu.host.datasets import load_for
+from dtemu.host.rundir import read_events
+from dtemu.core.ml.workload import Workload
+from helpers import needs_mnist
+
+
+def small(**sets):
+    raw = {"name": "par", "seed": 3, "model": "small_cnn", "threads": 1,
+           "data": {"partition": "dirichlet", "alpha": 0.5, "test_samples": 200},
+           "fl": {"clients": 200, "sample": 5, "rounds": 2, "subset": 64, "batch_size": 16, "min_clients": 2}}
+    return parse_scenario(raw, [f"{k}={v}" for k, v in sets.items()])
+
+
+@needs_mnist
+def test_two_workers_give_the_events_and_model_of_a_serial_run(tmp_path, monkeypatch):
+    sc = small()
+    work = Workload(sc, load_for(sc))
+    serial = run_emulation(sc, tmp_path / "serial", work=work, jobs=1)
+    # A worker killed by the OS in the middle: the pool is replaced and the jobs it owed run again.
+    submit, submitted = executors.ProcessPool.submit, []
+
+    def submit_then_kill(self, job):
+        ticket = submit(self, job)
+        submitted.append(ticket)
+        if len(submitted) == 3:
+            os.kill(self.worker_pids()[0], signal.SIGKILL)
+        return ticket
+
+    monkeypatch.setattr(executors.ProcessPool, "submit", submit_then_kill)
+    pooled = run_emulation(sc, tmp_path / "pooled", work=work, jobs=2)
+    assert pooled["model_sha256"] == serial["model_sha256"]
+    assert pooled["emu"]["executor"]["restarts"] >= 1
+    restarts = [e for e in read_events(tmp_path / "pooled") if e["kind"] == "executor_restart"]
+    assert restarts and restarts[0]["rerun"] >= 1
+    # Apart from the restart's own line, the event log is the serial run's, byte for byte.
+    lines = [line for line in (tmp_path / "pooled" / "events.jsonl").read_text().splitlines()
+             if '"executor_restart"' not in line]
+    assert lines == (tmp_path / "serial" / "events.jsonl").read_text().splitlines()
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_a_pool_replaces_a_dead_worker_and_reruns_what_it_owed():
+    sc = small()
+    work = Workload(sc, load_for(sc))
+    job = work.train_job(work.initial_weights, TrainCmd(1, 64, 3, 0.05, 99), 7)
+    want, _ = work.run_job(job)
+    pool = executors.ProcessPool(1, work.dataset, threads=1)
+    try:
+        pool.result(pool.submit(job))  # the worker is up
+        ticket = pool.submit(job)
+        os.kill(pool.worker_pids()[0], signal.SIGKILL)
+        ctx = RecordingContext(node="client7")
+        got, _ = pool.result(ticket, ctx)
+        assert (got == want).all() and pool.restarts == 1
+        assert [e["kind"] for e in ctx.events] == ["executor_restart"]
+    finally:
+        pool.close()
+
+
+@pytest.mark.slow
+@needs_mnist
+def test_ray_gives_the_model_of_a_serial_run(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'dtemu[ray]')")
+    sc = small()
+    work = Workload(sc, load_for(sc))
+    serial = run_emulation(sc, tmp_path / "serial", work=work, jobs=1)
+    on_ray = run_emulation(sc, tmp_path / "ray", work=work, jobs=2, executor="ray")
+    assert on_ray["model_sha256"] == serial["model_sha256"]
+    assert (tmp_path / "ray" / "events.jsonl").read_bytes() == (tmp_path / "serial" / "events.jsonl").read_bytes()
