@@ -79,6 +79,9 @@ class FLSpec:
     density: float = field(default=0.1, metadata=check(fraction))
     # Clients add the unsent residual of a lossy codec to their next update.
     error_feedback: bool = False
+    # emu: at most this many clients' residuals in memory, the least recently used spilled
+    # to files in the run folder (None: every client keeps its own in memory).
+    residuals_in_memory: int | None = field(default=None, metadata=check(positive))
     server_lr: float = field(default=1.0, metadata=check(positive))
     min_clients: int = field(default=1, metadata=check(positive))
     round_timeout_s: float = field(default=600.0, metadata=check(positive))

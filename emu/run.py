@@ -18,6 +18,8 @@ from dtemu.core.scenario import CONTROLLER, Scenario
 from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
+from dtemu.host.spill import DiskSpill
+from dtemu.core.fl.residuals import Residuals
 
 from .executor import open_executor
 from .faults import schedule_offline, schedule_partitions
@@ -38,7 +40,7 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
     network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu,
                       sites=scenario.site_of, wan=wan)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed)
-    for spec in roles(scenario, work, key, load_population(scenario)):
+    for spec in roles(scenario, work, key, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])
         if not timer.modelled:
             raise ValueError("compute.default.train_s_per_sample must be set for a model with no reference cost")
@@ -46,6 +48,14 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
         make = lambda ctx, spec=spec: spec.start(ctx, world.last_checkpoint or init)  # noqa: E731
         world.add(EmuNode(world, spec.name, spec.rank, spec.subscribes, make, timer))
     return world
+
+
+def _residuals(scenario: Scenario, run: RunDir) -> Residuals | None:
+    """fl.residuals_in_memory: the clients' error-feedback residuals beyond it go to files in the run."""
+    bound = scenario.fl.residuals_in_memory
+    if bound is None or not scenario.fl.error_feedback:
+        return None
+    return Residuals(bound, DiskSpill(Path(run.path) / "spill"))
 
 
 def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = None,

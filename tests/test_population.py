@@ -2,6 +2,8 @@
 
 import math
 
+import numpy as np
+
 import pytest
 
 from dtemu.core.errors import ScenarioError
@@ -117,3 +119,22 @@ def test_dashboard_summarises_a_thousand_clients(tmp_path):
     text = console.export_text()
     assert len(text.splitlines()) < 40
     assert "asked 100 of 1000 available" in text and "stopped" in text and "1000" in text
+
+
+def test_error_feedback_residuals_beyond_the_bound_are_spilled_and_come_back(tmp_path):
+    from dtemu.core.fl.residuals import Residuals
+    from dtemu.host.spill import DiskSpill
+
+    store = Residuals(2, DiskSpill(tmp_path / "spill"))
+    for i in range(4):
+        store.put(f"client{i}", np.full(3, i, np.float32))
+    assert list(store.memory) == ["client2", "client3"] and store.spilled == 2
+    assert (store.take("client0") == 0).all() and "client0" not in store.spill
+    store.forget("client1")
+    assert store.take("client1") is None
+    # a whole run: the same model with the residuals bounded as without
+    base = {"fl.codec": "sq8", "fl.error_feedback": "true", "fl.sample": 4}
+    free = run_emulation(scenario(**base), tmp_path / "free", work=StandIn())
+    bounded = run_emulation(scenario(**base, **{"fl.residuals_in_memory": 2}), tmp_path / "bounded", work=StandIn())
+    assert bounded["model_sha256"] == free["model_sha256"]
+    assert (tmp_path / "bounded" / "spill").is_dir()

@@ -19,6 +19,7 @@ from dtemu.core.wire.auth import Sealer
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, ModelDelta, Stop, TrainCmd
 from dtemu.core.fl.downlink import HeldModel
+from dtemu.core.fl.residuals import Residuals
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
@@ -45,14 +46,20 @@ class _State:
         self.rejected: Counter = Counter()  # messages refused, by reason
 
 
-def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | None = None):
+def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | None = None,
+           residuals: Residuals | None = None):
     """Client ``index`` (1-based); runs until the controller says Stop.
 
-    ``key``: the shared key that seals every message (core.auth); None: no sealing."""
+    ``key``: the shared key that seals every message (core.auth); None: no sealing.
+    ``residuals``: where the error-feedback residuals of this process's clients live, a
+    bounded number in memory (core.fl.residuals); None: this client keeps its own."""
     fl = scenario.fl
     auth = Sealer(key, ctx.node, getattr(ctx, "incarnation", 0))
     params = codecs.CodecParams(fl.codec, chunk=fl.chunk, density=fl.density)
     feedback = codecs.ErrorFeedback(params) if fl.error_feedback and fl.codec != "fp32" else None
+    if feedback is not None and residuals is not None:
+        feedback.store = residuals
+        residuals.forget(ctx.node)  # a new life: what an earlier one kept died with it
     state = _State()
     while state.stop is None:
         if state.resend:
@@ -138,7 +145,15 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
         # A diverged client: nothing a codec could carry; the round goes on without it.
         ctx.emit(ev.UPDATE_NOT_FINITE, round=cmd.round)
         return
-    packet = feedback.encode(delta) if feedback is not None else codecs.encode(delta, params)
+    if feedback is None:
+        packet = codecs.encode(delta, params)
+    elif getattr(feedback, "store", None) is None:
+        packet = feedback.encode(delta)
+    else:  # the residual is the store's between rounds (bounded in memory, the rest spilled)
+        feedback.residual = feedback.store.take(ctx.node)
+        packet = feedback.encode(delta)
+        feedback.store.put(ctx.node, feedback.residual)
+        feedback.residual = None
     update = ClientUpdate(
         round=cmd.round,
         seed=cmd.seed,

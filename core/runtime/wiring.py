@@ -15,6 +15,7 @@ from dtemu.core.ddp.worker import worker
 from dtemu.core.fl.client import client
 from dtemu.core.fl.controller import controller
 from dtemu.core.fl.population import Population
+from dtemu.core.fl.residuals import Residuals
 from dtemu.core.geo import roles as geo
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER
 from dtemu.core.ml.workload import Workload
@@ -38,9 +39,10 @@ class RoleSpec:
 
 
 def role_of(scenario: Scenario, rank: int, work: Workload, key: bytes | None = None,
-            population: Population | None = None) -> RoleSpec:
+            population: Population | None = None, residuals: Residuals | None = None) -> RoleSpec:
     """The role of ``rank``; ``key`` seals FL messages (core.wire.auth); ``population``: the FL
-    controller's availability and sampling (a trace's windows, read by the host)."""
+    controller's availability and sampling (a trace's windows, read by the host); ``residuals``:
+    the FL clients' error-feedback residuals, bounded in memory (core.fl.residuals)."""
     name = scenario.node_names[rank]
     if scenario.mode == "ddp":
         return RoleSpec(rank, name, (COLL_FRAMES,), (COLL_FRAMES,),
@@ -53,7 +55,7 @@ def role_of(scenario: Scenario, rank: int, work: Workload, key: bytes | None = N
         return RoleSpec(rank, name, (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB),
                         lambda ctx, init: controller(ctx, scenario, work, init, key, population))
     return RoleSpec(rank, name, (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,),
-                    lambda ctx, init: client(ctx, scenario, work, rank, key))
+                    lambda ctx, init: client(ctx, scenario, work, rank, key, residuals))
 
 
 def geo_role(scenario: Scenario, rank: int, name: str, work: Workload) -> RoleSpec:
@@ -91,5 +93,5 @@ def readers_of(scenario: Scenario) -> dict[str, frozenset[str]] | None:
 
 
 def roles(scenario: Scenario, work: Workload, key: bytes | None = None,
-          population: Population | None = None) -> list[RoleSpec]:
-    return [role_of(scenario, rank, work, key, population) for rank in range(len(scenario.node_names))]
+          population: Population | None = None, residuals: Residuals | None = None) -> list[RoleSpec]:
+    return [role_of(scenario, rank, work, key, population, residuals) for rank in range(len(scenario.node_names))]
