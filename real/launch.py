@@ -160,7 +160,7 @@ def launch(args, scenario: Scenario) -> int:
                     if procs[rank] is None and rank not in codes and not schedule.pending(rank):
                         codes[rank] = "down"  # crashed for good, as the scenario says
                 now = time.monotonic()
-                if scenario.mode == "fl" and 0 in codes and leader_done_at is None:
+                if scenario.mode in ("fl", "ps") and 0 in codes and leader_done_at is None:
                     leader_done_at = now
                 if leader_done_at is not None and now - leader_done_at > GRACE_S:
                     # The run is over; a client still waiting (it missed the Stop) is let go.
