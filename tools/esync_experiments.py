@@ -1,0 +1,170 @@
+"""ESync's experiments (issue 10), in emu, with the small CNN on Fashion-MNIST.
+
+    python -m tools.esync_experiments headline    # ESync vs SSGD: time to 0.8 at h_c = 150 and at h_c = 1
+    python -m tools.esync_experiments hc          # time to 0.8 against h_c (ESync and SSGD)
+    python -m tools.esync_experiments baselines   # accuracy over time for every algorithm (h_c = 150)
+    python -m tools.esync_experiments feddrop     # FedDrop's final test loss against K_hat
+
+Every run starts from scenarios/esync.yaml (12 parties, 6 fast and 6 slow, 1 Gbit/s LAN,
+IID Fashion-MNIST, batch 32, SGD) with the overrides each experiment lists, runs in
+virtual time under /tmp/esync_experiments/<label>, and its numbers (summary and the
+parameter server's evaluations) go to docs/figures/esync/<experiment>.json with a
+figure beside.  Run one at a time under flock /tmp/dtemu-heavy.lock: each is minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "scenarios" / "esync.yaml"
+FIGURES = ROOT / "docs" / "figures" / "esync"
+SLOW = [f"worker{k}" for k in range(7, 13)]
+
+
+def speeds(hc: float) -> list[str]:
+    return [f"compute.nodes.{w}.slowdown={hc}" for w in SLOW]
+
+
+def run(label: str, overrides: list[str]) -> dict:
+    from dtemu.emu.run import run_emulation
+    from dtemu.host.rundir import read_events
+    from dtemu.host.scenario_file import load_scenario
+
+    scenario = load_scenario(BASE, overrides)
+    out = Path("/tmp/esync_experiments") / label
+    started = time.perf_counter()
+    summary = run_emulation(scenario, out)
+    evals = [(e["t"], e["accuracy"], e.get("loss")) for e in read_events(out) if e["kind"] == "eval"]
+    keep = ("algorithm", "time_s", "rounds", "final_accuracy", "final_loss", "time_to_accuracy", "model_sha256",
+            "bytes_up", "bytes_down",
+            "blocking_time_s", "iterations_per_round", "samples_per_s", "updates")
+    row = {"label": label, "overrides": overrides, **{k: summary.get(k) for k in keep},
+           "wall_s": round(time.perf_counter() - started, 1), "evals": evals}
+    print(f"{label}: t={summary['time_s']:.2f}s acc={summary['final_accuracy']} "
+          f"tta={summary['time_to_accuracy']} wall={row['wall_s']}s", flush=True)
+    return row
+
+
+def _load(name: str) -> list[dict]:
+    path = FIGURES / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def save(name: str, rows: list[dict]) -> None:
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    (FIGURES / f"{name}.json").write_text(json.dumps(rows, indent=1))
+
+
+def curves(name: str, rows: list[dict], title: str, logx: bool = True) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in rows:
+        t = [max(e[0], 1e-3) for e in r["evals"]]
+        ax.plot(t, [e[1] for e in r["evals"]], label=r["label"], lw=1.4)
+    if logx:
+        ax.set_xscale("log")
+    ax.axhline(0.8, color="grey", lw=0.6, ls=":")
+    ax.set_xlabel("virtual time (s)" + (", log scale" if logx else ""))
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(FIGURES / f"{name}.png", dpi=110)
+    plt.close(fig)
+
+
+def headline() -> list[dict]:
+    rows = [run("esync-hc150", []), run("ssgd-hc150", ["ps.algorithm=ssgd", "ps.rounds=1000", "ps.eval_every=10"])]
+    rows += [run("esync-hc1", speeds(1) + ["ps.rounds=1000", "ps.eval_every=10"]),
+             run("ssgd-hc1", speeds(1) + ["ps.algorithm=ssgd", "ps.rounds=1000", "ps.eval_every=10"])]
+    save("headline", rows)
+    curves("headline", rows, "ESync vs SSGD, 12 parties (6 slow), small CNN, Fashion-MNIST")
+    return rows
+
+
+def hc() -> list[dict]:
+    rows = []
+    for h in (1, 10, 50, 150, 300):
+        rows.append(run(f"esync-hc{h}", speeds(h) + ["ps.rounds=1000" if h == 1 else "ps.rounds=12"]
+                        + ["ps.eval_every=10" if h == 1 else "ps.eval_every=1"]))
+        rows.append(run(f"ssgd-hc{h}", speeds(h) + ["ps.algorithm=ssgd", "ps.rounds=1000", "ps.eval_every=10"]))
+    save("hc", rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for algo in ("esync", "ssgd"):
+        pts = [(int(r["label"].split("hc")[1]), r["time_to_accuracy"].get("0.8")) for r in rows
+               if r["label"].startswith(algo)]
+        ax.plot([h for h, t in pts if t], [t for h, t in pts if t], "o-", label=algo)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("h_c (slow parties' slowdown)")
+    ax.set_ylabel("virtual seconds to 0.8 test accuracy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(FIGURES / "hc.png", dpi=110)
+    plt.close(fig)
+    return rows
+
+
+def baselines() -> list[dict]:
+    runs = {
+        "esync": ["ps.rounds=20"],
+        "ssgd": ["ps.algorithm=ssgd", "ps.rounds=1000", "ps.eval_every=10"],
+        "asgd": ["ps.algorithm=asgd", "ps.rounds=12000", "ps.eval_every=300"],
+        "dcasgd": ["ps.algorithm=dcasgd", "ps.rounds=12000", "ps.eval_every=300"],
+        "fedavg": ["ps.algorithm=fedavg", "ps.rounds=8"],
+        "fedasync+poly": ["ps.algorithm=fedasync", "ps.staleness=poly", "ps.rounds=80", "ps.eval_every=4"],
+        "fedasync+hinge": ["ps.algorithm=fedasync", "ps.staleness=hinge", "ps.rounds=80", "ps.eval_every=4"],
+        "feddrop(6)": ["ps.algorithm=feddrop", "ps.feddrop_k_hat=6", "ps.rounds=16"],
+        "tifl": ["ps.algorithm=tifl", "ps.tifl_tier_probs=[0.5,0.5]", "ps.tifl_credits=[100,3]", "ps.rounds=16"],
+    }
+    # ESync and SSGD at h_c = 150 are the headline's runs (the same scenarios): reused when there.
+    done = {r["label"].split("-hc")[0]: r for r in _load("headline") if r["label"].endswith("-hc150")}
+    rows = [dict(done[label], label=label) if label in done else run(label, o) for label, o in runs.items()]
+    save("baselines", rows)
+    curves("baselines", rows, "every algorithm, h_c = 150 (each run to its own budget)")
+    return rows
+
+
+def feddrop() -> list[dict]:
+    rows = [run(f"feddrop-k{k}", ["ps.algorithm=feddrop", f"ps.feddrop_k_hat={k}", "ps.rounds=12"])
+            for k in (4, 6, 8, 10)]
+    save("feddrop", rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.plot([int(r["label"].split("-k")[1]) for r in rows], [r["final_loss"] for r in rows], "o-")
+    ax.set_xlabel("K_hat (workers not waited for)")
+    ax.set_ylabel("final test loss")
+    fig.tight_layout()
+    fig.savefig(FIGURES / "feddrop.png", dpi=110)
+    plt.close(fig)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", choices=("headline", "hc", "baselines", "feddrop"))
+    args = p.parse_args()
+    globals()[args.experiment]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
