@@ -38,6 +38,11 @@ PINNED = {
                 5969649576, 5969649576, 99.44403584),
     "ddp_baseline": ("a90e792db38afb0a7dd41385e4a6ec6e45a2e26e46fc09ea99eaaa9248065ee4", 0.989, 1872,
                      53910659544, 53910659544, 227.164502784),
+    # issue 11 (mode geo, mnist_cnn on Fashion-MNIST, 600 rounds; about 5 and 7 minutes each)
+    "geo_hips": ("0d78e00fab923cbb4e70572fe7fae6365ead3dbb05d4174560914fbb2deed7b3", 0.9048, 600,
+                 23037830400, 23076226784, 591.263862746),
+    "geo_bisparse_fp16": ("4a56ac1d926e48423e5dfef074390d8b0ff2fa57fe481ef45082c98434f22e83", 0.884, 600,
+                          11518963200, 11557359584, 101.922746255),
 }
 
 
