@@ -363,3 +363,15 @@ def test_a_heartbeat_is_a_payload_of_its_own():
     assert decode(encode_beat(10), 10).kind == BEAT
     with pytest.raises(GeoPayloadError, match="heartbeat"):
         decode(HEADER.pack(b"GEO1", 4, 0, 0, 0, 10, 1) + b"\0" * 8, 10)
+
+
+def test_an_fl_run_across_sites_pays_the_wan(tmp_path):
+    from test_fl_protocol import StandIn as FLStandIn
+    raw = {"name": "fl-sites", "fl": {"clients": 2, "rounds": 2, "subset": 1000, "round_timeout_s": 5.0},
+           "network": {"sites": {"hq": {"nodes": ["controller", "client1"]},
+                                 "far": {"nodes": ["client2"], "wan": {"up_mbps": 1, "down_mbps": 1}}}}}
+    s = run_emulation(parse_scenario(raw), tmp_path / "fl", work=FLStandIn())
+    assert s["rounds"] == 2 and s["stop_reason"] == "done"
+    wan = s["emu"]["wan_bytes"]
+    # only client2's traffic crosses: the model and commands down to it, its updates up
+    assert wan["far"]["up"] > 0 and wan["far"]["down"] > 0 and wan["hq"]["up"] == wan["far"]["down"]
