@@ -198,10 +198,12 @@ class World:
         self._save_checkpoint = save_checkpoint
         self.executor = None  # emu.executor's pool (emu run --jobs N > 1), or None
         self.multicast = False  # network.delivery: one flow per link for a message to many
+        self._subscribers: dict[tuple[str, str], list[str]] = {}
         self._peers_changed = env.event()
 
     def add(self, node: EmuNode) -> EmuNode:
         self.nodes[node.node] = node
+        self._subscribers.clear()
         return node
 
     def emit(self, node: str, kind: str, **fields: Any) -> None:
@@ -261,7 +263,12 @@ class World:
             return [n for n in to if n in self.nodes]
         if to is not None:
             return [to] if to in self.nodes else []
-        return [n for n, node in self.nodes.items() if n != src and topic in node.subscribes]
+        # Who subscribes to what never changes during a run (a node down still counts: its
+        # flow is dropped), so a broadcast's list is made once per sender and topic.
+        key = (src, topic)
+        if key not in self._subscribers:
+            self._subscribers[key] = [n for n, node in self.nodes.items() if n != src and topic in node.subscribes]
+        return self._subscribers[key]
 
     def transmit(self, src: str, dst: str, topic: str, data: bytes) -> simpy.Event:
         sent_at = self.env.now

@@ -43,7 +43,8 @@ def role_of(scenario: Scenario, rank: int, work: Workload, key: bytes | None = N
     """The role of ``rank``; ``key`` seals FL messages (core.wire.auth); ``population``: the FL
     controller's availability and sampling (a trace's windows, read by the host); ``residuals``:
     the FL clients' error-feedback residuals, bounded in memory (core.fl.residuals)."""
-    name = scenario.node_names[rank]
+    # FL names without building the list of every node (once per rank: quadratic at 10,000 clients)
+    name = (CONTROLLER if rank == 0 else f"client{rank}") if scenario.mode == "fl" else scenario.node_names[rank]
     if scenario.mode == "ddp":
         return RoleSpec(rank, name, (COLL_FRAMES,), (COLL_FRAMES,),
                         lambda ctx, init: worker(ctx, scenario, work, rank))
