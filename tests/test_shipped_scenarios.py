@@ -38,6 +38,9 @@ PINNED = {
                 5969649576, 5969649576, 99.44403584),
     "ddp_baseline": ("a90e792db38afb0a7dd41385e4a6ec6e45a2e26e46fc09ea99eaaa9248065ee4", 0.989, 1872,
                      53910659544, 53910659544, 227.164502784),
+    # issue 12 (1000 clients, 100 sampled per round, small_cnn; about 2 minutes in one process)
+    "fl_1000": ("b3a52b9581c65cdf0a8d7f796fc31a977656e90fc2ba19241fd27f25517fca00", 0.9485, 20,
+                147149808, 1545182000, 14.328399384),
     # issue 11 (mode geo, mnist_cnn on Fashion-MNIST, 600 rounds; about 5 and 7 minutes each)
     "geo_hips": ("0d78e00fab923cbb4e70572fe7fae6365ead3dbb05d4174560914fbb2deed7b3", 0.9048, 600,
                  23037830400, 23076226784, 591.263862746),
