@@ -130,8 +130,9 @@ class DDPSpec:
     weight_decay: float = field(default=0.0, metadata=check(non_negative))
     # none: dense gradients by allreduce; dgc: Deep Gradient Compression by allgather.
     compression: Literal["none", "dgc"] = "none"
-    # Dense allreduce: everyone sends everything to everyone (gather) or a ring.
-    allreduce: Literal["gather", "ring"] = "gather"
+    # Dense allreduce: everyone sends everything to everyone (gather), a ring, or the
+    # pipelined reduce-scatter + allgather (core.ddp.pipelined: float32 in rank order).
+    allreduce: Literal["gather", "ring", "pipelined"] = "gather"
     density: float = field(default=0.001, metadata=check(fraction))
     sample_ratio: float = field(default=0.01, metadata=check(fraction))
     clip_norm: float | None = field(default=None, metadata=check(positive))

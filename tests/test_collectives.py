@@ -8,7 +8,8 @@ import simpy
 from hypothesis import given, settings, strategies as st
 
 from dtemu.core.ddp.collectives import (
-    COLL_FRAMES, Collective, CollectiveTimeout, Frame, FrameError, decode_frame, encode_frame, split_payload,
+    COLL_FRAMES, Collective, CollectiveTimeout, Frame, FrameError, decode_frame, encode_frame, mean32_in_rank_order,
+    split_payload,
 )
 from dtemu.core.runtime.requests import Message, Recv, RecordingContext, Send
 from dtemu.core.runtime.compute import ComputeTimer
@@ -155,3 +156,47 @@ def test_barrier_reports_the_missing_rank():
     env, procs, _ = emu_world(names, role, down=("w2",))
     env.run(until=env.all_of(list(procs.values())))
     assert errors == {0: ([2], 3.0), 1: ([2], 3.0)}
+
+
+@pytest.mark.parametrize("world_size,n,piece_bytes", [(2, 1001, 400), (3, 1001, 400), (3, 2, 400), (5, 10_000, 4096)])
+def test_pipelined_allreduce_is_the_float32_rank_order_mean_on_every_rank(world_size, n, piece_bytes):
+    names = [f"w{i}" for i in range(world_size)]
+    vecs = [np.random.default_rng(i).standard_normal(n).astype(np.float32) * 10 ** i for i in range(world_size)]
+    results = {}
+
+    def role(ctx, rank):
+        coll = Collective(ctx, rank, names, frame_bytes=1 << 16, piece_bytes=piece_bytes)
+        yield from coll.barrier(deadline=10)
+        for step in (1, 2):  # twice: the second round's frames must not mix with the first's
+            mean, sent = yield from coll.allreduce_mean(step, vecs[rank], 10.0 * step, "pipelined")
+        results[rank] = (mean, sent, dict(coll.counts), len(coll._done))
+
+    env, procs, _ = emu_world(names, role)
+    env.run(until=env.all_of(list(procs.values())))
+    expected = mean32_in_rank_order(vecs)
+    for rank, (mean, sent, counts, left) in results.items():
+        assert mean.tobytes() == expected.tobytes()  # bit for bit, on every rank
+        assert counts == {"malformed": 0, "stale": 0} and left == 0
+        # 2(W-1)/W of the vector, as the ring
+        assert sent == pytest.approx(4 * n * 2 * (world_size - 1) / world_size, rel=0.2, abs=400)
+    # float32 in rank order is not the float64 mean, but close to it
+    np.testing.assert_allclose(expected, np.mean(vecs, axis=0), rtol=1e-4, atol=1e-3)
+
+
+def test_pipelined_piece_of_the_wrong_size_is_refused_not_fatal():
+    ctx = RecordingContext()
+    coll = Collective(ctx, 0, ["w0", "w1"], piece_bytes=1 << 20)
+    mine = np.arange(6, dtype=np.float32)
+    # rank 1's piece of rank 0's shard (floats 0..2) is 8 bytes, not 12; its own shard is fine
+    inbox = [encode_frame(Frame(0, 1, "prs", 0, 1, 2, 0, 1, 8, b"\0" * 8)),
+             encode_frame(Frame(0, 1, "pag", 0, 1, 2, 0, 1, 12, np.full(3, 7, np.float32).tobytes()))]
+    with pytest.raises(CollectiveTimeout) as info:
+        drive(coll.allreduce_mean(1, mine, 5.0, "pipelined"), inbox)
+    assert info.value.missing == [1]
+    assert coll.counts["malformed"] == 1
+    assert [e["kind"] for e in ctx.events] == ["frame_rejected"]
+    # a good round afterwards goes through
+    inbox = [encode_frame(Frame(0, 2, "prs", 0, 1, 2, 0, 1, 12, np.ones(3, np.float32).tobytes())),
+             encode_frame(Frame(0, 2, "pag", 0, 1, 2, 0, 1, 12, np.full(3, 7, np.float32).tobytes()))]
+    mean, _ = drive(coll.allreduce_mean(2, mine, None, "pipelined"), inbox)
+    assert mean.tolist() == [0.5, 1.0, 1.5, 7, 7, 7]

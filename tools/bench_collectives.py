@@ -1,8 +1,8 @@
 """Dense allreduce / allgather over DDS (the project's collectives) against torch.distributed (gloo).
 
     python -m tools.bench_collectives [--worlds 2,3] [--sizes 100000,1000000,4000000]
-        [--repeats 15] [--warmup 3] [--backends dds,gloo] [--frame-bytes N] [--out FILE.md]
-        [--profile DIR]
+        [--repeats 15] [--warmup 3] [--backends dds,gloo] [--ops gather,ring,pipelined,allgather]
+        [--frame-bytes N] [--piece-bytes N] [--out FILE.md] [--json FILE.json] [--profile DIR]
 
 For each world size W, W processes (multiprocessing, spawn; torch and BLAS
 threads 1 each) on this machine:
@@ -12,8 +12,8 @@ threads 1 each) on this machine:
           driving one role generator that uses ``core.collectives.Collective``:
           the barrier first, then per size and op ``--warmup`` + ``--repeats``
           repetitions of ``allreduce_mean(step, vec, deadline, "gather")``,
-          ``allreduce_mean(..., "ring")`` and ``allgather`` (every rank's
-          4·n-byte vector).  Exactly what a DDP worker does per step, event
+          ``allreduce_mean(..., "ring")``, ``allreduce_mean(..., "pipelined")``
+          and ``allgather`` (every rank's 4·n-byte vector); ``--ops`` picks some.  Exactly what a DDP worker does per step, event
           log included (``real.node.real_driver`` writes one ``deliver`` event per message
           to its run folder, here a temporary one).
 ``gloo``  ``torch.distributed`` with the gloo backend
@@ -30,6 +30,13 @@ over repetitions), which is much less disturbed by other load on the box
 than wall time.  The first repetition of every size and op
 also checks the result (the mean of the ranks' vectors, every rank's payload).
 
+``--json FILE`` writes the comparison as a list of records ``{"op", "world",
+"floats", "dds_ms", "gloo_ms"}`` (medians, ms): ``op`` "allreduce" takes the
+fastest DDS allreduce algorithm measured (named in ``"algorithm"``) against
+gloo's all_reduce, "allgather" DDS's allgather against gloo's all_gather.
+
+``--piece-bytes`` sets the pipelined allreduce's piece size
+(``core.ddp.collectives.PIECE_BYTES`` by default).
 ``--frame-bytes`` sets ``Collective``'s frame size (default: its own,
 ``core.collectives.FRAME_BYTES``, 1 MiB less room for headers, so that one
 collective frame is one DDS sample).  ``--profile DIR`` runs rank 0 of each DDS world
@@ -43,6 +50,7 @@ Everything stays on 127.0.0.1.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import socket
@@ -53,8 +61,8 @@ import time
 import traceback
 from pathlib import Path
 
-OPS_DDS = ("gather", "ring", "allgather")
-GLOO_OF = {"gather": "all_reduce", "ring": "all_reduce", "allgather": "all_gather"}
+OPS_DDS = ("gather", "ring", "pipelined", "allgather")
+GLOO_OF = {"gather": "all_reduce", "ring": "all_reduce", "pipelined": "all_reduce", "allgather": "all_gather"}
 DEFAULT_SIZES = (100_000, 1_000_000, 4_000_000)
 
 
@@ -82,12 +90,14 @@ def _expected_mean(world: int, n: int):
 # DDS
 
 
-def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps):
+def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, ops, piece_bytes):
     import numpy as np
 
-    from dtemu.core.ddp.collectives import Collective
+    from dtemu.core.ddp.collectives import Collective, mean32_in_rank_order
 
     kw = {"frame_bytes": frame_bytes} if frame_bytes else {}
+    if piece_bytes:
+        kw["piece_bytes"] = piece_bytes
     coll = Collective(ctx, rank, names, max_payload=64 * max(sizes) + (1 << 20), **kw)
     yield from coll.barrier(ctx.now() + 60.0)
     rnd = 0
@@ -95,7 +105,8 @@ def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stam
     for n in sizes:
         vec = _vector(rank, n)
         expected = _expected_mean(world, n)
-        for op in OPS_DDS:
+        expected32 = mean32_in_rank_order([_vector(r, n) for r in range(world)])
+        for op in ops:
             times, cpus = [], []
             for i in range(warmup + repeats):
                 rnd += 1
@@ -115,6 +126,8 @@ def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stam
                     if op == "allgather":
                         ok = [g == _vector(r, n).tobytes() for r, g in enumerate(got)]
                         assert all(ok), f"allgather payloads differ: {ok}"
+                    elif op == "pipelined":  # float32 in rank order, bit for bit
+                        assert got.tobytes() == expected32.tobytes(), "pipelined allreduce gave a wrong mean"
                     else:
                         assert np.allclose(got, expected, atol=1e-5), f"{op} allreduce gave a wrong mean"
                 if i >= warmup:
@@ -127,7 +140,7 @@ def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stam
     return out
 
 
-def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, queue):
+def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, ops, piece_bytes, queue):
     try:
         _one_thread()
         import torch
@@ -165,7 +178,8 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
                 with Transport(names[rank], profile="loopback", domain_id=domain,
                                subscribe=[COLL_FRAMES]) as transport:
                     node = Node(names[rank], transport, run, publishes=[COLL_FRAMES])
-                    role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps)
+                    role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, ops,
+                                     piece_bytes)
                     if prof is not None:
                         prof.enable()
                     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -308,14 +322,14 @@ def _fmt_ms(s: float) -> str:
     return f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
 
 
-def table(rows: dict, worlds, sizes, backends) -> str:
+def table(rows: dict, worlds, sizes, backends, ops=OPS_DDS) -> str:
     """rows[(backend, world, n, op)] = list of seconds."""
     lines = ["| W | floats | op | DDS median ms | DDS p90 ms | gloo median ms | gloo p90 ms | DDS/gloo "
              "| DDS CPU ms | gloo CPU ms |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for w in worlds:
         for n in sizes:
-            for op in OPS_DDS:
+            for op in ops:
                 d = rows.get(("dds", w, n, op))
                 g = rows.get(("gloo", w, n, GLOO_OF[op]))
                 dm, dp = (statistics.median(d), _pct(d, 0.9)) if d else (None, None)
@@ -323,10 +337,33 @@ def table(rows: dict, worlds, sizes, backends) -> str:
                 ratio = f"{dm / gm:.1f}x" if dm and gm else "-"
                 dc, gc = rows.get(("dds", w, n, op + "/cpu")), rows.get(("gloo", w, n, GLOO_OF[op] + "/cpu"))
                 cpu = f" | {_fmt_ms(statistics.median(dc)) if dc else '-'} | {_fmt_ms(statistics.median(gc)) if gc else '-'}"
-                label = {"gather": "allreduce (gather)", "ring": "allreduce (ring)", "allgather": "allgather"}[op]
+                label = "allgather" if op == "allgather" else f"allreduce ({op})"
                 lines.append(f"| {w} | {n:,} | {label} | {_fmt_ms(dm) if dm else '-'} | {_fmt_ms(dp) if dp else '-'} "
                              f"| {_fmt_ms(gm) if gm else '-'} | {_fmt_ms(gp) if gp else '-'} | {ratio}{cpu} |")
     return "\n".join(lines)
+
+
+def records(rows: dict, worlds, sizes) -> list[dict]:
+    """The --json table: per world and size, the fastest DDS allreduce against gloo's, and the allgathers."""
+    out = []
+    for w in worlds:
+        for n in sizes:
+            gloo = rows.get(("gloo", w, n, "all_reduce"))
+            algos = {op: statistics.median(rows[("dds", w, n, op)]) for op in ("gather", "ring", "pipelined")
+                     if rows.get(("dds", w, n, op))}
+            if algos:
+                best = min(algos, key=algos.get)
+                out.append({"op": "allreduce", "world": w, "floats": n, "dds_ms": round(algos[best] * 1e3, 3),
+                            "gloo_ms": round(statistics.median(gloo) * 1e3, 3) if gloo else None,
+                            "algorithm": best})
+            dds, gloo = rows.get(("dds", w, n, "allgather")), rows.get(("gloo", w, n, "all_gather"))
+            if dds:
+                out.append({"op": "allgather", "world": w, "floats": n,
+                            "dds_ms": round(statistics.median(dds) * 1e3, 3),
+                            "gloo_ms": round(statistics.median(gloo) * 1e3, 3) if gloo else None})
+    for r in out:
+        r["ratio"] = round(r["dds_ms"] / r["gloo_ms"], 3) if r["gloo_ms"] else None
+    return out
 
 
 def main(argv=None) -> int:
@@ -336,6 +373,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--backends", default="dds,gloo")
+    p.add_argument("--ops", default=",".join(OPS_DDS), help="DDS ops, of " + ",".join(OPS_DDS))
+    p.add_argument("--piece-bytes", type=int, default=0, help="pipelined allreduce piece size (0: its default)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the comparison as JSON records")
     p.add_argument("--frame-bytes", type=int, default=0, help="Collective frame size (0: its default, 1 MiB less room for headers)")
     p.add_argument("--domain", type=int, default=None, help="first DDS domain id (default: from the pid)")
     p.add_argument("--timeout", type=float, default=900.0, help="per world and backend, seconds")
@@ -345,6 +385,9 @@ def main(argv=None) -> int:
     worlds = [int(w) for w in args.worlds.split(",") if w]
     sizes = [int(s) for s in args.sizes.split(",") if s]
     backends = [b for b in args.backends.split(",") if b]
+    ops = [o for o in args.ops.split(",") if o]
+    if any(o not in OPS_DDS for o in ops):
+        raise SystemExit(f"--ops: choose among {OPS_DDS}")
     _one_thread()
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -359,7 +402,8 @@ def main(argv=None) -> int:
             if backend == "dds":
                 dom = domain + w  # a domain per world: no leftovers from the previous one
                 res = _run_world(_dds_worker, w, lambda r: (r, w, dom, sizes, args.repeats, args.warmup,
-                                                            args.frame_bytes, args.profile), args.timeout)
+                                                            args.frame_bytes, args.profile, ops, args.piece_bytes),
+                                 args.timeout)
                 extra = res[0][1]
                 st = extra["stats"]
                 notes.append(f"DDS W={w}: rank 0 sent {st['sent_frames']} DDS samples / {st['sent_msgs']} messages, "
@@ -382,10 +426,10 @@ def main(argv=None) -> int:
                 n, op, *cpu = key.split("/")
                 rows[(backend, w, int(n), op + ("/cpu" if cpu else ""))] = ts
             print(f"[{backend} W={w}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
-    md = table(rows, worlds, sizes, backends)
+    md = table(rows, worlds, sizes, backends, ops)
     header = (f"Collectives on loopback, {args.repeats} repetitions after {args.warmup} warm-up, "
               f"slowest rank per repetition; {os.cpu_count()} cores; "
-              f"Collective frame_bytes={args.frame_bytes or 'default'}; "
+              f"Collective frame_bytes={args.frame_bytes or 'default'}, piece_bytes={args.piece_bytes or 'default'}; "
               f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
               f"(other work on the box inflates wall times; the CPU columns much less); "
               f"total {time.perf_counter() - started:.0f} s.\n")
@@ -393,6 +437,8 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(records(rows, worlds, sizes), indent=1) + "\n")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Collectives for data-parallel peers, written once on the role requests.
 
-(About 400 lines: the frame format, its reassembly and the collectives built on it are one protocol, checked as untrusted bytes in one place.)
+(About 470 lines: the frame format, its reassembly and the collectives built on it are one protocol, checked as untrusted bytes in one place; the pipelined allreduce's schedule is apart, in ``core.ddp.pipelined``.)
 
 Every payload travels as frames on one topic (``coll/frames``). A frame header
 says which collective it belongs to and where its bytes go::
@@ -29,6 +29,9 @@ generation or a ``stop`` reaching a rank in the middle of a ``wait`` ends the
 wait with ``LossNotice`` (so that every survivor notices a loss as soon as the
 first one does); ``core/roles/worker.py`` says what a worker does then.
 
+A payload of one frame is kept as a view of the message it came in (no copy);
+callers that need bytes get them from ``collect``.
+
 A collective is split in two so the wait can be measured alone:
 ``start_allgather`` sends this rank's payload and returns a handle;
 ``wait`` pumps the network until every rank's payload is complete (or the
@@ -46,6 +49,7 @@ import numpy as np
 from dtemu.core.errors import DtemuError, FrameError
 from dtemu.core.runtime.requests import Recv, Send, WaitPeers
 from dtemu.core.wire.topics import COLL_FRAMES
+from dtemu.core.ddp.pipelined import pipelined_allreduce_mean
 from dtemu.core import events as ev
 
 MAGIC = b"DTCF"
@@ -54,6 +58,9 @@ BARRIER_ROUND = 0xFFFFFFFF  # reserved round id of the barrier
 # Payload bytes per frame: a frame and its header fit in one 1 MiB transport
 # sample (DDS samples of ~1 MiB gave the best throughput).
 FRAME_BYTES = (1 << 20) - 1024
+# Pieces of the pipelined allreduce (core.ddp.pipelined): small enough that summing
+# one piece overlaps receiving the next, large enough that per-frame costs stay small.
+PIECE_BYTES = 256 << 10
 _HEADER = struct.Struct("<4sBBHIHHIIIQB")
 MAX_NAME = 32
 
@@ -125,6 +132,16 @@ def decode_frame(data: bytes, *, world: int, max_total: int) -> Frame:
     return Frame(group, round_, name, part, rank, world_, seq, count, total, body)
 
 
+def mean32_in_rank_order(vectors) -> np.ndarray:
+    """Mean of float32 vectors summed in float32 in rank order, then divided by their number:
+    ``((v0 + v1) + v2) / 3``.  What ``pipelined`` computes, whoever computes it."""
+    vectors = [np.frombuffer(v, np.float32) if not isinstance(v, np.ndarray) else v for v in vectors]
+    total = vectors[0].copy() if len(vectors) == 1 else np.add(vectors[0], vectors[1])
+    for v in vectors[2:]:
+        np.add(total, v, out=total)
+    return np.divide(total, np.float32(len(vectors)), out=total)
+
+
 def mean_in_rank_order(payloads: list[bytes]) -> np.ndarray:
     """Mean of float32 vectors, summed in float64 in rank order: bit-identical on every rank."""
     total = np.frombuffer(payloads[0], np.float32).astype(np.float64)
@@ -183,7 +200,8 @@ class Collective:
     """The collectives of one rank in a group of ``world`` peers named ``peers`` (by rank)."""
 
     def __init__(self, ctx, rank: int, peers: list[str], *, group: int = 0,
-                 frame_bytes: int = FRAME_BYTES, max_payload: int = 1 << 30):
+                 frame_bytes: int = FRAME_BYTES, max_payload: int = 1 << 30,
+                 piece_bytes: int = PIECE_BYTES):
         self.ctx = ctx
         self.rank = rank
         self.peers = list(peers)
@@ -191,6 +209,8 @@ class Collective:
         self.group = group
         self.frame_bytes = frame_bytes
         self.max_payload = max_payload
+        # pipelined allreduce: bytes per piece, each piece one frame
+        self.piece_bytes = max(4, min(piece_bytes, frame_bytes) // 4 * 4)
         self.members: tuple[int, ...] = tuple(range(self.world))  # the current generation's ranks
         self._assemblies: dict[tuple, _Assembly] = {}
         self._done: dict[tuple, bytes] = {}
@@ -291,7 +311,7 @@ class Collective:
         """The payloads of ``handle`` in rank order (this rank's own included)."""
         out = {self.rank: handle.own}
         for r in handle.ranks:
-            out[r] = self._done.pop((handle.round, handle.name, handle.part, r))
+            out[r] = bytes(self._done.pop((handle.round, handle.name, handle.part, r)))
         self._finished_rounds.add((handle.round, handle.name, handle.part))
         return [out[r] for r in sorted(out)]
 
@@ -316,6 +336,12 @@ class Collective:
             if key in self._done:
                 return  # a duplicate of a payload already complete
             asm = self._assemblies.get(key)
+            if asm is None and f.seq_count == 1:  # the whole payload: kept as a view, not copied
+                if len(f.data) != f.total:
+                    raise FrameError(f"a payload of one frame has {len(f.data)} bytes, not {f.total}")
+                self.bytes_received += len(msg.data)
+                self._done[key] = f.data
+                return
             if asm is None:
                 asm = self._assemblies[key] = _Assembly(f.total, f.seq_count)
             asm.add(f)
@@ -370,7 +396,13 @@ class Collective:
         ``gather``: every rank sends its whole vector to every other (the
         original's dense broadcast), then sums in rank order.  ``ring``:
         reduce-scatter then allgather around the ring, 2(W-1)/W of the vector
-        sent per rank.  Both give every rank bit-identical results.  W is the
+        sent per rank.  Both give every rank bit-identical results, summed in
+        float64.  ``pipelined`` (``core.ddp.pipelined``): every rank sends each
+        other rank its shard of the vector in pieces, owners sum the pieces as
+        they come in float32 in rank order and send each finished piece to all,
+        the same 2(W-1)/W sent per rank in two steps instead of 2(W-1); its
+        result is ``mean32_in_rank_order`` of the vectors, bit-identical on
+        every rank (and not the float64 mean of the other two).  W is the
         number of members of the current generation.
         """
         vec = np.ascontiguousarray(vec, dtype=np.float32)
@@ -380,6 +412,8 @@ class Collective:
             return mean_in_rank_order(self.collect(handle)), handle.bytes_sent
         if algorithm == "ring":
             return (yield from self._ring_allreduce(round_, vec, deadline))
+        if algorithm == "pipelined":
+            return (yield from pipelined_allreduce_mean(self, round_, vec, deadline))
         raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
 
     def _ring_allreduce(self, round_: int, vec: np.ndarray, deadline):
@@ -411,4 +445,45 @@ class Collective:
         handle = Handle(round_, name, part, b"", (rank,), self.ctx.now())
         yield from self.wait(handle, deadline, what="ring allreduce")
         self._finished_rounds.add((round_, name, part))
-        return self._done.pop((round_, name, part, rank))
+        return bytes(self._done.pop((round_, name, part, rank)))
+
+    # --- piece by piece (core.ddp.pipelined) ----------------------------
+    def wait_any(self, keys, deadline: float | None, what: str, started: float):
+        """Pump frames until at least one payload of ``keys`` ((round, name, part, rank)
+        tuples) is complete; returns those that are.  Times out or ends on a loss notice as
+        ``wait`` does."""
+        while True:
+            ready = [k for k in keys if k in self._done]
+            if ready:
+                return ready
+            if self._notice is not None:
+                notice, self._notice = self._notice, None
+                notice.what, notice.missing = what, sorted({k[3] for k in keys})
+                raise notice
+            msg = yield Recv((COLL_FRAMES,), deadline)
+            if msg is None:
+                raise CollectiveTimeout(what, {k[3] for k in keys}, self.ctx.now() - started)
+            self._file(msg)
+
+    def poll(self, keys):
+        """File the frames already in, without waiting; the payloads of ``keys`` now complete."""
+        while (msg := (yield Recv((COLL_FRAMES,), self.ctx.now()))) is not None:
+            self._file(msg)
+        return [k for k in keys if k in self._done]
+
+    def take(self, key):
+        """The complete payload ``key`` (a view, or bytes)."""
+        return self._done.pop(key)
+
+    def finish(self, parts) -> None:
+        """Frames of these (round, name, part) from now on are stale; copies already in are dropped."""
+        parts = set(parts)
+        self._finished_rounds |= parts
+        for key in [k for k in self._done if k[:3] in parts]:
+            del self._done[key]
+
+    def refuse_payload(self, key, payload, why: str) -> None:
+        """A payload that decoded but does not fit the collective (e.g. a piece of the
+        wrong size): counted and reported like a malformed frame; the wait goes on."""
+        self.counts["malformed"] += 1
+        self.ctx.emit(ev.FRAME_REJECTED, src=self.peers[key[3]], error=why)

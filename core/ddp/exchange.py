@@ -68,7 +68,7 @@ def _set_grads(params, flat: np.ndarray) -> None:
 
 
 class DenseExchange:
-    """The baseline: dense gradients, allreduce (gather or ring), momentum SGD."""
+    """The baseline: dense gradients, allreduce (gather, ring or pipelined), momentum SGD."""
 
     def __init__(self, scenario, model, rank: int, world: int):
         d = scenario.ddp
@@ -98,8 +98,8 @@ class DenseExchange:
     def wait(self, coll: Collective, step: int, deadline: float):
         if self.algorithm == "gather":
             yield from coll.wait(self._handle, deadline, what="allreduce")
-        else:  # a ring interleaves sending and receiving: all of it counts as waiting
-            self._mean, sent = yield from coll.allreduce_mean(step, self._flat, deadline, algorithm="ring")
+        else:  # a ring or the pipelined allreduce interleaves sending and receiving: all of it counts as waiting
+            self._mean, sent = yield from coll.allreduce_mean(step, self._flat, deadline, algorithm=self.algorithm)
             self.sent += sent
 
     def apply(self, coll: Collective, step: int) -> None:
