@@ -38,6 +38,11 @@ PINNED = {
                 5969649576, 5969649576, 99.44403584),
     "ddp_baseline": ("a90e792db38afb0a7dd41385e4a6ec6e45a2e26e46fc09ea99eaaa9248065ee4", 0.989, 1872,
                      53910659544, 53910659544, 227.164502784),
+    # issue 10: mode ps, ESync and SSGD on 12 parties, 6 of them 150 times slower
+    "esync": ("0c2544faa9add823cefe64b6784dd614ef7ad95d0f49806fbb3c542f67622190", 0.8765, 20,
+              18347352, 18333456, 7.64803744),
+    "ssgd_hetero": ("7d71ae4d4efb0d894c18ee287f7be2b87a3446aa208d51655d618d61f4b022d1", 0.8755, 1000,
+                    882696120, 882552144, 378.925260272),
     # issue 12 (1000 clients, 100 sampled per round, small_cnn; about 2 minutes in one process)
     "fl_1000": ("b3a52b9581c65cdf0a8d7f796fc31a977656e90fc2ba19241fd27f25517fca00", 0.9485, 20,
                 147149808, 1545182000, 14.328399384),
