@@ -61,7 +61,7 @@ class _Server:
         self.ranks = [self.rank_of[w] for w in self.ps.worker_names]
         samples = {self.rank_of[w]: len(work.partitions[i]) for i, w in enumerate(self.ps.worker_names)}
         self.strategy = make_strategy(self.ps, self.ranks, samples, scenario.seed)
-        self.uses_ss = self.ps.algorithm == "esync" and self.ps.fixed_iterations is None
+        self.uses_ss = self.ps.uses_state_server
         self.model = work.new_model()
         weights = (xavier_weights(self.model, scenario.seed) if self.ps.init == "xavier"
                    else work.initial_weights.copy())

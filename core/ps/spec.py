@@ -79,6 +79,11 @@ class PSSpec:
         return [f"worker{i}" for i in range(1, self.workers + 1)]
 
     @property
+    def uses_state_server(self) -> bool:
+        """ESync's adaptive rule asks the state server; every other schedule is fixed."""
+        return self.algorithm == "esync" and self.fixed_iterations is None
+
+    @property
     def asynchronous(self) -> bool:
         return self.algorithm in ASYNCHRONOUS
 

@@ -38,8 +38,11 @@ class StateServerResult:
     stopped: bool = False
 
 
-def state_server(ctx, node_names: list[str], worker_ranks: list[int]):
-    """Runs until the parameter server says STOP."""
+def state_server(ctx, node_names: list[str], worker_ranks: list[int], needed: bool = True):
+    """Runs until the parameter server says STOP; at once returns when the scenario's algorithm
+    asks it nothing (not ESync, or ``ps.fixed_iterations``)."""
+    if not needed:
+        return StateServerResult()
     rank_of = {name: rank for rank, name in enumerate(node_names)}
     ps_rank = rank_of[PS]
     table = StateTable(worker_ranks)

@@ -79,7 +79,8 @@ def ps_role(scenario: Scenario, rank: int, name: str, work: Workload) -> RoleSpe
     if name == SS:
         workers = list(range(2, 2 + scenario.ps.workers))
         return RoleSpec(rank, name, (SS_STATE,), (SS_REPLY,),
-                        lambda ctx, init: state_server(ctx, scenario.node_names, workers))
+                        lambda ctx, init: state_server(ctx, scenario.node_names, workers,
+                                                       needed=scenario.ps.uses_state_server))
     return RoleSpec(rank, name, (PS_MODEL, SS_REPLY), (PS_UPDATE, SS_STATE),
                     lambda ctx, init: ps_worker(ctx, scenario, work, rank))
 
