@@ -17,7 +17,7 @@ It writes ``geo_table.json``, ``geo_table.md`` (the table, and each HiPS-at-155 
 and ``geo_table.png`` into ``--out``.
 
 Cost: every role holds the model (a 42.46 M model is 170 MB a copy, about 20 copies alive at once
-for the flat PS): about 4 GB and 3 minutes for the default table on 2 cores.
+for the flat PS): a few GB and about 4 minutes for the default table on 2 cores.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def markdown(rows: list[dict], mbps: list[float]) -> str:
     return "\n".join(out) + "\n"
 
 
-def figure(rows: list[dict], mbps: list[float], path: Path) -> None:
+def figure(rows: list[dict], mbps: list[float], path: Path, workers_per_site: int) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -132,7 +132,7 @@ def figure(rows: list[dict], mbps: list[float], path: Path) -> None:
                label=f"{'HiPS' if a == 'hips' else 'flat PS'} {b:g} Mbit/s WAN")
     ax.set_xticks(x, [f"{r['params_m']} M" for r in rows])
     ax.set_ylabel("round time, no compute (s, emu)")
-    ax.set_title("HiPS vs flat PS, 2 sites x workers, dense fp32")
+    ax.set_title(f"HiPS vs flat PS, 2 sites x {workers_per_site} workers, dense fp32")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     (out / "geo_table.json").write_text(json.dumps({"workers_per_site": args.workers_per_site,
                                                     "rounds": args.rounds, "rows": rows}, indent=1))
     (out / "geo_table.md").write_text(markdown(rows, mbps))
-    figure(rows, mbps, out / "geo_table.png")
+    figure(rows, mbps, out / "geo_table.png", args.workers_per_site)
     print(markdown(rows, mbps))
     return 0
 
