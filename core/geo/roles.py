@@ -1,5 +1,7 @@
 """The geo roles (``mode: geo``), written once for both runtimes: master, worker, local PS,
-global PS and the flat-PS baseline.  FSA: synchronous inside and between sites.
+global PS and the flat-PS baseline.  FSA (synchronous inside and between sites) is here;
+MixedSync (``_mixed_global``: the global PS answers each site as its push comes, DC-ASGD
+optional) too; HFA's loops are in ``core.geo.hfa``.
 
 One round, HiPS (``geo.architecture: hips``)::
 
@@ -17,8 +19,9 @@ Before round 1 the master sends the initial model down the same tree (fp32, coun
 from the rounds' traffic).  Every wait has a deadline: a PS waits ``geo.round_timeout_s`` for its
 children's pushes, then reports the silent ones (``geo_lost``) and goes on without them (a lost
 site or worker never hangs the others); a pull waits longer, so that the level above
-can wait out its own timeout first (``TIMEOUTS``).  A worker whose PS is gone, or a PS whose global PS is gone,
-stops and says so.
+can wait out its own timeout first (``TIMEOUTS``).  With ``geo.heartbeat_s`` local PSs beat to
+the global PS while they wait, and a site silent for three beats is given up at once.  A worker
+whose PS is gone, or a PS whose global PS is gone, stops and says so.
 """
 
 from __future__ import annotations
