@@ -8,7 +8,9 @@ participant (``worker1``..``workerK``), that start together and each send QUERYs
 after another, timing each from the send to its RESPONSE.  That round trip bounds the
 state server's answer time from above (it also holds both DDS hops and, in the worker
 process, K threads sharing one interpreter).  Prints the median, p90, p99 and max in
-milliseconds, and the state server's own count of queries answered.  Loopback only.
+milliseconds; and, measured inside the state server, its service time per message (from
+the moment it is handed a message to its next read: decode, Algorithm 1, encode, the
+DDS write of the answer), with its count of queries answered.  Loopback only.
 """
 
 from __future__ import annotations
@@ -31,6 +33,25 @@ def names(workers: int) -> list[str]:
     return ["ps", "ss"] + [f"worker{k}" for k in range(1, workers + 1)]
 
 
+def timed(role, service: list):
+    """Pass ``role``'s requests through, timing each message it handles: from the moment a Recv
+    hands it a message to its next Recv (decode, Algorithm 1, encode, the DDS write of the answer)."""
+    from dtemu.core.runtime.requests import Recv
+
+    req, started = next(role), None
+    while True:
+        if isinstance(req, Recv) and started is not None:
+            service.append(time.perf_counter() - started)
+            started = None
+        answer = yield req
+        if isinstance(req, Recv) and answer is not None:
+            started = time.perf_counter()
+        try:
+            req = role.send(answer)
+        except StopIteration as stop:
+            return stop.value
+
+
 def serve(workers: int, domain: int, out: str) -> None:
     """The state server, until the parameter server's STOP."""
     from dtemu.core.ps.state_server import state_server
@@ -42,11 +63,17 @@ def serve(workers: int, domain: int, out: str) -> None:
     with DdsTransport("ss", profile="loopback", domain_id=domain, subscribe=[SS_STATE]) as transport:
         run = RunDir(out)
         driver = real_driver("ss", transport, run, publishes=[SS_REPLY])
-        result = run_blocking(driver.run(state_server(driver, names(workers), list(range(2, 2 + workers)))))
+        service: list[float] = []
+        role = timed(state_server(driver, names(workers), list(range(2, 2 + workers))), service)
+        result = run_blocking(driver.run(role))
         transport.flush(timeout_s=5.0)
         run.close()
-    print(json.dumps({"queries": result.queries, "answers": dict(result.answers),
-                      "rejected": dict(result.rejected)}), flush=True)
+    ms = sorted(t * 1000 for t in service)
+    print(json.dumps({"queries": result.queries, "answers": dict(result.answers), "rejected": dict(result.rejected),
+                      "service_ms": {"median": round(statistics.median(ms), 3),
+                                     "p90": round(ms[int(0.9 * len(ms))], 3),
+                                     "p99": round(ms[int(0.99 * len(ms))], 3), "max": round(ms[-1], 3)}}),
+          flush=True)
 
 
 def query_loop(name: str, rank: int, domain: int, queries: int, start: threading.Barrier, times: list) -> None:
