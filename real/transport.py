@@ -13,7 +13,7 @@
         t.send(TRAIN_CMD, cmd_bytes, to="client1")     # addressed
         msg = t.recv([CLIENT_UPDATE], timeout_s=60)    # Message or None on timeout
 
-(About 570 lines: ``DdsTransport`` is one object that owns every DDS entity
+(About 640 lines: ``DdsTransport`` is one object that owns every DDS entity
 of a node and the thread that reads them; writing, presence, matching, the
 receive loop and teardown share its state and lock.  The pieces that are
 not DDS are apart: ``real.reassembly``, ``real.dds_support``, ``real.wire``.)
@@ -56,9 +56,15 @@ Design
   needs the GIL from a CycloneDDS thread.  Writes go through ``dds_write``
   via ctypes, which releases the GIL, so this process's receiver keeps
   running while a send blocks.
-* Frames from this node itself and messages addressed to another node are
-  ignored (``dst`` is filtered at the receiver: DDS still ships addressed
-  messages to every reader of the topic).
+* Addressed messages reach only their addressee.  A topic of ``addressed``
+  (``coll/frames`` by default) has, besides its own DDS topic, one per node
+  (``<topic>/to/<node name in hex>``) that only that node reads; ``send(...,
+  to=X)`` writes there once the writer matched X's reader (``wait_matched``
+  with names creates those writers and waits for them too) and on the
+  shared topic otherwise.  Messages still say their logical topic.  On the
+  shared topic, frames from this node itself and messages addressed to
+  another node are ignored (``dst`` is filtered at the receiver: DDS ships
+  them to every reader of the topic).
 
 Caveats: messages are ordered per (sender, topic), not across topics;
 complete messages wait in memory until ``recv``; a send to a reader whose
@@ -125,7 +131,8 @@ class DdsTransport(Reassembler):
                  reader_max_samples: int = 4096,
                  write_timeout_s: float = 15.0,
                  on_reject=None,
-                 key: Optional[bytes] = None):
+                 key: Optional[bytes] = None,
+                 addressed: Iterable[str] = (wire_topics.COLL_FRAMES,)):
         """``key``: the run's shared key; every frame sent is tagged and every frame received
         must carry a valid tag (``real.frame_auth``)."""
         if not node or not isinstance(node, str):
@@ -152,6 +159,11 @@ class DdsTransport(Reassembler):
         self._closing = False
         self._closed = False
         self._entities: list = []  # in creation order, deleted in reverse
+        # addressed messages: per-node DDS topics of these topics (see the module docstring)
+        self._addressed = frozenset(addressed)
+        self._logical: dict[str, str] = {}  # per-node DDS topic -> its topic
+        self._addr_readers: dict[str, DataReader] = {}  # this node's per-node topics
+        self._addr_ready: set[str] = set()  # per-node DDS topics whose writer matched its reader
 
         xml = config_xml(profile, peers)
         _acquire_domain(self.domain_id, xml)
@@ -244,7 +256,26 @@ class DdsTransport(Reassembler):
                     self._queues.setdefault(name, deque())
                 self._readers[name] = r
                 self._ws.attach(cond)
+                if name in self._addressed and name not in wire_topics.DURABLE_TOPICS:
+                    phys = self.addressed_topic(name, self.node)
+                    self._logical[phys] = name
+                    ar = DataReader(self._dp, self._topic(phys), qos=Qos(*policies))
+                    acond = ReadCondition(ar, _ANY_STATE)
+                    self._entities += [ar, acond]
+                    self._addr_readers[phys] = ar
+                    self._ws.attach(acond)
             self._guard.set(True)  # wake the receiver so it sees the new readers
+
+    @staticmethod
+    def addressed_topic(topic: str, node: str) -> str:
+        """The DDS topic of ``topic``'s messages to ``node`` (hex: any printable name makes a valid topic name)."""
+        return f"{topic}/to/{node.encode().hex()}"
+
+    def _addressed_writer(self, topic: str, node: str) -> DataWriter:
+        phys = self.addressed_topic(topic, node)
+        with self._lock:
+            self._logical[phys] = topic
+            return self._writer(phys)
 
     @property
     def subscribed(self) -> list[str]:
@@ -282,17 +313,25 @@ class DdsTransport(Reassembler):
         total = len(mv)
         if total > self.max_message_bytes:
             raise ValueError(f"message of {total} bytes exceeds max_message_bytes={self.max_message_bytes}")
-        w = self._writer(topic)
+        wname = topic
+        if to and topic in self._addressed:
+            phys = self.addressed_topic(topic, to)
+            if phys in self._addr_ready:
+                wname = phys
+            elif phys in self._writers and self._writers[phys].get_publication_matched_status().current_count:
+                self._addr_ready.add(phys)
+                wname = phys
+        w = self._writer(wname)
         sealed = self.frame_key is not None
         fb = self.frame_bytes - (frame_auth.TAG_BYTES if sealed else 0)  # a frame stays within frame_bytes
         parts = max(1, -(-total // fb))
         dst, label = to or "", tag or topic
-        with self._send_locks[topic]:
+        with self._send_locks[wname]:
             msg_id = next(self._msg_ids)
             for i in range(parts if only_frames is None else min(parts, only_frames)):
                 chunk = mv[i * fb:(i + 1) * fb]
                 if sealed:  # the tag first: the receiver checks it before the frame counts (real.frame_auth)
-                    chunk = frame_auth.frame_tag(self.frame_key, topic, self.node, dst, label, msg_id, i, parts,
+                    chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
                                                  total, chunk) + chunk
                 f = Frame(src=self.node, dst=dst, topic=label, msg_id=msg_id, part=i,
                           parts=parts, total=total, payload=chunk)
@@ -394,7 +433,7 @@ class DdsTransport(Reassembler):
 
     def _drain(self) -> None:
         with self._lock:
-            readers = list(self._readers.items())
+            readers = list(self._readers.items()) + list(self._addr_readers.items())
         for topic, reader in readers:
             while not self._closing:
                 batch = self._take(reader)
@@ -427,6 +466,7 @@ class DdsTransport(Reassembler):
                     break
 
     def _deliver(self, topic, src, dst, tag, msg_id, data: bytes, source_ts: int) -> None:
+        topic = self._logical.get(topic, topic)  # a per-node DDS topic delivers as its topic
         now = time.monotonic()
         sent_at = 0.0
         if source_ts and source_ts > 0:
@@ -489,7 +529,8 @@ class DdsTransport(Reassembler):
         with self._lock:
             if self._closing:
                 return {}
-            for t in (list(topics) if topics is not None else sorted(set(self._writers) | set(self._readers))):
+            for t in (list(topics) if topics is not None
+                      else sorted((set(self._writers) | set(self._readers)) - set(self._logical))):
                 rd, wr = set(), set()
                 w = self._writers.get(t)
                 if w is not None:
@@ -539,9 +580,17 @@ class DdsTransport(Reassembler):
             if not isinstance(expected, int):
                 expected = sorted(set(expected))
             want = {t: expected for t in topics}
+        # Addressed topics: each named reader must also match the writer of its own DDS topic.
+        per_node: dict[str, tuple[str, str]] = {}  # per-node DDS topic -> (topic, node)
+        if role == "readers":
+            for t, exp in want.items():
+                if t in self._addressed and not isinstance(exp, int):
+                    for n in set(exp) - {self.node}:
+                        self._addressed_writer(t, n)
+                        per_node[self.addressed_topic(t, n)] = (t, n)
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
-            got = self.matched_peers(list(want))
+            got = self.matched_peers(list(want) + list(per_node))
             missing = {}
             for t, exp in want.items():
                 have = [n for n in got.get(t, {}).get(role, [])]
@@ -549,9 +598,11 @@ class DdsTransport(Reassembler):
                     if len(have) < exp:
                         missing[t] = exp - len(have)
                 else:
-                    lack = sorted(set(exp) - set(have) - {self.node})
+                    lack = set(exp) - set(have) - {self.node}
+                    lack |= {n for phys, (pt, n) in per_node.items()
+                             if pt == t and n not in got.get(phys, {}).get("readers", [])}
                     if lack:
-                        missing[t] = lack
+                        missing[t] = sorted(lack)
             if not missing or time.monotonic() >= deadline:
                 return missing
             time.sleep(poll_s)
@@ -585,6 +636,7 @@ class DdsTransport(Reassembler):
         self._entities = []
         _delete_entity(getattr(self, "_dp", None))
         self._readers = {}
+        self._addr_readers = {}
         self._writers = {}
         self._pending.clear()
         self._current.clear()

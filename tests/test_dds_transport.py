@@ -444,3 +444,79 @@ def test_presence_cannot_be_taken_over_and_is_authenticated_in_a_sealed_run(doma
         assert ta.wait_peers([b], timeout_s=5) == []
         assert poll(lambda: ta.stats.get("invalid_hello", 0) == 2, 5), ta.stats  # the rogue's two Hellos
         assert ta.peers() == {b: tb.guid} and ta.participants() == {tb.guid: b}
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_addressed_collective_frames_reach_only_their_addressee(domain, sealed):
+    """coll/frames to=X travel on X's own DDS topic once matched: the third node never sees them."""
+    a, b, c = name("a"), name("b"), name("c")
+    key = b"k" * 32 if sealed else None
+    with DdsTransport(a, domain_id=domain, subscribe=[COLL_FRAMES], key=key) as ta, \
+            DdsTransport(b, domain_id=domain, subscribe=[COLL_FRAMES], key=key) as tb, \
+            DdsTransport(c, domain_id=domain, subscribe=[COLL_FRAMES], key=key) as tc:
+        assert ta.wait_peers([b, c], timeout_s=10) == []
+        assert ta.wait_matched({COLL_FRAMES: [b, c]}, timeout_s=10) == {}
+        big = os.urandom(3_000_000)
+        ta.send(COLL_FRAMES, big, to=b)
+        ta.send(COLL_FRAMES, b"to everyone")
+        got_b = recv_n(tb, 2, [COLL_FRAMES])
+        # (two DDS topics: the addressed message and the broadcast may come in either order)
+        assert sorted((m.topic, m.src, m.dst, m.data) for m in got_b) == sorted([
+            (COLL_FRAMES, a, b, big), (COLL_FRAMES, a, "", b"to everyone")])
+        got_c = recv_n(tc, 1, [COLL_FRAMES])
+        assert [m.data for m in got_c] == [b"to everyone"]
+        assert tc.recv([COLL_FRAMES], timeout_s=0.3) is None
+        # c never received b's frames at all (before, DDS shipped them to c, which dropped them)
+        assert tc.stats["not_for_me"] == 0 and tc.stats["recv_frames"] == 1
+        assert tb.stats["forged_frames"] == tb.stats["malformed"] == 0
+        # a send to a node whose reader never matched falls back to the shared topic
+        ta.send(COLL_FRAMES, b"for nobody", to=name("ghost"))
+        assert poll(lambda: tc.stats["not_for_me"] == 1, 5)
+
+
+def test_pipelined_allreduce_over_dds_is_the_same_on_every_rank(domain, tmp_path):
+    """Three ranks (threads of this process) over DDS: addressed pieces, the float32 rank-order mean."""
+    import numpy as np
+
+    from dtemu.core.ddp.collectives import Collective, mean32_in_rank_order
+    from dtemu.core.runtime.driver import run_blocking
+
+    names = [name(f"w{r}") for r in range(3)]
+    vecs = [np.random.default_rng(r).standard_normal(300_001).astype(np.float32) for r in range(3)]
+    results, errors = {}, []
+
+    def role(ctx, rank):
+        coll = Collective(ctx, rank, names, piece_bytes=100_000)
+        yield from coll.barrier(ctx.now() + 20)
+        for step in (1, 2):
+            mean, _ = yield from coll.allreduce_mean(step, vecs[rank] * step, ctx.now() + 20, "pipelined")
+            results[(rank, step)] = mean
+        yield from coll.allgather(3, "bye", b"", ctx.now() + 20)  # nobody leaves while its frames are needed
+        return dict(coll.counts)
+
+    def rank_thread(rank, transport):
+        run = RunDir(tmp_path / f"r{rank}")
+        try:
+            node = real_driver(names[rank], transport, run, publishes=[COLL_FRAMES])
+            results[rank] = run_blocking(node.run(role(node, rank)))
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(repr(exc))
+        finally:
+            run.close()
+
+    ts = [DdsTransport(n, domain_id=domain, subscribe=[COLL_FRAMES]) for n in names]
+    try:
+        ths = [threading.Thread(target=rank_thread, args=(r, t)) for r, t in enumerate(ts)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(timeout=60)
+        assert not errors
+        for step in (1, 2):
+            expected = mean32_in_rank_order([v * step for v in vecs])
+            assert all(results[(r, step)].tobytes() == expected.tobytes() for r in range(3))
+        assert all(results[r] == {"malformed": 0, "stale": 0} for r in range(3))
+        assert all(t.stats["not_for_me"] == 0 for t in ts)  # addressed pieces went to their owner only
+    finally:
+        for t in ts:
+            t.close()

@@ -58,9 +58,10 @@ BARRIER_ROUND = 0xFFFFFFFF  # reserved round id of the barrier
 # Payload bytes per frame: a frame and its header fit in one 1 MiB transport
 # sample (DDS samples of ~1 MiB gave the best throughput).
 FRAME_BYTES = (1 << 20) - 1024
-# Pieces of the pipelined allreduce (core.ddp.pipelined): small enough that summing
-# one piece overlaps receiving the next, large enough that per-frame costs stay small.
-PIECE_BYTES = 256 << 10
+# Pieces of the pipelined allreduce (core.ddp.pipelined), one frame each.  Whole frames:
+# in real mode a frame costs ~0.17 ms of CPU besides its bytes (~0.3 ms per MB), so
+# 256 KiB pieces spent more on frames than they won by overlapping (docs/results.md).
+PIECE_BYTES = FRAME_BYTES
 _HEADER = struct.Struct("<4sBBHIHHIIIQB")
 MAX_NAME = 32
 
