@@ -142,8 +142,13 @@ def baselines() -> list[dict]:
 
 
 def feddrop() -> list[dict]:
-    rows = [run(f"feddrop-k{k}", ["ps.algorithm=feddrop", f"ps.feddrop_k_hat={k}", "ps.rounds=8"])
-            for k in (4, 6, 8, 10)]
+    import sys as _sys
+
+    ks = [int(k) for k in _sys.argv[2:]] or [4, 6, 8, 10]
+    done = {r["label"]: r for r in _load("feddrop")}
+    rows = [done.get(f"feddrop-k{k}") or run(f"feddrop-k{k}", ["ps.algorithm=feddrop", f"ps.feddrop_k_hat={k}",
+                                                                "ps.rounds=8"]) for k in ks]
+    rows = sorted({**done, **{r["label"]: r for r in rows}}.values(), key=lambda r: int(r["label"].split("-k")[1]))
     save("feddrop", rows)
     import matplotlib
 
@@ -163,6 +168,7 @@ def feddrop() -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", choices=("headline", "hc", "baselines", "feddrop"))
+    p.add_argument("values", nargs="*", help="feddrop: the K_hat values to (re)run (default 4 6 8 10)")
     args = p.parse_args()
     globals()[args.experiment]()
     return 0

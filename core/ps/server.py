@@ -194,7 +194,9 @@ def _synchronous(s: _Server):
                     ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
                              samples=m.samples, staleness=0, loss=round(m.loss, 6))
         timed_out = len(updates) < quorum
-        enough = len(updates) >= min(ps.min_workers, len(expected))
+        # The strategy's own quorum always aggregates (FedDrop's K - K_hat may be below min_workers);
+        # min_workers is the quorum of a round its deadline closed.
+        enough = not timed_out or len(updates) >= min(ps.min_workers, len(expected))
         ctx.emit(ev.PS_ROUND, version=version, updates=len(updates), expected=len(expected), quorum=quorum,
                  timed_out=timed_out, aggregated=enough, selected=sorted(s.name_of[k] for k in expected),
                  iterations={s.name_of[k]: u.iterations for k, u in sorted(updates.items())})
