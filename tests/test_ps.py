@@ -285,3 +285,12 @@ def test_state_server_restarts_empty_and_the_run_goes_on(tmp_path):
     assert up[-1]["t"] == pytest.approx(0.1, abs=1e-9)
     rounds = [e for e in events if e["kind"] == ev.PS_ROUND]
     assert rounds[-1]["iterations"]["worker1"] > 4  # after the restart, ESync again
+
+
+def test_feddrops_own_quorum_aggregates_below_min_workers(tmp_path):
+    # K - K_hat = 2 updates close a round; min_workers (3) is only the quorum of a timed-out round
+    summary, events = run(tmp_path, scenario(algorithm="feddrop", feddrop_k_hat=2, min_workers=3, rounds=3,
+                                             local_epochs=1))
+    rounds = [e for e in events if e["kind"] == ev.PS_ROUND]
+    assert all(e["aggregated"] and not e["timed_out"] and e["updates"] == 2 for e in rounds)
+    assert summary["rounds_failed"] == 0
