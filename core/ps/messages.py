@@ -30,6 +30,8 @@ import numpy as np
 
 from dtemu.core.compression import codecs
 from dtemu.core.errors import DecodeError, MessageError, StateMessageError
+# The FL messages' body-size checks: one wording for every message that is too short or long.
+from dtemu.core.wire.messages import _at_least, _exact
 
 # --- state messages ------------------------------------------------------------
 STATE_MAGIC = b"ESS1"
@@ -186,13 +188,3 @@ def _vector(packet: memoryview, dim: int) -> np.ndarray:
     if not np.isfinite(vec).all():
         raise MessageError("vector is not finite")
     return vec
-
-
-def _exact(body: memoryview, size: int, what: str) -> None:
-    if len(body) != size:
-        raise MessageError(f"{what} body is {len(body)} bytes, expected {size}")
-
-
-def _at_least(body: memoryview, size: int, what: str) -> None:
-    if len(body) < size:
-        raise MessageError(f"{what} body is {len(body)} bytes, shorter than {size}")
