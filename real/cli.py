@@ -149,7 +149,8 @@ def run_rank(args, scenario) -> int:
         with dashboard:
             summary = run_node(scenario, args.rank, out, init=init, domain_id=args.domain, profile=args.profile,
                                threads=args.threads, observers=[dashboard.observe], key=args.key,
-                               fired=[int(i) for i in args.fired.split(",") if i], append=args.append)
+                               fired=[int(i) for i in args.fired.split(",") if i], append=args.append,
+                               pace=args.time_scale if args.time_scale not in (None, 1.0) else None)
     except KeyboardInterrupt:
         print(f"real: {name} interrupted; partial run in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED

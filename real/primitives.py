@@ -40,8 +40,12 @@ CRASH_EXIT = 100
 
 class RealPrimitives:
     def __init__(self, name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str],
-                 timer: ComputeTimer, epoch: float | None = None, readers: dict | None = None):
+                 timer: ComputeTimer, epoch: float | None = None, readers: dict | None = None,
+                 pace: float | None = None):
         self.node = name
+        # Under a time scale (real launch): a training job takes the scenario's modelled time
+        # times this, so every rank keeps the scenario's relative timing (see ``computed``).
+        self.pace = pace
         # topic -> the nodes that read it (None: every peer reads every topic this node publishes)
         self.readers = readers
         # Sealed messages count from here: a restarted process goes on above its previous life.
@@ -116,7 +120,16 @@ class RealPrimitives:
 
     @blocking
     def computed(self, req: Compute, elapsed: float) -> None:
-        stretch = self.timer.stretch(req.kind, now=self.now() - elapsed)  # the slowdown when the job started
+        started = self.now() - elapsed  # the slowdown in force when the job started
+        if self.pace and self.timer.modelled:
+            # The job lasts what emu models (slowdown and jitter included), stretched to this
+            # machine.  Stretching the *measured* time instead misplaces a straggler when ranks
+            # share the cores: its idling frees the cores, so the others train faster meanwhile,
+            # and its own measured time is short (it trained while others were done).
+            target = self.pace * self.timer.duration(req.samples, req.kind, now=started)
+            time.sleep(max(0.0, target - elapsed))
+            return
+        stretch = self.timer.stretch(req.kind, now=started)
         if stretch != 1.0:
             time.sleep(max(0.0, (stretch - 1) * elapsed))
 

@@ -25,8 +25,34 @@ def test_every_duration_is_stretched_and_nothing_else():
     assert stretched(parse_scenario(RAW), 1) == parse_scenario(RAW)
 
 
-def test_the_scale_counts_the_ranks_that_share_the_cores():
+def test_the_scale_is_measured_with_the_ranks_that_share_the_cores_training_at_once():
     s = parse_scenario(RAW)
     one, _ = time_scale(s, cores=64)  # plenty of cores: only this machine's speed
     four, how = time_scale(s, cores=1)  # four clients x 2 threads on one core
-    assert one >= 1 and four >= one and "4 training ranks x 2 threads share 1 cores" in how
+    assert one >= 1 and four >= one and "4 ranks x 2 threads training at once on 1 cores" in how
+
+
+def _paced(pace, slowdown, elapsed):
+    """How long RealPrimitives.computed idles after a job of 100 samples that ran ``elapsed`` s."""
+    import time
+    from types import SimpleNamespace
+
+    from dtemu.core.runtime.compute import ComputeTimer
+    from dtemu.core.runtime.driver import run_blocking
+    from dtemu.core.runtime.requests import Compute
+    from dtemu.core.scenario import ComputeSpec
+    from dtemu.real.primitives import RealPrimitives
+
+    timer = ComputeTimer(ComputeSpec(train_s_per_sample=1e-4, slowdown=slowdown), None, seed=0)
+    prims = RealPrimitives("client1", SimpleNamespace(on_reject=None), None, (), timer, pace=pace)
+    t0 = time.perf_counter()
+    run_blocking(prims.computed(Compute(lambda: None, samples=100), elapsed))
+    return time.perf_counter() - t0
+
+
+def test_under_a_time_scale_a_job_lasts_its_modelled_time_times_the_scale():
+    # modelled: 100 samples x 0.1 ms x slowdown 4 = 40 ms; at a scale of 3, 120 ms in all
+    assert 0.10 <= _paced(3.0, 4.0, 0.02) + 0.02 < 0.6  # the job took 20 ms: it idles the rest
+    assert _paced(3.0, 4.0, 0.5) < 0.05  # slower than its modelled time already: no idling
+    # no time scale: a straggler idles (slowdown - 1) x its measured time, as before
+    assert 0.06 <= _paced(None, 4.0, 0.02) < 0.5
