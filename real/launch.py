@@ -180,7 +180,8 @@ def launch(args, scenario: Scenario) -> int:
     for rank, p in enumerate(procs):
         if p is not None:
             p.wait()
-            codes[rank] = p.returncode
+            if not isinstance(codes.get(rank), str):  # "stopped" / "down" say more than the signal's code
+                codes[rank] = p.returncode
     summary = gather(out, scenario, time.monotonic() - started, codes, scale)
     bad = {r: c for r, c in codes.items() if c not in (0, "down", "stopped")}
     write_json(out, "summary.json", summary)
