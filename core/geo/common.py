@@ -156,6 +156,17 @@ class Inbox:
         self.ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=reason,
                       **({"error": error} if error else {}))
 
+    def _decoded(self, msg, senders):
+        """``msg``'s payload, or None when it is refused (not from one of ``senders``, or malformed)."""
+        if msg.src not in senders:
+            self._refuse(msg, "unknown_sender")
+            return None
+        try:
+            return decode(msg.data, self.dim)
+        except GeoPayloadError as err:
+            self._refuse(msg, "malformed", str(err))
+            return None
+
     def collect(self, senders: list[str], round_: int, deadline: float | None, count_wan: bool = True):
         """{sender: (payload, raw bytes)} of ``round_``; fewer than ``senders`` when the deadline passed."""
         got = {s: self.early.pop((round_, s)) for s in senders if (round_, s) in self.early}
@@ -179,13 +190,8 @@ class Inbox:
                     self.loss_reason = "heartbeat"
                     break
                 continue
-            if msg.src not in senders:
-                self._refuse(msg, "unknown_sender")
-                continue
-            try:
-                payload = decode(msg.data, self.dim)
-            except GeoPayloadError as err:
-                self._refuse(msg, "malformed", str(err))
+            payload = self._decoded(msg, senders)
+            if payload is None:
                 continue
             self.heard[msg.src] = now
             if payload.kind == BEAT:
@@ -203,7 +209,6 @@ class Inbox:
             got[msg.src] = (payload, msg.data)
         return got
 
-
     def collect_next(self, expected: dict[str, int], deadline: float | None):
         """(sender, payload, raw) of the first push of a sender's expected round (MixedSync), or None
         at the deadline; other rounds are kept (later) or refused (earlier), as in ``collect``."""
@@ -214,13 +219,8 @@ class Inbox:
             msg = yield Recv((self.topic,), deadline)
             if msg is None:
                 return None
-            if msg.src not in expected:
-                self._refuse(msg, "unknown_sender")
-                continue
-            try:
-                payload = decode(msg.data, self.dim)
-            except GeoPayloadError as err:
-                self._refuse(msg, "malformed", str(err))
+            payload = self._decoded(msg, expected)
+            if payload is None:
                 continue
             if payload.kind == BEAT:
                 continue
