@@ -187,6 +187,14 @@ class NetworkSpec:
     sites: dict[str, SiteSpec] = field(default_factory=dict)
     # The central site (geo: master and global PS); None: the first of network.sites.
     central: str | None = None
+    # Emu's time on the wire as real mode's DDS transport spends it (emu/wire_model.py); byte
+    # counts in summaries stay payload.  framing "rtps": a flow also carries the frames', RTPS
+    # fragments', UDP, IPv4 and Ethernet headers ("payload": the payload only).
+    framing: Literal["payload", "rtps"] = "payload"
+    # A sender's writer history in bytes (real mode: DDS WhcHigh, 2 MiB): a send returns once
+    # the message's last history group is all that is left on the wire, and later sends from
+    # that node queue behind it (the link is a FIFO).  0: a send returns when its flows end.
+    send_window_bytes: int = field(default=0, metadata=check(non_negative))
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,9 @@ class ComputeSpec:
     # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
     schedule: list[SlowdownStep] = field(default_factory=list)
     varying: VaryingSlowdown | None = None
+    # Emu only: seconds of CPU per MB (1e6 bytes) of every message a node receives (reassembly,
+    # decoding, checks) before its role gets it; 0: none (real mode spends what it spends).
+    decode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
 
 
 @dataclass(frozen=True)
@@ -226,6 +237,7 @@ class ComputeOverride:
     jitter: float | None = field(default=None, metadata=check(probability))
     schedule: list[SlowdownStep] | None = None
     varying: VaryingSlowdown | None = None
+    decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
 
 
 @dataclass(frozen=True)
@@ -406,6 +418,17 @@ class Scenario:
             d.pop("geo")
         if not self.network.sites:
             del d["network"]["sites"], d["network"]["central"]
+        # Emu's timing of real mode's transport (issue 15): at their defaults a scenario keeps
+        # the digest it had before these keys.
+        if d["network"]["framing"] == "payload":
+            del d["network"]["framing"]
+        if not d["network"]["send_window_bytes"]:
+            del d["network"]["send_window_bytes"]
+        if not d["compute"]["default"]["decode_s_per_mb"]:
+            del d["compute"]["default"]["decode_s_per_mb"]
+        for node in d["compute"]["nodes"].values():
+            if node.get("decode_s_per_mb") is None:
+                node.pop("decode_s_per_mb", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 

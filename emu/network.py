@@ -1,6 +1,6 @@
 """The emulated network: a star of access links with max-min fair flows.
 
-(About 530 lines: the flow model is one piece — links and sites, unicast and multicast flows, max-min fair rates, loss — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
+(About 690 lines: the flow model is one piece — links and sites, unicast and multicast flows, max-min fair rates, loss, real mode's framing and writer history — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
 
 Topology.  Every node has one access link to a central switch: an uplink and
 a downlink (bits/s), a one-way latency and a packet-loss probability.  The
@@ -53,6 +53,18 @@ its bytes once; every receiver counts them.
 Edge cases: a zero-byte message uses no bandwidth but still pays latency; a
 message to oneself is delivered at once (zero delay, no links, no loss).
 
+Real mode's framing and writer history (``emu.wire_model``; both off by default):
+with ``framing="rtps"`` a flow carries the message's header bytes too (its frames,
+RTPS fragments, UDP datagrams, IPv4 packets and their Ethernet headers), so it
+takes the time real mode's does; ``bytes_sent``/``bytes_received`` stay payload,
+``wire_bytes_sent`` counts the headers.  With ``send_window`` > 0 the event ``send``
+returns succeeds once the flow has only the message's last writer-history group
+left (``wire_model.tail_bytes``; a small message returns at once), and the node's
+uplink is a FIFO: a later send from it starts once every earlier flow from it has
+ended (the flows of one message to several receivers, one ``batch``, share it); a
+message waiting there returns when it starts.  Its FlowResult is completed in
+place when the flow ends.
+
 Failures: ``fail_node`` aborts every active flow from or to the node (the
 bytes already sent stay counted as wire bytes), cancels deliveries still
 pending *to* it, and drops every later send from or to it until
@@ -71,6 +83,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import simpy
+
+from . import wire_model
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,9 @@ class FlowResult:
     lost_packets: int
     wire_bytes: int
     aborted: bool = False
+    # With a writer history (send_window): the sender's event fired at ``released_at``, before
+    # the flow ended; ``end``, ``delivered_at`` and ``wire_bytes`` are filled in when it does.
+    released_at: float | None = None
 
 
 @dataclass
@@ -156,9 +173,9 @@ class _Flow:
     """An active flow; ``remaining`` is exact as of ``Network._synced_at``."""
 
     __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate",
-                 "start", "lost", "event", "on_deliver")
+                 "start", "lost", "event", "on_deliver", "release", "result")
 
-    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=()):
+    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=(), release=0.0):
         self.src, self.dst = src, dst
         # Every port (link direction) the flow crosses; flat: the two access ports.
         self.ports = ((src, "up"), *wan, (dst, "down"))
@@ -166,6 +183,9 @@ class _Flow:
         self.rate = 0.0
         self.start, self.lost = start, lost
         self.event, self.on_deliver = event, on_deliver
+        # Writer history: the sender's event fires when `remaining` is down to `release`
+        # (0: at the end); `result` is the FlowResult it fired with, completed at the end.
+        self.release, self.result = release, None
 
 
 class _Multicast:
@@ -174,15 +194,16 @@ class _Multicast:
     receiver's, as a reliable multicast is paced); each member is (dst, lost, on_deliver)."""
 
     __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate", "start", "event", "members",
-                 "lost")
+                 "lost", "release", "result")
 
-    def __init__(self, src, members, nbytes, total, start, event, wan=()):
+    def __init__(self, src, members, nbytes, total, start, event, wan=(), release=0.0):
         self.src, self.dst, self.members = src, "*", list(members)
         self.ports = ((src, "up"), *wan, *((dst, "down") for dst, _, _ in self.members))
         self.nbytes, self.total, self.remaining = nbytes, total, float(total)
         self.rate = 0.0
         self.start, self.event = start, event
         self.lost = 0  # per member (an aborted multicast reports none)
+        self.release, self.result = release, None  # as _Flow's (result: the members' list)
 
 
 class _Delivery:
@@ -197,11 +218,24 @@ class _Delivery:
 class Network:
     def __init__(self, env: simpy.Environment, links: dict[str, Link], seed: int = 0,
                  mtu: int = 1500, sites: dict[str, str] | None = None,
-                 wan: dict[str, Link] | None = None):
+                 wan: dict[str, Link] | None = None, framing: str = "payload", send_window: int = 0):
         """``sites`` maps a node to its site, ``wan`` a site to its WAN attachment
-        (``loss`` unused); without them the network is the flat star."""
+        (``loss`` unused); without them the network is the flat star.  ``framing`` and
+        ``send_window``: real mode's headers and writer history (``emu.wire_model``)."""
         if mtu <= 0:
             raise ValueError(f"mtu must be positive, got {mtu!r}")
+        if framing not in wire_model.FRAMINGS:
+            raise ValueError(f"framing must be one of {wire_model.FRAMINGS}, got {framing!r}")
+        if send_window < 0:
+            raise ValueError(f"send_window must be >= 0, got {send_window!r}")
+        self.framing, self.send_window = framing, int(send_window)
+        if framing != "payload":
+            wire_model.wire_bytes(0, mtu, framing)  # an mtu too small for the headers fails here
+        # send_window: each node's uplink a FIFO -- how many of its flows are on the wire, and
+        # those waiting behind them in send order, each with its batch token (one message).
+        self._busy: dict[str, int] = defaultdict(int)
+        self._waiting: dict[str, list] = defaultdict(list)
+        self._batch_on_wire: dict[str, object] = {}  # the batch token of a node's flows on the wire
         self.site_of = dict(sites or {})
         self.wan = dict(wan or {})
         for node, site in self.site_of.items():
@@ -236,12 +270,15 @@ class Network:
     # -- public API -----------------------------------------------------------
 
     def send(self, src: str, dst: str, nbytes: int,
-             on_deliver: Callable[[], None]) -> simpy.Event:
+             on_deliver: Callable[[], None], batch: object = None) -> simpy.Event:
         """Start a flow of ``nbytes`` payload from src to dst.
 
         Returns an event that succeeds with a FlowResult when the sender is
         done (flow ended, aborted or dropped); ``on_deliver()`` runs at the
         receiver at delivery time unless the message is lost to a failure.
+        With send_window, flows sent with the same ``batch`` token (one message
+        to several receivers) share the sender's link; others queue behind
+        (None: a batch of its own).
         """
         self._check_node(src)
         self._check_node(dst)
@@ -263,18 +300,61 @@ class Network:
             return event
 
         lost = self._draw_lost_packets(src, dst, nbytes)
-        total = nbytes + min(lost * self.mtu, nbytes)
-        if total == 0:
+        total = self._wire(nbytes) + min(lost * self.mtu, nbytes)
+        if total == 0 and not self.send_window:
             self._flow_done(src, dst, nbytes, 0, now, 0, event, on_deliver,
                             delay=self._path_latency(src, dst))
             return event
 
         self._sync()
-        flow = _Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst))
+        flow = _Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst),
+                     release=self._release_at(nbytes, total))
+        self._start_or_wait(flow, batch)
+        return event
+
+    def _wire(self, nbytes: int) -> int:
+        """Bytes on the wire for ``nbytes`` of payload (the framing's headers included)."""
+        return nbytes if self.framing == "payload" else wire_model.wire_bytes(nbytes, self.mtu, self.framing)
+
+    def _release_at(self, nbytes: int, total: int) -> float:
+        """The wire bytes still to go when a writer with send_window returns (0: none)."""
+        if not self.send_window or nbytes == 0:
+            return 0.0
+        return total * wire_model.tail_bytes(nbytes, self.send_window) / nbytes
+
+    def _start_or_wait(self, flow, batch: object = None) -> None:
+        """Put a flow on the wire, or (send_window) behind the earlier flows of its sender."""
+        batch = object() if batch is None else batch
+        queue = self._waiting[flow.src]
+        if self.send_window and self._busy[flow.src] and self._batch_on_wire.get(flow.src) is not batch:
+            queue.append((batch, flow))
+            return
+        if self.send_window and queue and queue[-1][0] is batch:  # its batch is waiting: with it
+            queue.append((batch, flow))
+            return
+        self._batch_on_wire[flow.src] = batch
+        self._activate(flow)
+
+    def _activate(self, flow) -> None:
         self._active[self._next_flow_id] = flow
         self._next_flow_id += 1
+        self._busy[flow.src] += 1
         self._schedule_update()
-        return event
+
+    def _flow_left(self, src: str) -> None:
+        """A flow from ``src`` ended or was aborted: its next batch may start."""
+        self._busy[src] -= 1
+        self._start_next(src)
+
+    def _start_next(self, src: str) -> None:
+        """send_window: once nothing of ``src`` is on the wire, its next waiting batch starts."""
+        queue = self._waiting.get(src)
+        if self._busy[src] or not queue:
+            return
+        batch = queue[0][0]
+        self._batch_on_wire[src] = batch
+        while queue and queue[0][0] is batch:
+            self._activate(queue.pop(0)[1])
 
     def multicast(self, src: str, dsts: list[str], nbytes: int,
                   on_deliver: Callable[[str], None]) -> simpy.Event:
@@ -299,8 +379,8 @@ class Network:
             lost = self._draw_lost_packets(src, dst, nbytes)
             lost_most = max(lost_most, lost)
             members.append((dst, lost, functools.partial(on_deliver, dst)))
-        total = nbytes + min(lost_most * self.mtu, nbytes)
-        if not members or total == 0:
+        total = self._wire(nbytes) + min(lost_most * self.mtu, nbytes)
+        if not members or (total == 0 and not self.send_window):
             results = [self._member_done(src, m, nbytes, 0, now) for m in members]
             event.succeed(results)
             return event
@@ -308,9 +388,8 @@ class Network:
         for dst, _, _ in members:
             wan += [p for p in self._wan_ports(src, dst) if p not in wan]
         self._sync()
-        self._active[self._next_flow_id] = _Multicast(src, members, nbytes, total, now, event, wan)
-        self._next_flow_id += 1
-        self._schedule_update()
+        self._start_or_wait(_Multicast(src, members, nbytes, total, now, event, wan,
+                                       release=self._release_at(nbytes, total)))  # a batch of its own
         return event
 
     def _member_done(self, src, member, nbytes, start, now) -> FlowResult:
@@ -328,7 +407,23 @@ class Network:
         stats = self.stats[f.src]
         stats.bytes_sent += f.nbytes  # once: the point of multicast
         stats.wire_bytes_sent += f.total
-        f.event.succeed([self._member_done(f.src, m, f.nbytes, f.start, now) for m in f.members])
+        results = [self._member_done(f.src, m, f.nbytes, f.start, now) for m in f.members]
+        if f.result is None:
+            f.event.succeed(results)
+        else:  # released earlier (send_window): the list it fired with, completed
+            for result in results:
+                result.released_at = f.result.released_at
+            f.result[:] = results
+
+    def _released(self, f) -> None:
+        """send_window: the sender's event fires now; the flow goes on to its end."""
+        now = self.env.now
+        if isinstance(f, _Multicast):
+            f.result = [FlowResult(f.src, dst, f.nbytes, f.start, now, None, lost, 0, released_at=now)
+                        for dst, lost, _ in f.members]
+        else:
+            f.result = FlowResult(f.src, f.dst, f.nbytes, f.start, now, None, f.lost, 0, released_at=now)
+        f.event.succeed(f.result)
 
     def fail_node(self, node: str) -> None:
         """The node went offline: abort its flows, cancel deliveries to it."""
@@ -355,13 +450,49 @@ class Network:
             stats = self.stats[flow.src]
             stats.wire_bytes_sent += wire
             stats.messages_lost_to_failure += 1
-            flow.event.succeed(FlowResult(flow.src, flow.dst, flow.nbytes, flow.start, now,
-                                          None, flow.lost, wire, aborted=True))
+            self._abort(flow, wire, now)
+            self._busy[flow.src] -= 1
+        self._drop_waiting(node, now)
         for delivery in self._pending.pop(node, ()):
             delivery.cancelled = True
             delivery.result.delivered_at = None
             self.stats[delivery.result.src].messages_lost_to_failure += 1
         self._schedule_update()
+
+    def _drop_waiting(self, node: str, now: float) -> None:
+        """send_window: flows from or to a failed node that were waiting for the wire never start."""
+        for src, queue in self._waiting.items():
+            kept = []
+            for batch, flow in queue:
+                if isinstance(flow, _Multicast) and src != node:
+                    members = [m for m in flow.members if m[0] != node]
+                    if len(members) < len(flow.members):
+                        self.stats[src].messages_lost_to_failure += 1
+                        flow.members = members
+                        flow.ports = tuple(p for p in flow.ports if p != (node, "down"))
+                    if members:
+                        kept.append((batch, flow))
+                        continue
+                elif src != node and flow.dst != node:
+                    kept.append((batch, flow))
+                    continue
+                else:
+                    self.stats[src].messages_lost_to_failure += 1
+                self._abort(flow, 0, now)
+            queue[:] = kept
+        for src in list(self._waiting):  # a sender whose flows on the wire were all aborted goes on
+            self._start_next(src)
+
+    def _abort(self, flow, wire: int, now: float) -> None:
+        """The flow will never end: its sender's event fires (or its released result says so)."""
+        result = FlowResult(flow.src, flow.dst, flow.nbytes, flow.start, now, None, flow.lost, wire, aborted=True)
+        if flow.result is None:
+            flow.event.succeed(result)
+        elif isinstance(flow.result, list):
+            for r in flow.result:
+                r.end, r.aborted = now, True
+        else:
+            flow.result.end, flow.result.wire_bytes, flow.result.aborted = now, wire, True
 
     def restore_node(self, node: str) -> None:
         """The node is back: sends from and to it go through again."""
@@ -404,7 +535,7 @@ class Network:
             return 0    # no draw: a lossless path must not shift the RNG stream
         return int(self.rng.binomial(packets, p))
 
-    def _flow_done(self, src, dst, nbytes, wire, start, lost, event, on_deliver, delay):
+    def _flow_done(self, src, dst, nbytes, wire, start, lost, event, on_deliver, delay, released=None):
         """The sender is done: fire its event and put the message in propagation."""
         now = self.env.now
         stats = self.stats[src]
@@ -414,11 +545,15 @@ class Network:
             self.wan_bytes[self.site_of[src]]["up"] += nbytes
             self.wan_bytes[self.site_of[dst]]["down"] += nbytes
         result = FlowResult(src, dst, nbytes, start, now, now + delay, lost, wire)
+        if released is not None:  # the sender's event fired earlier with this object (send_window)
+            released.end, released.delivered_at, released.wire_bytes = now, now + delay, wire
+            result = released
         delivery = _Delivery(result, on_deliver)
         self._pending[dst].add(delivery)
         timer = self.env.timeout(delay)
         timer.callbacks.append(lambda _ev: self._deliver(delivery))
-        event.succeed(result)
+        if released is None:
+            event.succeed(result)
 
     def _deliver(self, delivery: _Delivery) -> None:
         if delivery.cancelled:
@@ -457,14 +592,17 @@ class Network:
                 flow.remaining -= flow.rate * elapsed
             if flow.remaining <= flow.rate * slack + 1e-12 * flow.total:
                 finished.append(flow_id)
+            elif flow.release and flow.result is None and flow.remaining <= flow.release + flow.rate * slack:
+                self._released(flow)
         for flow_id in finished:
             f = self._active.pop(flow_id)
             if isinstance(f, _Multicast):
                 self._multicast_done(f)
-                continue
-            self._flow_done(f.src, f.dst, f.nbytes, f.total, f.start, f.lost, f.event,
-                            f.on_deliver,
-                            delay=(1 + 2 * f.lost) * self._path_latency(f.src, f.dst))
+            else:
+                self._flow_done(f.src, f.dst, f.nbytes, f.total, f.start, f.lost, f.event,
+                                f.on_deliver,
+                                delay=(1 + 2 * f.lost) * self._path_latency(f.src, f.dst), released=f.result)
+            self._flow_left(f.src)
 
     def _schedule_update(self) -> None:
         """Recompute rates once, later in this instant, for any number of changes now."""
@@ -530,6 +668,11 @@ class Network:
         """One timeout for the earliest completion; later changes make it stale."""
         time_left = min((f.remaining / f.rate for f in self._active.values() if f.rate > 0),
                         default=None)
+        if self.send_window:  # a writer's return (its flow down to the last group) is an instant too
+            release_left = min(((f.remaining - f.release) / f.rate for f in self._active.values()
+                                if f.rate > 0 and f.release and f.result is None), default=None)
+            if release_left is not None:
+                time_left = release_left if time_left is None else min(time_left, release_left)
         if time_left is None:
             return
         generation = self._generation

@@ -38,7 +38,8 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
     wan = {name: link_from_spec(site.wan.up_mbps, site.wan.down_mbps, site.wan.latency_ms)
            for name, site in scenario.network.sites.items()}
     network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu,
-                      sites=scenario.site_of, wan=wan)
+                      sites=scenario.site_of, wan=wan, framing=scenario.network.framing,
+                      send_window=scenario.network.send_window_bytes)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed)
     for spec in roles(scenario, work, key, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])

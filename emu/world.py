@@ -3,8 +3,10 @@
 Each node is a SimPy process running ``core.runtime.driver.Driver`` over its
 role; ``EmuNode`` supplies the driver's primitives in virtual time:
 
-- send:      one flow per receiver through ``emu.network``; returns when all ended.
-- recv:      the node's inbox, with an exact virtual-time deadline.
+- send:      one flow per receiver through ``emu.network``; returns when all ended
+             (with ``network.send_window_bytes``: when the writer would return).
+- recv:      the node's inbox, with an exact virtual-time deadline; a message then
+             costs ``compute.decode_s_per_mb`` of the node's time before the role has it.
 - computed:  the job already ran for real (the virtual clock did not move);
              advance the clock by its modelled duration (``ComputeTimer``), so
              timeouts do not depend on how fast this machine is.
@@ -94,7 +96,8 @@ class EmuNode:
         if self.world.multicast and len(targets) > 1:
             flows = [self.world.transmit_many(self.node, targets, topic, data)]
         else:
-            flows = [self.world.transmit(self.node, dst, topic, data) for dst in targets]
+            batch = object()  # one message: its flows share the uplink (network.send_window_bytes)
+            flows = [self.world.transmit(self.node, dst, topic, data, batch) for dst in targets]
         if flows:
             yield self.world.env.all_of(flows)
         return len(targets)
@@ -110,6 +113,8 @@ class EmuNode:
         while True:
             msg = self.inbox.take(topics)
             if msg is not None:
+                if self.timer.decode_s_per_mb:  # reassembly and decoding: the receiver's CPU
+                    yield env.timeout(len(msg.data) * self.timer.decode_s_per_mb / 1e6)
                 return msg
             if deadline is not None and deadline <= env.now:
                 return None
@@ -270,13 +275,13 @@ class World:
             self._subscribers[key] = [n for n, node in self.nodes.items() if n != src and topic in node.subscribes]
         return self._subscribers[key]
 
-    def transmit(self, src: str, dst: str, topic: str, data: bytes) -> simpy.Event:
+    def transmit(self, src: str, dst: str, topic: str, data: bytes, batch: object = None) -> simpy.Event:
         sent_at = self.env.now
 
         def land() -> None:
             self.nodes[dst].deliver(Message(topic, src, data, sent_at=sent_at, received_at=self.env.now))
 
-        return self.network.send(src, dst, len(data), land)
+        return self.network.send(src, dst, len(data), land, batch=batch)
 
     def transmit_many(self, src: str, dsts: list[str], topic: str, data: bytes) -> simpy.Event:
         """One message to every node of ``dsts`` as one multicast flow (network.delivery: multicast)."""

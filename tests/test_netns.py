@@ -68,8 +68,10 @@ def test_two_rounds_real_vs_emu(netns_ok, tmp_path):
     assert result["emu_summary"]["rounds"] == 2
     replay = result["compare_replay"]
     assert len(replay["rounds"]) == 2
-    # Loose bounds: this box is shared, and emu leaves out the client's decoding of the model
-    # and the model's tail after Send returns (see docs/netns.md).
+    # Loose bounds: this box is shared (docs/netns.md has the measured numbers).
     assert replay["mean"]["abs_error_pct"] < 30
     assert result["compare"]["mean"]["abs_error_pct"] < 75
-    assert (tmp_path / "netns" / "netns_fl.md").read_text().count("| mean |") == 2
+    # Emu's model of real mode's transport (headers, the writer's history, decoding) is nearer
+    # the real communication time than emu's defaults, which leave them out.
+    assert replay["mean"]["abs_comm_error_pct"] < result["compare_replay_payload"]["mean"]["abs_comm_error_pct"]
+    assert (tmp_path / "netns" / "netns_fl.md").read_text().count("| mean |") == 3

@@ -340,7 +340,7 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
                 p.kill()
                 p.wait()
     codes = [p.returncode for p in procs]
-    summary = gather(out, scenario, time.monotonic() - started)
+    summary = gather(out, scenario, time.monotonic() - started, codes=dict(enumerate(codes)))
     summary["exit_codes"] = codes
     if codes[0] != 0:
         tail = (out / "rank0.log").read_text(errors="replace")[-2000:]
@@ -369,10 +369,11 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: di
     """
     import numpy as np
 
-    import emu.run as er
+    import dtemu.emu.run as er
     from dtemu.host.scenario_file import load_scenario
     from dtemu.core.ml.train import TrainResult
     from dtemu.core.ml.workload import Workload
+    from dtemu.host.datasets import load_for
 
     scenario = load_scenario(scenario_path, sets)
     names = scenario.node_names
@@ -384,10 +385,10 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: di
             node = names[seed[1]]
             self.queue = [per_round[node][r][0] for r in sorted(per_round.get(node, {}))]
 
-        def duration(self, samples, kind="train"):
+        def duration(self, samples, kind="train", now=0.0):
             if kind == "train" and samples > 0 and self.queue:
                 return self.queue.pop(0)
-            return super().duration(samples, kind)
+            return super().duration(samples, kind, now=now)
 
     class TimingOnly(Workload):
         def train(self, weights, cmd, client):
@@ -400,7 +401,7 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: di
 
     er.ComputeTimer = ReplayTimer
     try:
-        return er.run_emulation(scenario, out, work=TimingOnly(scenario))
+        return er.run_emulation(scenario, out, work=TimingOnly(scenario, load_for(scenario)))
     finally:
         er.ComputeTimer = base
 
@@ -456,26 +457,51 @@ def markdown(result: dict) -> str:
              f"{'yes' if cfg['netem'] else 'not in this kernel'}), measured UDP RTT {cfg['rtt_ms']:.3f} ms; "
              f"emu latency_ms per link {cfg['emu_latency_ms']:.4f}; emu train_s_per_sample "
              + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cfg["train_s_per_sample"].items()) + ".",
-             "",
-             "emu run with the calibrated train_s_per_sample (per client, mean over rounds):", ""]
-    lines += _table(result["compare"])
-    if "compare_replay" in result:
-        lines += ["", "emu with each client's measured training time replayed round by round "
-                  "(only the network and the runtime modelled):", ""]
-        lines += _table(result["compare_replay"])
+             "", "Emu's model of real mode's transport (`" + "`, `".join(cfg.get("transport_sets", [])) + "`); "
+             "decoding measured on this machine (tools/transport_costs.py): "
+             + ", ".join(f"{k} {v * 1e3:.3f} ms/MB" for k, v in cfg.get("decode_s_per_mb", {}).items()) + "."]
+    if result.get("wire_overhead"):
+        lines += ["", "Bytes on the shaped links (tc) against the payload the node sent: "
+                  + ", ".join(f"{k} {v['qdisc_bytes'] / 1e6:.2f} MB for {v['payload_bytes'] / 1e6:.2f} MB "
+                              f"(+{v['overhead_pct']:.2f}%)" for k, v in result["wire_overhead"].items())
+                  + f"; emu's rtps framing adds {result.get('model_overhead_pct', 0):.2f}% to the model."]
+    for key, title in (("compare", "emu run with the transport model and the calibrated train_s_per_sample "
+                                   "(per client, mean over rounds):"),
+                       ("compare_replay", "emu with the transport model, each client's measured training time "
+                                          "replayed round by round (only the network and the runtime modelled):"),
+                       ("compare_replay_payload", "the same replay with emu's defaults (payload bytes only, a send "
+                                                  "returns when its flows end, no decoding time):")):
+        if key in result:
+            lines += ["", title, ""] + _table(result[key])
     lines += ["", "comm = round time minus the slowest client's train_start -> upload_start "
-              "(what is left: command, model tail, uploads, controller's decoding)."]
+              "(what is left: command, model tail, uploads, decoding)."]
     return "\n".join(lines) + "\n"
 
 
-def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, subset: int = 1000,
-        mbps: float = 100.0, delay_ms: float = 2.0, extra_sets: list[str] = (), out: Path | None = None,
-        keep: bool = False, timeout_s: float = 600.0, test_samples: int = 2000) -> dict:
-    out = Path(out or ROOT / "runs" / f"netns-fl-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    sets = [f"fl.rounds={rounds}", f"fl.subset={subset}", f"fl.eval_every={rounds + 1000}",
-            f"data.test_samples={test_samples}", "fl.min_clients=2", *extra_sets]
-    bed = Testbed(nodes=3, mbps=mbps, delay_ms=delay_ms)
+def wire_overhead(qdisc: dict[str, str], real: Path, names: list[str], tag_names: list[str]) -> dict:
+    """Each node's uplink: bytes its tbf sent (headers and all) against the payload the node sent
+    (its rank's record in ``real``/rank<i>/summary.json)."""
+    import re
+
+    out = {}
+    for rank, (name, ns) in enumerate(zip(names, tag_names)):
+        text = qdisc.get(f"{ns}:eth0", "")
+        m = re.search(r"Sent (\d+) bytes (\d+) pkt", text)
+        try:
+            payload = json.loads((real / f"rank{rank}" / "summary.json").read_text()).get("bytes_sent")
+        except (OSError, ValueError):
+            payload = None
+        if m and payload:
+            sent = int(m.group(1))
+            out[name] = {"qdisc_bytes": sent, "packets": int(m.group(2)), "payload_bytes": payload,
+                         "overhead_pct": 100 * (sent - payload) / payload}
+    return out
+
+
+def run_testbed(scenario_path: str, sets: list[str], out: Path, *, mbps: float, delay_ms: float, keep: bool,
+                timeout_s: float, nodes: int = 3) -> dict:
+    """The real run over the namespaces: its summary, RTT, shaping and the qdiscs' counters."""
+    bed = Testbed(nodes=nodes, mbps=mbps, delay_ms=delay_ms)
     result: dict = {}
 
     def on_signal(signum, _frame):
@@ -489,7 +515,7 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
               f"{bed.applied_delay_ms:g} ms/link/direction (netem: {bed.netem}), UDP RTT {rtt:.3f} ms",
               file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        real_summary = run_real(bed, scenario_path, sets, out / "real", timeout_s)
+        result["real_summary"] = run_real(bed, scenario_path, sets, out / "real", timeout_s)
         print(f"netns: real run {time.monotonic() - t0:.1f} s -> {out / 'real'}", file=sys.stderr, flush=True)
         result["qdisc"] = bed.qdisc_stats()
     finally:
@@ -500,36 +526,86 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
             bed.down()
         for s, h in old.items():
             signal.signal(s, h)
+    result.update({"rtt_ms": rtt, "netem": bed.netem, "applied_delay_ms": bed.applied_delay_ms,
+                   "namespaces": bed.names, "addresses": bed.addresses})
+    return result
+
+
+def reuse_testbed(folder: Path) -> dict:
+    """A real run made before (``--reuse-real``): what run_testbed returned then, from its JSON."""
+    for name in ("netns_fl.json", "netns_ddp.json"):
+        if (folder / name).exists():
+            old = json.loads((folder / name).read_text())
+            cfg = old["config"]
+            return {"real_summary": old["real_summary"], "qdisc": old.get("qdisc", {}), "rtt_ms": cfg["rtt_ms"],
+                    "netem": cfg["netem"], "applied_delay_ms": cfg["applied_delay_ms"],
+                    "namespaces": cfg["namespaces"], "addresses": cfg["addresses"]}
+    raise NetnsError(f"no netns_fl.json or netns_ddp.json in {folder}")
+
+
+def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, subset: int = 1000,
+        mbps: float = 100.0, delay_ms: float = 2.0, extra_sets: list[str] = (), out: Path | None = None,
+        keep: bool = False, timeout_s: float = 600.0, test_samples: int = 2000, reuse: Path | None = None) -> dict:
+    from dtemu.host.scenario_file import load_scenario
+    from tools.transport_costs import fl_decode_costs, transport_sets
+
+    out = Path(out or ROOT / "runs" / f"netns-fl-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sets = [f"fl.rounds={rounds}", f"fl.subset={subset}", f"fl.eval_every={rounds + 1000}",
+            f"data.test_samples={test_samples}", "fl.min_clients=2", *extra_sets]
+    if reuse is not None:
+        bed = reuse_testbed(Path(reuse))
+        if Path(reuse).resolve() != out:
+            import shutil
+
+            shutil.copytree(Path(reuse) / "real", out / "real", dirs_exist_ok=True)
+    else:
+        bed = run_testbed(scenario_path, sets, out, mbps=mbps, delay_ms=delay_ms, keep=keep, timeout_s=timeout_s)
+    real_summary, rtt = bed["real_summary"], bed["rtt_ms"]
     real_events = read_events_partial(out / "real")[0]
+    scen = load_scenario(scenario_path, sets)
     cal = calibrate(real_events)
+    # Real mode's transport in emu: headers, the writer's history, and the receivers' decoding,
+    # measured here on messages of this model (not fitted to the run).
+    from dtemu.core.ml.models import build_model
+    from dtemu.core.ml.params import num_params
+
+    costs = fl_decode_costs(num_params(build_model(scen.model, scen.seed)))
+    decode = {name: costs["client"] for name in scen.client_names}
+    decode[scen.node_names[0]] = costs["controller"]
+    transport = transport_sets(decode)
     # One-way latency per link: the delay netem adds plus this box's base (a quarter of the RTT:
     # four link crossings per round trip).
-    latency_ms = bed.applied_delay_ms + rtt / 4
-    emu_sets = sets + [f"network.default={{up_mbps: {mbps:g}, down_mbps: {mbps:g}, latency_ms: {latency_ms:.4f}}}",
-                       f"compute.default.train_s_per_sample={statistics.fmean(cal.values()):.6g}"]
+    latency_ms = bed["applied_delay_ms"] + rtt / 4
+    network = f"network.default={{up_mbps: {mbps:g}, down_mbps: {mbps:g}, latency_ms: {latency_ms:.4f}}}"
+    emu_sets = sets + [network, f"compute.default.train_s_per_sample={statistics.fmean(cal.values()):.6g}"]
     emu_sets += [f"compute.nodes.{node}.train_s_per_sample={v:.6g}" for node, v in sorted(cal.items())]
     t0 = time.monotonic()
-    emu_summary = run_emu(scenario_path, emu_sets, out / "emu")
+    emu_summary = run_emu(scenario_path, emu_sets + transport, out / "emu")
     print(f"netns: emu run {time.monotonic() - t0:.1f} s -> {out / 'emu'}", file=sys.stderr, flush=True)
     emu_events = read_events_partial(out / "emu")[0]
-    t0 = time.monotonic()
-    replay_sets = sets + [emu_sets[len(sets)]]  # the same network
-    run_emu_replay(scenario_path, replay_sets, out / "emu-replay", train_times(real_events))
-    print(f"netns: emu replay run {time.monotonic() - t0:.1f} s -> {out / 'emu-replay'}", file=sys.stderr, flush=True)
-    replay_events = read_events_partial(out / "emu-replay")[0]
-    from dtemu.host.scenario_file import load_scenario
+    compares = {}
+    for key, folder, extra in (("compare_replay", "emu-replay", transport), ("compare_replay_payload",
+                                                                             "emu-replay-payload", [])):
+        t0 = time.monotonic()
+        run_emu_replay(scenario_path, sets + [network] + extra, out / folder, train_times(real_events))
+        print(f"netns: emu replay run {time.monotonic() - t0:.1f} s -> {out / folder}", file=sys.stderr, flush=True)
+        compares[key] = compare(real_events, read_events_partial(out / folder)[0])
+    from dtemu.emu.wire_model import wire_bytes
 
-    scen = load_scenario(scenario_path, sets)
     model_bytes = next((e["bytes"] for e in real_events if e["kind"] == "upload_start"), 0)
-    result.update({
+    result = {
         "config": {"scenario": scen.name, "model": scen.model, "model_bytes": model_bytes, "rounds": rounds,
-                   "subset": subset, "mbps": mbps, "delay_ms": delay_ms, "applied_delay_ms": bed.applied_delay_ms,
-                   "netem": bed.netem, "rtt_ms": rtt, "emu_latency_ms": latency_ms, "train_s_per_sample": cal,
-                   "sets": sets, "emu_sets": emu_sets, "namespaces": bed.names, "addresses": bed.addresses},
-        "real_summary": real_summary, "emu_summary": emu_summary,
+                   "subset": subset, "mbps": mbps, "delay_ms": delay_ms, "applied_delay_ms": bed["applied_delay_ms"],
+                   "netem": bed["netem"], "rtt_ms": rtt, "emu_latency_ms": latency_ms, "train_s_per_sample": cal,
+                   "decode_s_per_mb": decode, "transport_sets": transport, "sets": sets, "emu_sets": emu_sets,
+                   "namespaces": bed["namespaces"], "addresses": bed["addresses"]},
+        "real_summary": real_summary, "emu_summary": emu_summary, "qdisc": bed["qdisc"],
+        "wire_overhead": wire_overhead(bed["qdisc"], out / "real", scen.node_names, bed["namespaces"]),
+        "model_overhead_pct": 100 * (wire_bytes(model_bytes, scen.network.mtu) - model_bytes) / max(1, model_bytes),
         "compare": compare(real_events, emu_events),
-        "compare_replay": compare(real_events, replay_events),
-    })
+        **compares,
+    }
     (out / "netns_fl.json").write_text(json.dumps(result, indent=2, default=str))
     (out / "netns_fl.md").write_text(markdown(result))
     return result
@@ -547,15 +623,18 @@ def main(argv=None) -> int:
     p.add_argument("--md", default=None, help="also write the Markdown table here")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--keep", action="store_true", help="leave the namespaces up (then remove them yourself)")
+    p.add_argument("--reuse-real", default=None, metavar="DIR",
+                   help="compare with the real run of an earlier --out DIR instead of running one (no root needed)")
     args = p.parse_args(argv)
-    ok, why = netns_available()
-    if not ok:
-        print(f"netns_fl: {why}", file=sys.stderr)
-        return 2
+    if args.reuse_real is None:
+        ok, why = netns_available()
+        if not ok:
+            print(f"netns_fl: {why}", file=sys.stderr)
+            return 2
     try:
         result = run(args.scenario, rounds=args.rounds, subset=args.subset, mbps=args.mbps,
                      delay_ms=args.delay_ms, extra_sets=args.sets, out=args.out, keep=args.keep,
-                     timeout_s=args.timeout)
+                     timeout_s=args.timeout, reuse=args.reuse_real)
     except NetnsError as err:
         print(f"netns_fl: {err}", file=sys.stderr)
         return 3

@@ -38,6 +38,8 @@ class ComputeTimer:
         self.schedule = tuple(spec.schedule)
         self.varying = spec.varying
         self.seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
+        # Emu: CPU seconds per MB of a received message before the role gets it (0: none).
+        self.decode_s_per_mb = getattr(spec, "decode_s_per_mb", 0.0) or 0.0
 
     @property
     def changing(self) -> bool:

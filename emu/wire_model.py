@@ -1,0 +1,88 @@
+"""What real mode's DDS transport does to a message's time on the wire, for emu's network.
+
+Two pieces, each opt-in by a scenario key (the defaults keep emu's old arithmetic):
+
+``network.framing: rtps`` -- header bytes.  Real mode (``real/transport.py``) cuts a
+message into frames of at most ``FRAME_BYTES`` (1 MiB), each one DDS sample with a
+CDR header; CycloneDDS cuts a sample into DATA_FRAG submessages of ``FRAGMENT_BYTES``
+(``FragmentSize`` in ``real/config/*.xml``), one per RTPS message (a UDP datagram);
+IPv4 cuts a datagram into packets of at most ``mtu`` bytes; each packet carries an
+IPv4 and an Ethernet header.  ``wire_bytes(n, mtu)`` adds all of them up.  The
+header sizes are the protocols' own (RTPS 2.x: header 20, INFO_TS 12, INFO_DST 16,
+DATA_FRAG 36; UDP 8; IPv4 20 without options; Ethernet II 14, as a Linux shaper
+counts it: a physical link also spends preamble, FCS and gap, 24 bytes per frame,
+which no shaper sees).  Left out: heartbeats, ACKNACKs (on the reverse path) and
+discovery, a few hundred bytes a second.
+
+``network.send_window_bytes: H`` -- when a send returns.  A DDS write returns once the
+sample is in the writer's history; the writer blocks only while more than ``WhcHigh``
+(= H) bytes of it are unacknowledged, and then until they are all acknowledged
+(``WhcLow`` is 1 kB; CycloneDDS ``throttle_writer``).  So the frames of one message
+go out in groups of ``g`` frames (the fewest whose history exceeds H) and the send
+returns when the last group has been written, that is once every earlier group got
+through: the bytes of the last group are still on the wire.  ``tail_bytes(n, H)`` is
+that last group.  The link under the writer is a FIFO (the kernel's queue), so a
+later send from the same node starts behind that tail (emu.network, ``fifo``).
+Not modelled: the acknowledgement's round trip between groups (the link idles for
+it), which matters on a long-latency link only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+FRAME_BYTES = 1 << 20          # real.reassembly.FRAME_BYTES: payload bytes per frame (DDS sample)
+FRAME_HEADER_BYTES = 72        # a Frame's CDR: encapsulation, src, dst, topic, msg_id, part, parts, total, length
+FRAGMENT_BYTES = 64000         # real/config/*.xml <FragmentSize>: bytes of a sample per DATA_FRAG
+RTPS_MESSAGE_HEADER_BYTES = 20 + 12 + 16 + 36   # RTPS header, INFO_TS, INFO_DST, DATA_FRAG submessage
+UDP_HEADER_BYTES = 8
+IPV4_HEADER_BYTES = 20
+ETHERNET_HEADER_BYTES = 14
+
+FRAMINGS = ("payload", "rtps")
+
+
+@functools.lru_cache(maxsize=4096)
+def _sample_wire(sample: int, mtu: int) -> int:
+    """Wire bytes of one DDS sample of ``sample`` serialized bytes."""
+    packet_data = mtu - IPV4_HEADER_BYTES  # IP payload per packet (1480 at 1500: a multiple of 8)
+    if packet_data <= 0:
+        raise ValueError(f"mtu {mtu} leaves no room for data after the IPv4 header")
+    wire = 0
+    full, last = divmod(sample, FRAGMENT_BYTES)
+    for size, count in ((FRAGMENT_BYTES, full), (last, 1 if last or not full else 0)):
+        if not count:
+            continue
+        datagram = UDP_HEADER_BYTES + RTPS_MESSAGE_HEADER_BYTES + size
+        packets = -(-datagram // packet_data)
+        wire += count * (datagram + packets * (IPV4_HEADER_BYTES + ETHERNET_HEADER_BYTES))
+    return wire
+
+
+def wire_bytes(nbytes: int, mtu: int, framing: str = "rtps") -> int:
+    """Bytes a message of ``nbytes`` payload puts on one link (``framing`` "payload": itself)."""
+    if framing == "payload":
+        return nbytes
+    if framing != "rtps":
+        raise ValueError(f"unknown framing {framing!r} (one of {FRAMINGS})")
+    full, last = divmod(nbytes, FRAME_BYTES)
+    wire = full * _sample_wire(FRAME_BYTES + FRAME_HEADER_BYTES, mtu) if full else 0
+    if last or not full:  # an empty message is still one frame
+        wire += _sample_wire(last + FRAME_HEADER_BYTES, mtu)
+    return wire
+
+
+def frames_per_group(window: int) -> int:
+    """How many frames a writer takes before more than ``window`` bytes of them are
+    unacknowledged (each frame's history entry is its payload and its header)."""
+    return window // (FRAME_BYTES + FRAME_HEADER_BYTES) + 1
+
+
+def tail_bytes(nbytes: int, window: int) -> int:
+    """Payload bytes of a message still to go through when its send returns, with a writer
+    history of ``window`` bytes (0: none, the send waits for everything)."""
+    if window <= 0:
+        return 0
+    frames = max(1, -(-nbytes // FRAME_BYTES))
+    before = (frames - 1) // frames_per_group(window) * frames_per_group(window)  # frames of earlier groups
+    return nbytes - before * FRAME_BYTES

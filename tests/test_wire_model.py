@@ -1,0 +1,237 @@
+"""Emu's model of real mode's transport on the wire (emu/wire_model.py): header bytes, the
+writer's history (a send returns early, later sends queue behind its tail), and a receiver's
+decoding time.  Virtual times are exact."""
+
+import re
+from pathlib import Path
+
+import pytest
+import simpy
+
+from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.core.scenario import ComputeSpec
+from dtemu.emu import wire_model
+from dtemu.emu.network import Link, Network
+from dtemu.emu.world import EmuNode, World
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1_000_000
+MIB = 1 << 20
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-9, abs=1e-9)
+
+
+def _net(framing="payload", window=0, mbps=8.0, latency_s=0.0, nodes=("a", "b", "c")):
+    env = simpy.Environment()
+    links = {n: Link(mbps * 1e6, mbps * 1e6, latency_s) for n in nodes}
+    return env, Network(env, links, framing=framing, send_window=window)
+
+
+def _send(env, net, t, src, dst, nbytes, log, name):
+    def proc():
+        yield env.timeout(t)
+        yield net.send(src, dst, nbytes, lambda: log.setdefault(name + ".delivered", env.now))
+        log[name + ".returned"] = env.now
+    env.process(proc())
+
+
+def test_rtps_framing_of_one_megabyte_by_hand():
+    # One frame (1e6 + 72 bytes of CDR): 15 fragments of 64000 and one of 40072; a full
+    # fragment is a datagram of 8 + 84 + 64000 bytes in 44 IPv4 packets of 34 header bytes.
+    full = (8 + 84 + 64000) + 44 * 34
+    last = (8 + 84 + 40072) + 28 * 34
+    assert wire_model.wire_bytes(MB, 1500) == 15 * full + last
+    assert wire_model.wire_bytes(MB, 1500, "payload") == MB
+    # About 2.5% at a 1500-byte MTU; more with a smaller one.
+    assert 1.024 < wire_model.wire_bytes(10 * MB, 1500) / (10 * MB) < 1.026
+    assert wire_model.wire_bytes(10 * MB, 576) > wire_model.wire_bytes(10 * MB, 1500)
+    assert wire_model.wire_bytes(0, 1500) > 0  # an empty message is a frame with its headers
+
+
+def test_constants_match_real_mode():
+    from dtemu.real.reassembly import FRAME_BYTES
+
+    assert wire_model.FRAME_BYTES == FRAME_BYTES
+    for profile in ("lan", "loopback"):
+        xml = (ROOT / "real" / "config" / f"{profile}.xml").read_text()
+        assert int(re.search(r"<FragmentSize>(\d+)B</FragmentSize>", xml).group(1)) == wire_model.FRAGMENT_BYTES
+
+
+def test_framing_lengthens_the_flow_not_the_payload_counts():
+    env, net = _net(framing="rtps")
+    log = {}
+    _send(env, net, 0, "a", "b", MB, log, "m")
+    env.run()
+    wire = wire_model.wire_bytes(MB, 1500)
+    assert log["m.returned"] == approx(wire / 1e6)       # 8 Mbit/s = 1e6 bytes/s
+    assert net.stats["a"].bytes_sent == MB and net.stats["b"].bytes_received == MB
+    assert net.stats["a"].wire_bytes_sent == wire
+
+
+def test_tail_is_the_last_history_group():
+    window = 2 * MIB  # two 1 MiB frames (plus headers) exceed it: groups of two frames
+    assert wire_model.frames_per_group(window) == 2
+    assert wire_model.tail_bytes(4_800_000, window) == 4_800_000 - 4 * MIB   # frames 1-4 acked, 5 left
+    assert wire_model.tail_bytes(4 * MIB, window) == 2 * MIB                  # frames 3 and 4 left
+    assert wire_model.tail_bytes(MB, window) == MB                            # one frame: returns at once
+    assert wire_model.tail_bytes(4_800_000, 0) == 0
+
+
+def test_send_with_a_writer_history_returns_before_the_flow_ends():
+    n = 4_800_000
+    env, net = _net(window=2 * MIB)
+    log = {}
+    _send(env, net, 0, "a", "b", n, log, "model")
+    env.run()
+    assert log["model.returned"] == approx(4 * MIB / 1e6)   # the first two groups went through
+    assert log["model.delivered"] == approx(n / 1e6)        # delivery is unchanged
+
+
+def test_a_later_send_waits_behind_the_tail_in_the_senders_fifo():
+    n = 4_800_000
+    env, net = _net(window=2 * MIB)
+    log = {}
+
+    def controller():
+        yield net.send("a", "b", n, lambda: log.setdefault("model", env.now))
+        log["returned"] = env.now
+        yield net.send("a", "b", 100, lambda: log.setdefault("cmd", env.now))
+
+    env.process(controller())
+    _send(env, net, 4.5, "c", "b", 100, log, "other")  # another sender is not behind a's queue
+    env.run()
+    assert log["returned"] == approx(4 * MIB / 1e6)
+    # c's message is not behind a's queue: it shares b's downlink with the model's tail (max-min
+    # fair, half the rate each), which it delays by its own 100 bytes.
+    assert log["other.delivered"] == approx(4.5 + 200 / 1e6)
+    assert log["model"] == approx(n / 1e6 + 100 / 1e6)
+    # a's command starts when the model's last byte left (FIFO), then goes alone at full rate.
+    assert log["cmd"] == approx(n / 1e6 + 200 / 1e6)
+
+
+def test_one_message_to_two_receivers_shares_the_link_and_returns_once():
+    n = 4_800_000
+    env, net = _net(window=2 * MIB)
+    log = {}
+
+    def controller():
+        model, cmd = object(), object()  # one message each, to both receivers
+        yield env.all_of([net.send("a", d, n, lambda d=d: log.setdefault(d, env.now), batch=model)
+                          for d in ("b", "c")])
+        log["returned"] = env.now
+        yield env.all_of([net.send("a", d, 100, lambda d=d: log.setdefault("cmd" + d, env.now), batch=cmd)
+                          for d in ("b", "c")])
+
+    env.process(controller())
+    env.run()
+    # Two flows at half the rate each: the groups before the tail took 2 x 4 MiB of the uplink.
+    assert log["returned"] == approx(2 * 4 * MIB / 1e6)
+    assert log["b"] == approx(2 * n / 1e6) and log["c"] == approx(2 * n / 1e6)
+    assert log["cmdb"] == approx(2 * n / 1e6 + 200 / 1e6)
+    assert log["cmdc"] == approx(2 * n / 1e6 + 200 / 1e6)
+
+
+def test_a_failed_receiver_aborts_the_waiting_send_and_the_queue_goes_on():
+    env, net = _net(window=2 * MIB)
+    log = {}
+
+    def controller():
+        yield net.send("a", "b", 3 * MB, lambda: log.setdefault("first", env.now))
+        r = yield net.send("a", "c", 100, lambda: log.setdefault("to_c", env.now))
+        log["to_c_aborted"] = r.aborted
+        yield net.send("a", "b", 100, lambda: log.setdefault("second", env.now))
+
+    def fail_c():
+        yield env.timeout(2.9)
+        net.fail_node("c")
+
+    env.process(controller())
+    env.process(fail_c())
+    env.run()
+    assert log["to_c_aborted"] and "to_c" not in log
+    assert log["first"] == approx(3.0)
+    assert log["second"] == approx(3.0 + 100 / 1e6)
+
+
+def test_defaults_keep_the_old_arithmetic():
+    env, net = _net()
+    log = {}
+    _send(env, net, 0, "a", "b", 4_800_000, log, "m")
+    env.run()
+    assert log["m.returned"] == approx(4.8) and log["m.delivered"] == approx(4.8)
+
+
+def test_receiving_costs_decode_time():
+    env = simpy.Environment()
+    net = Network(env, {n: Link(8e6, 8e6) for n in ("a", "b")})
+    world = World(env, net, log=lambda e: None, save_checkpoint=lambda b: "")
+    timer = ComputeTimer(ComputeSpec(train_s_per_sample=1e-3, decode_s_per_mb=0.05), None, seed=[0, 1])
+    node = world.add(EmuNode(world, "b", 1, ("t",), make_role=None, timer=timer))
+    node.up = True
+    got = {}
+
+    def receiver():
+        msg = yield from node.recv(("t",), deadline=None)
+        got["at"], got["len"] = env.now, len(msg.data)
+
+    env.process(receiver())
+    world.transmit("a", "b", "t", b"x" * 2_000_000)
+    env.run()
+    assert got["len"] == 2_000_000
+    assert got["at"] == approx(2.0 + 2 * 0.05)   # 2 s on the wire, 0.1 s decoding
+
+
+def test_messages_sent_in_one_instant_go_in_order():
+    env, net = _net(window=2 * MIB)
+    log = {}
+    for name, dst in (("first", "b"), ("second", "c")):  # two messages (batches) at t=0
+        net.send("a", dst, MB, lambda name=name: log.setdefault(name, env.now))
+    env.run()
+    assert log["first"] == approx(1.0) and log["second"] == approx(2.0)   # FIFO, not shared
+
+
+def test_the_keys_are_opt_in_and_named_in_the_digest_only_when_set():
+    from dtemu.host.scenario_file import load_scenario
+
+    path = ROOT / "scenarios" / "fl_codecs.yaml"
+    base = load_scenario(path, [])
+    assert (base.network.framing, base.network.send_window_bytes, base.compute.default.decode_s_per_mb) == \
+        ("payload", 0, 0.0)
+    same = load_scenario(path, ["network.framing=payload", "network.send_window_bytes=0",
+                                "compute.default.decode_s_per_mb=0"])
+    assert same.digest() == base.digest()
+    for key in ("network.framing=rtps", "network.send_window_bytes=2097152", "compute.nodes.client1.decode_s_per_mb=0.001"):
+        assert load_scenario(path, [key]).digest() != base.digest(), key
+
+
+def test_an_fl_round_starts_before_the_models_tail_has_gone(tmp_path):
+    """The controller publishes the 4.8 MB model, starts the round and sends the command: with the
+    writer history the round starts while the model's last group is still on the wire, and the
+    command (behind it in the controller's FIFO) starts the clients' training no earlier."""
+    from dtemu.core.scenario import parse_scenario
+    from dtemu.emu.run import run_emulation
+    from dtemu.host.rundir import read_events
+    from test_fl_protocol import StandIn
+
+    class Big(StandIn):
+        dim = 1_200_000  # mnist_cnn's size: a 4.8 MB model
+
+    def run(name, *sets):
+        raw = {"name": "tail", "fl": {"clients": 2, "rounds": 1, "subset": 1000, "min_clients": 2},
+               "network": {"default": {"up_mbps": 100, "down_mbps": 100, "latency_ms": 0}}}
+        run_emulation(parse_scenario(raw, list(sets)), tmp_path / name, work=Big())
+        events = read_events(tmp_path / name)
+        start = next(e["t"] for e in events if e["kind"] == "round_start")
+        close = next(e["t"] for e in events if e["kind"] == "round_close")
+        train = min(e["t"] for e in events if e["kind"] == "train_start")
+        return train - start, close - start
+
+    gap, round_s = run("default")
+    gap_w, round_w = run("window", "network.send_window_bytes=2097152")
+    model = 4 * Big.dim + 1000  # the blob: the fp32 packet and a few headers
+    tail_s = wire_model.tail_bytes(model, 2 * MIB) / (100e6 / 8 / 2)  # two clients share the uplink
+    assert gap < 1e-3                                   # the model had arrived: the command goes at once
+    assert gap_w - gap == pytest.approx(tail_s, abs=2e-4)
+    assert round_w - round_s == pytest.approx(tail_s, abs=2e-4)
