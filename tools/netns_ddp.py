@@ -172,7 +172,7 @@ def run(scenario_path: str = "scenarios/ddp_baseline.yaml", *, steps: int = 8, m
                          "applied_delay_ms": bed["applied_delay_ms"], "netem": bed["netem"], "rtt_ms": bed["rtt_ms"],
                          "emu_latency_ms": latency_ms, "decode_s_per_mb": decode, "transport_sets": transport,
                          "sets": sets, "namespaces": bed["namespaces"], "addresses": bed["addresses"]},
-              "real_summary": bed["real_summary"], "qdisc": bed["qdisc"],
+              "real_summary": bed["real_summary"], "qdisc": bed["qdisc"], "drops": bed.get("drops", {}),
               "wire_overhead": wire_overhead(bed["qdisc"], out / "real", scen.node_names, bed["namespaces"])}
     for key, folder, extra in (("compare_replay", "emu-replay", transport),
                                ("compare_replay_payload", "emu-replay-payload", [])):

@@ -218,6 +218,21 @@ class Testbed:
             out[f"{ns}:{dev}"] = p.stdout.strip()
         return out
 
+    def drop_counters(self) -> dict[str, dict[str, int]]:
+        """Each node's kernel counters of datagrams it lost (receive buffer full, IP reassembly
+        failed): a lost fragment costs real DDS a NACK round, which emu does not model."""
+        keys = ("UdpRcvbufErrors", "UdpSndbufErrors", "UdpInErrors", "IpReasmFails", "IpReasmTimeout")
+        out = {}
+        for ns in self.names:
+            p = subprocess.run(["ip", "netns", "exec", ns, "nstat", "-az"], capture_output=True, text=True)
+            counts = {}
+            for line in p.stdout.splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] in keys:
+                    counts[parts[0]] = int(parts[1])
+            out[ns] = counts
+        return out
+
     def rtt_ms(self, a: int = 1, b: int = 0, count: int = 20) -> float:
         """Median UDP round trip (64 B) from node a to node b, in ms (python echo, bounded)."""
         port = 47000 + os.getpid() % 1000
@@ -518,6 +533,7 @@ def run_testbed(scenario_path: str, sets: list[str], out: Path, *, mbps: float, 
         result["real_summary"] = run_real(bed, scenario_path, sets, out / "real", timeout_s)
         print(f"netns: real run {time.monotonic() - t0:.1f} s -> {out / 'real'}", file=sys.stderr, flush=True)
         result["qdisc"] = bed.qdisc_stats()
+        result["drops"] = bed.drop_counters()
     finally:
         if keep:
             print(f"netns: kept {bed.created}; remove with: " + "; ".join(f"ip netns del {n}" for n in bed.created),
@@ -526,6 +542,8 @@ def run_testbed(scenario_path: str, sets: list[str], out: Path, *, mbps: float, 
             bed.down()
         for s, h in old.items():
             signal.signal(s, h)
+    if any(v for counts in result.get("drops", {}).values() for v in counts.values()):
+        print(f"netns: datagrams lost in the kernel: {result['drops']}", file=sys.stderr, flush=True)
     result.update({"rtt_ms": rtt, "netem": bed.netem, "applied_delay_ms": bed.applied_delay_ms,
                    "namespaces": bed.names, "addresses": bed.addresses})
     return result
@@ -600,7 +618,7 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
                    "netem": bed["netem"], "rtt_ms": rtt, "emu_latency_ms": latency_ms, "train_s_per_sample": cal,
                    "decode_s_per_mb": decode, "transport_sets": transport, "sets": sets, "emu_sets": emu_sets,
                    "namespaces": bed["namespaces"], "addresses": bed["addresses"]},
-        "real_summary": real_summary, "emu_summary": emu_summary, "qdisc": bed["qdisc"],
+        "real_summary": real_summary, "emu_summary": emu_summary, "qdisc": bed["qdisc"], "drops": bed.get("drops", {}),
         "wire_overhead": wire_overhead(bed["qdisc"], out / "real", scen.node_names, bed["namespaces"]),
         "model_overhead_pct": 100 * (wire_bytes(model_bytes, scen.network.mtu) - model_bytes) / max(1, model_bytes),
         "compare": compare(real_events, emu_events),
