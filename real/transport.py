@@ -57,12 +57,13 @@ Design
   via ctypes, which releases the GIL, so this process's receiver keeps
   running while a send blocks.
 * Addressed messages reach only their addressee.  A topic of ``addressed``
-  (``coll/frames`` by default) has, besides its own DDS topic, one per node
-  (``<topic>/to/<node name in hex>``) that only that node reads; ``send(...,
-  to=X)`` writes there once the writer matched X's reader (``wait_matched``
-  with names creates those writers and waits for them too) and on the
-  shared topic otherwise.  Messages still say their logical topic.  On the
-  shared topic, frames from this node itself and messages addressed to
+  (``ADDRESSED_TOPICS`` by default: ``coll/frames``, ``ps/state_reply``,
+  ``ps/model``) has, besides its own DDS topic, one per node (``<topic>/to/<node name in
+  hex>``) that only that node reads; ``send(..., to=X)`` writes there once
+  the writer matched X's reader (``wait_matched`` with names creates those
+  writers and waits for them too; otherwise the first send to X creates its
+  writer) and on the shared topic until then.  Messages still say their
+  logical topic.  On the shared topic, frames from this node itself and messages addressed to
   another node are ignored (``dst`` is filtered at the receiver: DDS ships
   them to every reader of the topic).
 
@@ -112,6 +113,14 @@ HELLO = "ctl/hello"  # presence, real mode's own topic; the roles' topics are co
 
 _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
 
+# Topics whose addressed messages travel on per-node DDS topics (see the module docstring):
+# collective frames, the state server's answers (on the shared topic, each of 12 workers woke
+# for, took and dropped the 11 answers of every query round that were not its own: half of the
+# round trip, docs/results.md) and the parameter server's models to one worker (an asynchronous
+# server's answer to each update went to every worker).
+ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL)
+MAX_ADDRESSED_WRITERS = 4096  # per-node DDS topics a transport sets up; beyond, the shared topic
+
 
 def _default_domain_id() -> int:
     return int(os.environ.get("DTEMU_DDS_DOMAIN", "0"))
@@ -132,7 +141,7 @@ class DdsTransport(Reassembler):
                  write_timeout_s: float = 15.0,
                  on_reject=None,
                  key: Optional[bytes] = None,
-                 addressed: Iterable[str] = (wire_topics.COLL_FRAMES,)):
+                 addressed: Iterable[str] = ADDRESSED_TOPICS):
         """``key``: the run's shared key; every frame sent is tagged and every frame received
         must carry a valid tag (``real.frame_auth``)."""
         if not node or not isinstance(node, str):
@@ -318,9 +327,16 @@ class DdsTransport(Reassembler):
             phys = self.addressed_topic(topic, to)
             if phys in self._addr_ready:
                 wname = phys
-            elif phys in self._writers and self._writers[phys].get_publication_matched_status().current_count:
-                self._addr_ready.add(phys)
-                wname = phys
+            else:
+                # The first message to ``to`` sets its writer up (wait_matched with names does it
+                # ahead); until that writer matched the addressee's reader, the shared topic.
+                # Bounded: roles answer known peers only, but a writer each is not free.
+                aw = self._writers.get(phys)
+                if aw is None and len(self._logical) < MAX_ADDRESSED_WRITERS:
+                    aw = self._addressed_writer(topic, to)
+                if aw is not None and aw.get_publication_matched_status().current_count:
+                    self._addr_ready.add(phys)
+                    wname = phys
         w = self._writer(wname)
         sealed = self.frame_key is not None
         fb = self.frame_bytes - (frame_auth.TAG_BYTES if sealed else 0)  # a frame stays within frame_bytes

@@ -69,9 +69,11 @@ class Ranks:
         self.domain = new_domain()
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, rank: int, name: str, *overrides: str) -> subprocess.Popen:
+    def start(self, rank: int, name: str, *overrides: str, args: tuple[str, ...] = ()) -> subprocess.Popen:
+        """``args``: more arguments of ``real run`` (``--append`` for a restarted rank)."""
         cmd = [sys.executable, "-m", "dtemu.real.cli", "run", str(self.scenario), "--rank", str(rank),
-               "--out", str(self.folder / name), "--no-tui", "--domain", str(self.domain), "--threads", "1"]
+               "--out", str(self.folder / name), "--no-tui", "--domain", str(self.domain), "--threads", "1",
+               *args]
         for o in overrides:
             cmd += ["--set", o]
         log = open(self.folder / f"{name}.log", "wb")

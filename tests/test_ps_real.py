@@ -65,3 +65,68 @@ def test_adaptive_iterations_follow_the_measured_speeds(tmp_path):
     rounds = [e for e in read_events(out) if e["kind"] == "ps_round"][1:]
     assert rounds and all(e["iterations"]["worker1"] >= 3 for e in rounds), rounds
     assert summary["state_server"]["queries"] > 0
+
+
+@pytest.mark.parametrize("topic", ["ps/state_reply", "ps/model"])
+def test_answers_to_one_worker_reach_that_worker_alone(topic):
+    """The state server's answers and a parameter server's model to one worker travel on the
+    addressee's own DDS topic once its writer matched (the first send sets it up): the other
+    workers no longer take and drop them (12 workers each dropped 11 answers a round)."""
+    import time
+
+    from dtemu.real.transport import DdsTransport
+    from helpers import new_domain
+
+    domain, pid = new_domain(), __import__("os").getpid()
+    names = [f"{n}-{pid}" for n in ("ss", "w1", "w2")]
+    with DdsTransport(names[0], domain_id=domain) as ss, \
+            DdsTransport(names[1], domain_id=domain, subscribe=[topic]) as w1, \
+            DdsTransport(names[2], domain_id=domain, subscribe=[topic]) as w2:
+        assert not ss.wait_matched({topic: 2}, timeout_s=20)
+        ss.send(topic, b"first", to=names[1])  # sets up the writer to w1; may go on the shared topic
+        phys = ss.addressed_topic(topic, names[1])
+        deadline = time.monotonic() + 20
+        while not ss.matched_count(phys) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ss.matched_count(phys) == 1
+        assert w1.recv([topic], timeout_s=10).data == b"first"
+        dropped = w2.stats["not_for_me"]
+        for i in range(10):
+            ss.send(topic, b"answer %d" % i, to=names[1])
+        got = [w1.recv([topic], timeout_s=10) for _ in range(10)]
+        assert [m.data for m in got] == [b"answer %d" % i for i in range(10)]
+        assert all(m.topic == topic and m.src == names[0] for m in got)  # still said as its topic
+        assert w2.recv([topic], timeout_s=0.3) is None
+        assert w2.stats["not_for_me"] == dropped  # nothing of w1's reached w2
+
+
+@pytest.mark.slow
+def test_parameter_server_killed_and_restarted_resumes_from_its_checkpoint(tmp_path):
+    """Real kill of the parameter server after round 2, restarted with ``real run --append``:
+    it resumes from its checkpoint, publishes that model again, the workers resend the updates
+    the dead server lost, and the run ends with the model of an uninterrupted emu run."""
+    from helpers import Ranks
+
+    raw = {**PS, "name": "real_ps_restart",
+           "ps": {**PS["ps"], "rounds": 6, "round_timeout_s": 60, "barrier_timeout_s": 60},
+           "compute": {"nodes": {"worker2": {"slowdown": 30}}}}  # rounds of ~0.3 s: room to kill in one
+    ranks = Ranks(scenario_file(tmp_path, raw), tmp_path)
+    try:
+        for rank, name in enumerate(("ps", "ss", "worker1", "worker2")):
+            ranks.start(rank, name)
+        ranks.wait_event("ps", "ps_round", 120.0, version=2)
+        ranks.kill("ps")
+        ranks.wait("ps", 10.0)
+        ranks.start(0, "ps", args=("--append",))
+        for name in ("ps", "ss", "worker1", "worker2"):
+            assert ranks.wait(name, 120.0) == 0, ranks.logs()
+        real = read_summary(tmp_path / "ps")
+    finally:
+        ranks.close()
+    events = ranks.events("ps")
+    starts = [e for e in events if e["kind"] == "run_start"]
+    assert len(starts) == 2 and starts[1]["first_round"] >= 2  # the second life began from its checkpoint
+    assert real["rounds"] == 6 and real["stop_reason"] == "done"
+    emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
+    assert real["model_sha256"] == emu["model_sha256"]
+    assert real["final_accuracy"] == emu["final_accuracy"]
