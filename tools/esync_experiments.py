@@ -4,6 +4,7 @@
     python -m tools.esync_experiments hc          # time to 0.8 against h_c (ESync and SSGD)
     python -m tools.esync_experiments noniid      # ESync, SSGD, ASGD, DC-ASGD on non-IID shards (h_c = 150)
     python -m tools.esync_experiments baselines   # accuracy over time for every algorithm (h_c = 150)
+    python -m tools.esync_experiments centralized # centralized SGD (one party, all the data): the accuracy reference
     python -m tools.esync_experiments feddrop     # FedDrop's final test loss against K_hat
 
 Every run starts from scenarios/esync.yaml (12 parties, 6 fast and 6 slow, 1 Gbit/s LAN,
@@ -165,6 +166,16 @@ def noniid() -> list[dict]:
     return rows
 
 
+def centralized() -> list[dict]:
+    """Centralized SGD, the accuracy reference: one party holding the whole training set, at the
+    fast parties' speed, one epoch a round (FedAvg with one worker: w + delta is plain SGD), 8
+    epochs (ESync's 20 rounds at h_c = 150 trained on ~7.9 epochs' worth of samples)."""
+    rows = [run("centralized-sgd", ["ps.workers=1", "ps.min_workers=1", "ps.tifl_tiers=1", "compute.nodes={}",
+                                    "ps.algorithm=fedavg", "ps.local_epochs=1", "ps.rounds=8"])]
+    save("centralized", rows)
+    return rows
+
+
 def baselines() -> list[dict]:
     runs = {
         "esync": ["ps.rounds=20"],
@@ -213,7 +224,7 @@ def feddrop() -> list[dict]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=("headline", "hc", "noniid", "baselines", "feddrop"))
+    p.add_argument("experiment", choices=("headline", "hc", "noniid", "centralized", "baselines", "feddrop"))
     p.add_argument("values", nargs="*", help="feddrop: the K_hat values to (re)run (default 4 6 8 10)")
     args = p.parse_args()
     globals()[args.experiment]()
