@@ -162,6 +162,28 @@ def test_residuals_with_momentum_correction():
     assert np.allclose(vals2, u[idx2])
 
 
+def test_a_small_tensor_goes_whole_with_its_momentum():
+    sp = ResidualSparsifier([100, 4], density=0.05, sample_ratio=0.5, momentum=0.9, seed=0, site=0, dense_below=10)
+    g = np.linspace(-1, 1, 104).astype(np.float32)
+    idx, vals = sp.compress(g, 1)
+    assert len(idx) == 5 + 4 and list(idx[-4:]) == [100, 101, 102, 103]
+    assert np.array_equal(vals[-4:], g[100:])
+    assert np.all(sp.u[100:] == 0) and np.array_equal(sp.v[100:], g[100:])   # velocity kept
+    assert np.all(sp.v[idx[:5]] == 0)                                        # masked where sparse
+    idx2, vals2 = sp.compress(g, 2)
+    assert np.allclose(vals2[-4:], 1.9 * g[100:])   # momentum SGD's step: 0.9 * g + g
+
+
+def test_without_momentum_masking_the_velocity_goes_on():
+    sp = ResidualSparsifier([100], density=0.05, sample_ratio=0.5, momentum=0.9, seed=0, site=0, masking=False)
+    g = np.linspace(-1, 1, 100).astype(np.float32)
+    idx, _ = sp.compress(g, 1)
+    assert np.all(sp.u[idx] == 0) and np.array_equal(sp.v[idx], g[idx])
+    masked = ResidualSparsifier([100], density=0.05, sample_ratio=0.5, momentum=0.9, seed=0, site=0)
+    assert np.array_equal(masked.compress(g, 1)[0], idx)   # the same selection, the same draws
+    assert np.all(masked.v[idx] == 0)
+
+
 # --- whole runs in emu ---------------------------------------------------------------------
 class _Data:
     def __init__(self):

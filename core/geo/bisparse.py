@@ -11,6 +11,12 @@ entries are zeroed in both v_t and u_t, the rest stays as the residual and is
 sent when it has grown.  Because the momentum lives here, the workers apply
 the aggregate with plain SGD (no momentum of their own), as in DGC.
 
+Two of DGC's choices are settings (``geo.dense_below``, ``geo.momentum_masking``):
+a tensor with fewer than ``dense_below`` entries is sent whole every round and
+keeps its velocity (u_t = v_t, sent, so the workers' plain SGD is momentum SGD
+for it), as DGC and GeoMX send small tensors dense; without momentum-factor
+masking only u_t is zeroed where sent and v_t goes on.
+
 The selection is DGC's (``core.compression.dgc.select_indices``): per
 parameter tensor, a threshold from a random sample of ``sample_ratio`` of the
 magnitudes, at most k = ceil(density * numel) entries (at least one).  The
@@ -29,8 +35,9 @@ from dtemu.core.compression.dgc import select_indices
 
 class ResidualSparsifier:
     def __init__(self, sizes: list[int], density: float, sample_ratio: float, momentum: float,
-                 seed: int, site: int):
+                 seed: int, site: int, dense_below: int = 0, masking: bool = True):
         self.sizes = list(sizes)
+        self.dense_below, self.masking = dense_below, masking
         self.dim = sum(self.sizes)
         self.density, self.sample_ratio, self.momentum = density, sample_ratio, momentum
         self.seed, self.site = seed, site
@@ -48,17 +55,21 @@ class ResidualSparsifier:
         self.v += grad
         self.u += self.v
         rng = np.random.default_rng([self.seed, self.site, round_])
-        chosen = []
+        chosen, sparse = [], []
         off = 0
         for n in self.sizes:
-            if n:
+            if n and n < self.dense_below:   # a small tensor goes whole
+                chosen.append(np.arange(off, off + n))
+            elif n:
                 k = max(1, math.ceil(density * n))
                 mag = np.abs(self.u[off:off + n])
                 sel = select_indices(mag, k, density, self.sample_ratio, rng, mask=self._mask[:n])
                 chosen.append(sel + off)
+                sparse.append(chosen[-1])
             off += n
         idx = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
         values = self.u[idx].copy()
         self.u[idx] = 0.0
-        self.v[idx] = 0.0
+        if self.masking and sparse:   # momentum factor masking; a whole tensor keeps its momentum
+            self.v[np.concatenate(sparse)] = 0.0
         return idx, values

@@ -194,7 +194,8 @@ def local_ps(ctx, scenario, work, name: str):
     if g.sparse:
         site_index = worker_sites(scenario.network.sites, scenario.network.central).index(b.site)
         sparsifier = ResidualSparsifier(b.sizes, g.density, g.sample_ratio, g.residual_momentum,
-                                        scenario.seed, site_index)
+                                        scenario.seed, site_index, g.dense_below,
+                                        g.momentum_masking)
     site_size = len(workers)
     for r in range(1, g.rounds + 1):
         t0 = ctx.now()

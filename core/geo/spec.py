@@ -74,6 +74,12 @@ class GeoSpec:
     # DGC's warm-up for BiSparse: the first warmup_rounds rounds send 25%, 6.25%, 1.5625% (a third
     # of them each, never less than geo.density) before settling at geo.density; 0: none (GeoMX).
     warmup_rounds: int = field(default=0, metadata=check(non_negative))
+    # BiSparse: parameter tensors with fewer entries than this (biases, a first conv layer) cross
+    # the WAN whole every round, with plain momentum, instead of as their top k (DGC and GeoMX
+    # sparsify only the large tensors).  0: every tensor sparse.
+    dense_below: int = field(default=0, metadata=check(non_negative))
+    # BiSparse: DGC's momentum-factor masking (v zeroed where sent); false: only u is zeroed.
+    momentum_masking: bool = True
     # The global PS keeps the model and returns updated weights (SGD, geo.lr and geo.momentum)
     # instead of the aggregated gradient.
     global_optimizer: bool = False
