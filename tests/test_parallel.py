@@ -51,6 +51,30 @@ def test_two_workers_give_the_events_and_model_of_a_serial_run(tmp_path, monkeyp
     assert lines == (tmp_path / "serial" / "events.jsonl").read_text().splitlines()
 
 
+@needs_mnist
+def test_a_failing_job_raises_at_its_taker_and_the_pool_goes_on():
+    import dataclasses
+
+    import numpy as np
+
+    sc = small()
+    work = Workload(sc, load_for(sc))
+    good = work.train_job(work.initial_weights, TrainCmd(1, 64, 1, 0.05, 99), 7)
+    bad = dataclasses.replace(good, indices=np.array([10**9]))  # past the data set's end
+    pool = executors.ProcessPool(2, work.dataset, threads=1)
+    try:
+        tickets = [pool.submit(j) for j in (good, bad, good, good)]
+        pool.forget(tickets[3])  # its node crashed: the result is dropped, nothing waits for it
+        assert (pool.result(tickets[0])[0] == pool.result(tickets[2])[0]).all()
+        with pytest.raises(IndexError):
+            pool.result(tickets[1])
+        assert (pool.result(pool.submit(good))[0] == pool.result(pool.submit(good))[0]).all()
+        assert pool.restarts == 0 and pool.describe()["busy_s"] > 0
+    finally:
+        pool.close()
+    assert all(not w.process.is_alive() for w in pool._workers)
+
+
 @pytest.mark.slow
 @needs_mnist
 def test_a_pool_replaces_a_dead_worker_and_reruns_what_it_owed():
