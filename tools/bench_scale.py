@@ -8,6 +8,10 @@
     python -m tools.bench_scale overhead scenarios/fl_1000.yaml [--set k=v ...]
         one serial run in this process, timing what is training (the clients' jobs) and
         what is evaluation: the rest of the wall time is the emulator's own overhead
+    python -m tools.bench_scale ceiling scenarios/fl_1000.yaml [--jobs 300]
+        the cores' ceiling for --jobs 2: two bare processes, each training --jobs jobs of
+        the scenario's size (60 samples, its epochs and batch) one after another, side by
+        side, against one alone
 
 Results go to docs/results.md ("Thousands of clients (issue 12)").
 """
@@ -131,16 +135,53 @@ def overhead(args) -> dict:
             "model_sha256": summary["model_sha256"]}
 
 
+def _train_loop(scenario_path: str, n: int) -> float:
+    """Seconds one process takes for ``n`` client jobs of the scenario's size (after one warm-up)."""
+    import numpy as np
+    import torch
+
+    from dtemu.core.ml.jobs import TrainJob, run_train_job
+    from dtemu.core.ml.models import build_model
+    from dtemu.core.ml.params import flatten
+    from dtemu.host.datasets import load_for
+    from dtemu.host.scenario_file import load_scenario
+
+    sc = load_scenario(scenario_path)
+    torch.set_num_threads(sc.threads)
+    data, model = load_for(sc), build_model(sc.model, seed=sc.seed)
+    weights, rng = flatten(model), np.random.default_rng(0)
+    jobs = [TrainJob(sc.model, sc.seed, weights, rng.integers(0, len(data.y_train), 60), sc.fl.epochs,
+                     sc.fl.batch_size, sc.fl.lr, sc.fl.momentum, 0.0, i) for i in range(n + 1)]
+    run_train_job(jobs[0], data, model)
+    t = time.perf_counter()
+    for job in jobs[1:]:
+        run_train_job(job, data, model)
+    return time.perf_counter() - t
+
+
+def ceiling(args) -> dict:
+    me = [sys.executable, "-m", "tools.bench_scale", "_loop", args.scenario, "--jobs", str(args.jobs)]
+    alone = float(subprocess.run(me, capture_output=True, text=True, check=True).stdout)
+    procs = [subprocess.Popen(me, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    pair = [float(p.communicate()[0]) for p in procs]
+    return {"scenario": args.scenario, "jobs_each": args.jobs, "alone_s": round(alone, 2),
+            "side_by_side_s": [round(x, 2) for x in pair], "ceiling": round(2 * alone / max(pair), 2)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("run", "overhead"))
+    p.add_argument("what", choices=("run", "overhead", "ceiling", "_loop"))
     p.add_argument("scenario")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--out")
     args = p.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    print(json.dumps(run(args) if args.what == "run" else overhead(args)))
+    if args.what == "_loop":  # one side of ``ceiling``
+        print(_train_loop(args.scenario, args.jobs))
+        return
+    what = {"run": run, "overhead": overhead, "ceiling": ceiling}[args.what]
+    print(json.dumps(what(args)))
 
 
 if __name__ == "__main__":

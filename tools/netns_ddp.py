@@ -25,7 +25,6 @@ Per step and per run (mean over the workers):
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -33,7 +32,8 @@ import time
 from pathlib import Path
 
 from dtemu.host.rundir import read_events_partial
-from tools.netns_fl import ROOT, NetnsError, netns_available, reuse_testbed, run_testbed, wire_overhead
+from tools.netns_fl import (ROOT, reuse_testbed, run_comparison, run_testbed, testbed_parser,
+                             wire_overhead)
 
 
 def step_rows(events: list[dict]) -> dict[str, dict[int, dict]]:
@@ -187,39 +187,12 @@ def run(scenario_path: str = "scenarios/ddp_baseline.yaml", *, steps: int = 8, m
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="netns_ddp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", default="scenarios/ddp_baseline.yaml")
+    p = testbed_parser("netns_ddp", __doc__, "scenarios/ddp_baseline.yaml")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--mbps", type=float, default=100.0)
-    p.add_argument("--delay-ms", type=float, default=2.0, help="per link and direction (needs sch_netem)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", default=None)
-    p.add_argument("--md", default=None, help="also write the Markdown tables here")
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--keep", action="store_true", help="leave the namespaces up (then remove them yourself)")
-    p.add_argument("--reuse-real", default=None, metavar="DIR",
-                   help="compare with the real run of an earlier --out DIR instead of running one")
     args = p.parse_args(argv)
-    if args.reuse_real is None:
-        ok, why = netns_available()
-        if not ok:
-            print(f"netns_ddp: {why}", file=sys.stderr)
-            return 2
-    try:
-        result = run(args.scenario, steps=args.steps, mbps=args.mbps, delay_ms=args.delay_ms,
-                     extra_sets=args.sets, out=args.out, keep=args.keep, timeout_s=args.timeout,
-                     reuse=args.reuse_real)
-    except NetnsError as err:
-        print(f"netns_ddp: {err}", file=sys.stderr)
-        return 3
-    except KeyboardInterrupt:
-        print("netns_ddp: interrupted (namespaces removed)", file=sys.stderr)
-        return 130
-    md = markdown(result)
-    print(md)
-    if args.md:
-        Path(args.md).write_text(md)
-    return 0
+    return run_comparison("netns_ddp", args, lambda: run(
+        args.scenario, steps=args.steps, mbps=args.mbps, delay_ms=args.delay_ms, extra_sets=args.sets,
+        out=args.out, keep=args.keep, timeout_s=args.timeout, reuse=args.reuse_real), markdown)
 
 
 if __name__ == "__main__":

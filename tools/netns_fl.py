@@ -629,41 +629,54 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
     return result
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="netns_fl", description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", default="scenarios/fl_codecs.yaml")
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--subset", type=int, default=1000, help="samples per client per round")
+def testbed_parser(prog: str, doc: str, scenario: str) -> argparse.ArgumentParser:
+    """The options every netns comparison takes (netns_fl, netns_ddp)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    p.add_argument("--scenario", default=scenario)
     p.add_argument("--mbps", type=float, default=100.0)
     p.add_argument("--delay-ms", type=float, default=2.0, help="per link and direction (needs sch_netem)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=None)
-    p.add_argument("--md", default=None, help="also write the Markdown table here")
+    p.add_argument("--md", default=None, help="also write the Markdown tables here")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--keep", action="store_true", help="leave the namespaces up (then remove them yourself)")
     p.add_argument("--reuse-real", default=None, metavar="DIR",
                    help="compare with the real run of an earlier --out DIR instead of running one (no root needed)")
-    args = p.parse_args(argv)
+    return p
+
+
+def run_comparison(prog: str, args, compare, markdown) -> int:
+    """``compare()`` (a real run over the namespaces unless --reuse-real, then emu), its tables
+    printed (and written to --md); exit 2 without namespaces, 3 on a testbed error."""
     if args.reuse_real is None:
         ok, why = netns_available()
         if not ok:
-            print(f"netns_fl: {why}", file=sys.stderr)
+            print(f"{prog}: {why}", file=sys.stderr)
             return 2
     try:
-        result = run(args.scenario, rounds=args.rounds, subset=args.subset, mbps=args.mbps,
-                     delay_ms=args.delay_ms, extra_sets=args.sets, out=args.out, keep=args.keep,
-                     timeout_s=args.timeout, reuse=args.reuse_real)
+        result = compare()
     except NetnsError as err:
-        print(f"netns_fl: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("netns_fl: interrupted (namespaces removed)", file=sys.stderr)
+        print(f"{prog}: interrupted (namespaces removed)", file=sys.stderr)
         return 130
     md = markdown(result)
     print(md)
     if args.md:
         Path(args.md).write_text(md)
     return 0
+
+
+def main(argv=None) -> int:
+    p = testbed_parser("netns_fl", __doc__, "scenarios/fl_codecs.yaml")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--subset", type=int, default=1000, help="samples per client per round")
+    args = p.parse_args(argv)
+    return run_comparison("netns_fl", args, lambda: run(
+        args.scenario, rounds=args.rounds, subset=args.subset, mbps=args.mbps, delay_ms=args.delay_ms,
+        extra_sets=args.sets, out=args.out, keep=args.keep, timeout_s=args.timeout, reuse=args.reuse_real),
+        markdown)
 
 
 if __name__ == "__main__":
