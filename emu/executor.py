@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 
 from dtemu.core.errors import DtemuError
-from dtemu.core.ml.jobs import TrainJob
+from dtemu.core.ml.jobs import EvalJob, TrainJob
 
 from .pool import ProcessPool, init_worker, run_job
 
@@ -51,14 +51,15 @@ class RayExecutor:
         self._task = ray.remote(num_cpus=1, max_retries=3)(_ray_run)
         self._threads = threads
 
-    def submit(self, job: TrainJob):
-        return self._task.remote(job, self._data, self._threads)
+    def submit(self, job: TrainJob | EvalJob):
+        return job, self._task.remote(job, self._data, self._threads)
 
-    def result(self, ref, ctx=None):
-        return self._ray.get(ref)
+    def result(self, pending, ctx=None):
+        job, ref = pending
+        return job.finish([self._ray.get(ref)])
 
-    def forget(self, ref) -> None:
-        self._ray.cancel(ref)
+    def forget(self, pending) -> None:
+        self._ray.cancel(pending[1])
 
     def describe(self) -> dict:
         return {"kind": "ray", "jobs": int(self._ray.cluster_resources().get("CPU", 0))}
@@ -67,7 +68,7 @@ class RayExecutor:
         pass  # a Ray the run started ends with the process; a cluster stays up
 
 
-def _ray_run(job: TrainJob, dataset, threads: int):
+def _ray_run(job: TrainJob | EvalJob, dataset, threads: int):
     init_worker(dataset, threads)
     return run_job(job)
 

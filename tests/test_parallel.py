@@ -75,6 +75,34 @@ def test_a_failing_job_raises_at_its_taker_and_the_pool_goes_on():
     assert all(not w.process.is_alive() for w in pool._workers)
 
 
+def test_an_evaluation_splits_into_whole_batches_that_count_what_one_pass_counts():
+    from dtemu.core.ml.jobs import EVAL_BATCH, EvalJob
+
+    job = EvalJob("small_cnn", 1, None, 0, 2 * EVAL_BATCH + 10)
+    parts = job.split(2)
+    assert [(p.start, p.stop) for p in parts] == [(0, 2 * EVAL_BATCH), (2 * EVAL_BATCH, 2 * EVAL_BATCH + 10)]
+    assert [(p.start, p.stop) for p in job.split(5)] == [(0, 1000), (1000, 2000), (2000, 2010)]
+    assert job.finish([(1500, 2000), (5, 10)]) == 1505 / 2010
+
+
+@needs_mnist
+def test_a_pool_evaluates_on_every_worker_for_the_accuracy_of_one_pass():
+    sc = small(**{"data.test_samples": 2500})
+    work = Workload(sc, load_for(sc))
+    weights = work.initial_weights
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' count
+    try:
+        want = work.evaluate(weights)
+    finally:
+        torch.set_num_threads(threads)
+    pool = executors.ProcessPool(2, work.dataset, threads=1)
+    try:
+        assert pool.result(pool.submit(work.eval_job(weights))) == want
+    finally:
+        pool.close()
+
+
 @pytest.mark.slow
 @needs_mnist
 def test_a_pool_replaces_a_dead_worker_and_reruns_what_it_owed():

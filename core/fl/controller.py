@@ -139,7 +139,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
             yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, _blob(round_, result.weights)))
         if round_ % fl.eval_every == 0 or round_ == fl.rounds:
             weights = result.weights
-            accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval")
+            job = work.eval_job(weights) if hasattr(work, "eval_job") else None  # worker processes may share it
+            accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval", job=job)
             result.final_accuracy = accuracy
             result.history.append((ctx.now(), accuracy))
             ctx.emit(ev.EVAL, round=round_, accuracy=accuracy)

@@ -7,6 +7,9 @@ seed, the starting weights, the sample indices into the data set every worker
 holds one copy of, the seed and the hyper-parameters.  ``run_train_job`` is the
 one function both paths call, so a job gives bit-identical weights wherever it
 runs (the models hold no state outside their weights; each job loads them).
+An evaluation is a job too (``EvalJob``): it splits into whole batches of the
+test set, so its parts can run on several workers and still count exactly what
+one pass counts (``finish``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import numpy as np
 
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.params import flatten, load_flat
-from dtemu.core.ml.train import TrainResult, train_local
+from dtemu.core.ml.train import TrainResult, evaluate, train_local
+
+EVAL_BATCH = 1000  # core.ml.train.evaluate's batch: a part of an evaluation starts on one of its borders
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +40,12 @@ class TrainJob:
     weight_decay: float
     seed: int  # batch order and dropout
 
+    def split(self, parts: int) -> list[TrainJob]:
+        return [self]  # one client's training is one sequence of steps
+
+    def finish(self, results: list):
+        return results[0]
+
 
 def run_train_job(job: TrainJob, dataset, model=None) -> tuple[np.ndarray, TrainResult]:
     """(new weights, TrainResult) of ``job`` on ``dataset``; ``model``: a module to reuse (built if None)."""
@@ -45,3 +56,34 @@ def run_train_job(job: TrainJob, dataset, model=None) -> tuple[np.ndarray, Train
                          batch_size=job.batch_size, lr=job.lr, momentum=job.momentum,
                          weight_decay=job.weight_decay, seed=job.seed)
     return flatten(model), result
+
+
+@dataclass(frozen=True, eq=False)
+class EvalJob:
+    """The accuracy of ``weights`` on test samples [start, stop) (``Workload.evaluate``'s work)."""
+
+    model: str
+    model_seed: int
+    weights: np.ndarray
+    start: int
+    stop: int
+
+    def split(self, parts: int) -> list[EvalJob]:
+        """At most ``parts`` jobs over whole batches, in order; their counts add up to this one's."""
+        batches = -(-(self.stop - self.start) // EVAL_BATCH)
+        per = -(-batches // max(1, parts))
+        return [EvalJob(self.model, self.model_seed, self.weights, start, min(self.stop, start + per * EVAL_BATCH))
+                for start in range(self.start, self.stop, per * EVAL_BATCH)] or [self]
+
+    def finish(self, results: list[tuple[int, int]]) -> float:
+        """The accuracy from the parts' (correct, total)."""
+        return sum(c for c, _ in results) / sum(t for _, t in results)
+
+
+def run_eval_job(job: EvalJob, dataset, model=None) -> tuple[int, int]:
+    """(correct, total) of ``job``'s weights on its test samples."""
+    if model is None:
+        model = build_model(job.model, seed=job.model_seed)
+    load_flat(model, job.weights)
+    return evaluate(model, dataset.x_test[job.start:job.stop], dataset.y_test[job.start:job.stop],
+                    batch_size=EVAL_BATCH)

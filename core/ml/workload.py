@@ -14,10 +14,10 @@ import numpy as np
 
 from dtemu.core.ml import data as datasets
 from dtemu.core.ml.models import build_model, model_cost
-from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.ml.params import flatten
 from dtemu.core.scenario import Scenario
 from dtemu.core.ml.train import compute_gradients, evaluate
-from dtemu.core.ml.jobs import TrainJob, run_train_job
+from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
 
 
 def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
@@ -123,7 +123,9 @@ class Workload:
         return run_train_job(job, self.dataset, self._model)
 
     def evaluate(self, weights: np.ndarray) -> float:
-        load_flat(self._model, weights)
-        n = self.test_size
-        correct, total = evaluate(self._model, self.dataset.x_test[:n], self.dataset.y_test[:n])
-        return correct / total
+        job = self.eval_job(weights)
+        return job.finish([run_eval_job(job, self.dataset, self._model)])
+
+    def eval_job(self, weights: np.ndarray) -> EvalJob:
+        """``evaluate``'s work as a job a runtime with worker processes may split among them."""
+        return EvalJob(self.scenario.model, self.scenario.seed, weights, 0, self.test_size)

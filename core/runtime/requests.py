@@ -61,7 +61,7 @@ class Compute:
     fn: Callable[[], Any]
     samples: int = 0
     kind: str = "train"
-    # The same work as a picklable description (core.ml.jobs.TrainJob), or None: a runtime
+    # The same work as a picklable description (core.ml.jobs: TrainJob, EvalJob), or None: a runtime
     # with worker processes (emu --jobs N) may run it there instead of calling fn, for the
     # same result; the modelled duration does not depend on the result, so the job can be
     # handed out when the Compute starts and its result taken at its virtual end.
