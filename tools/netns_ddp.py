@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from dtemu.host.rundir import read_events_partial
-from tools.netns_fl import (ROOT, reuse_testbed, run_comparison, run_testbed, testbed_parser,
+from tools.netns_fl import (ROOT, mean_cells, reuse_testbed, run_comparison, run_testbed, testbed_parser,
                              wire_overhead)
 
 
@@ -118,9 +118,7 @@ def _table(cmp: dict) -> list[str]:
     for label, key in (("mean", "mean"), ("mean from step 1", "mean_after_first")):
         m = cmp.get(key)
         if m:
-            lines.append(f"| {label} | | {m['real_s']:.3f} | {m['emu_s']:.3f} | {m['error_pct']:+.1f} "
-                         f"(abs {m['abs_error_pct']:.1f}) | {m['real_comm_s']:.3f} | {m['emu_comm_s']:.3f} | "
-                         f"{m['comm_error_pct']:+.1f} (abs {m['abs_comm_error_pct']:.1f}) |")
+            lines.append(f"| {label} | | " + mean_cells(m))
     return lines
 
 
