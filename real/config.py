@@ -99,6 +99,19 @@ def _delivery() -> str:
     return "true" if delivery == "multicast" else "false"
 
 
+_UNITS = {"B": 1, "": 1, "kB": 1000, "KiB": 1024, "MB": 1000**2, "MiB": 1024**2, "GB": 1000**3, "GiB": 1024**3}
+
+
+def whc_high_bytes(whc_high: Optional[str] = None) -> int:
+    """The writer history high-water mark real mode runs with, in bytes: what emu's
+    ``network.send_window_bytes`` models (tools/transport_costs.py)."""
+    whc = whc_high or os.environ.get("DTEMU_DDS_WHC_HIGH", "").strip() or DEFAULT_WHC_HIGH
+    m = _SIZE_RE.match(whc)
+    if not m:
+        raise ValueError(f"bad WhcHigh size {whc!r}")
+    return int(whc[: len(whc) - len(m.group(1) or "")]) * _UNITS[m.group(1) or ""]
+
+
 def config_xml(profile: str = "loopback", peers: Optional[Iterable[str] | str] = None, *,
                whc_high: Optional[str] = None, max_participants: Optional[int] = None) -> str:
     """The CycloneDDS XML configuration of ``profile`` ("loopback", "lan" or an .xml path)."""

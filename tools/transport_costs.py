@@ -28,7 +28,9 @@ import time
 
 import numpy as np
 
-FL_WINDOW = 2 * 1024 * 1024  # real/config.py DEFAULT_WHC_HIGH ("2MiB")
+from dtemu.real.config import whc_high_bytes
+
+FL_WINDOW = whc_high_bytes()  # real mode's writer history ("2MiB", or $DTEMU_DDS_WHC_HIGH)
 
 
 def _median_s(fn, reps: int = 7) -> float:
