@@ -97,7 +97,8 @@ TRAIN_START = _kind("train_start", "round samples")
 UPLOAD_START = _kind("upload_start", "round bytes", "steps loss")
 UPLOAD_DONE = _kind("upload_done", "round bytes")
 UPDATE_RESENT = _kind("update_resent", "round bytes", doc="the same command again: the answer was lost")
-UPDATE_NOT_FINITE = _kind("update_not_finite", "round", doc="training diverged; nothing is sent")
+UPDATE_NOT_FINITE = _kind("update_not_finite", "round",
+                          doc="training diverged; no update is sent (mode ps: a NOT_FINITE report instead)")
 CMD_SKIPPED = _kind("cmd_skipped", "round", "newer model_round")
 MESSAGE_REJECTED = _kind("message_rejected", "topic src reason", "error", limit=REFUSALS_PER_S)
 CLIENT_STOP = _kind("client_stop", "round reason", "rejected")
@@ -127,8 +128,10 @@ GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_
 # --- mode ps: parameter server, state server, workers (core/ps) --------------------
 PS_UPDATE = _kind("ps_update", "worker version iterations samples staleness", "loss",
                   doc="the parameter server took a worker's update (staleness: versions since its base)")
-PS_ROUND = _kind("ps_round", "version updates expected quorum timed_out aggregated", "selected iterations",
-                 doc="a synchronous round closed (iterations: each worker's local iterations)")
+PS_ROUND = _kind("ps_round", "version updates expected quorum timed_out aggregated",
+                 "selected iterations not_finite",
+                 doc="a synchronous round closed (iterations: each worker's local iterations; not_finite: "
+                     "the workers whose update was not finite)")
 PS_WORKER_ROUND = _kind("ps_worker_round", "round iterations samples compute_s c m",
                         doc="a worker pushed its update: local iterations, c_k and m_k as it measured them")
 SS_END = _kind("ss_end", "queries answers rejected", doc="the state server stopped: queries answered, refusals")

@@ -128,6 +128,9 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
         except RuntimeError:
             if done.triggered:
                 raise
+            if world.nodes[lead].up:  # alive, but waiting for something no role will ever do
+                raise DtemuError(f"the {lead} is still waiting at t={env.now:g} s and nothing is left to "
+                                 "happen: every role waits for another (a deadlock)") from None
             raise DtemuError(f"the {lead} stopped at t={env.now:g} s without finishing the run "
                              "(it crashed and was not restarted); nothing is left to happen") from None
         end = env.now

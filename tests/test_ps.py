@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dtemu.core import events as ev
-from dtemu.core.errors import StateMessageError
+from dtemu.core.errors import NotFiniteError, StateMessageError
 from dtemu.core.ml.data import Dataset
 from dtemu.core.ml.workload import Workload
 from dtemu.core.ps import messages as sm
@@ -294,3 +294,75 @@ def test_feddrops_own_quorum_aggregates_below_min_workers(tmp_path):
     rounds = [e for e in events if e["kind"] == ev.PS_ROUND]
     assert all(e["aggregated"] and not e["timed_out"] and e["updates"] == 2 for e in rounds)
     assert summary["rounds_failed"] == 0
+
+
+# --- a run that diverges ends at once, with its reason -------------------------------------
+
+
+def test_not_finite_update_is_a_typed_report_on_the_wire():
+    report = sm.NotFinite(version=7, worker=3, iterations=12)
+    assert sm.decode_ps(sm.encode_ps(report), 10) == report
+    nan = np.full(10, np.nan, dtype=np.float32)
+    with pytest.raises(NotFiniteError) as err:  # an update sent anyway (a buggy or hostile worker)
+        sm.decode_ps(sm.encode_ps(sm.Update(7, 3, 12, 384, 0.5, nan)), 10)
+    assert err.value.report == report
+    with pytest.raises(NotFiniteError) as err:  # a model is refused, with nothing to report
+        sm.decode_ps(sm.encode_ps(sm.Model(7, nan)), 10)
+    assert err.value.report is None
+
+
+def diverging(**ps):
+    """Deep linear layers at lr 2: updates turn non-finite within ~10 versions (tests/ps_models.py)."""
+    raw = scenario(**{"lr": 2.0, "rounds": 400, "max_time_s": 100.0, **ps}).to_dict()
+    raw["model"] = "tests.ps_models:deep_linear"
+    raw["compute"]["default"] = {"train_s_per_sample": 1e-4}
+    return parse_scenario(raw)
+
+
+def test_an_asynchronous_run_whose_updates_are_not_finite_ends_when_they_all_are(tmp_path):
+    # Only the final evaluation (eval_every 1000): the workers' NOT_FINITE reports say it first.
+    summary, events = run(tmp_path, diverging(algorithm="asgd", eval_every=1000))
+    version = summary["rounds"]
+    assert summary["stop_reason"] == (f"diverged: 4 updates from version {version} were not finite; "
+                                      f"the result is version {version}")
+    assert 0 < version < 400 and summary["time_s"] < 0.1  # not at ps.max_time_s (100 s), not a hang
+    refused = [e for e in events if e["kind"] == ev.UPDATE_REJECTED and e["node"] == "ps"]
+    assert {e["reason"] for e in refused} == {"not_finite"} and summary["updates"]["not_finite"] == len(refused)
+    # Each refused worker got the current model back and went on: the last 4 reports are about it.
+    assert [e["round"] for e in refused[-4:]] == [version] * 4
+    reported = [e for e in events if e["kind"] == ev.UPDATE_NOT_FINITE]
+    assert len(reported) >= len(refused) and {e["src"] for e in refused} <= {e["node"] for e in reported}
+    end = next(e for e in events if e["kind"] == ev.RUN_END)
+    assert end["t"] == pytest.approx(refused[-1]["t"], abs=1e-6)  # the run ends as the 4th report lands
+    assert end["t"] == pytest.approx(summary["time_s"], abs=1e-9)
+    stops = [e for e in events if e["kind"] == ev.CLIENT_STOP]
+    assert len(stops) == 4 and all(e["reason"] == "stop" and e["t"] < end["t"] + 0.01 for e in stops)
+    assert summary["model_sha256"] == end["model_sha256"]
+
+
+@pytest.mark.parametrize("algorithm, why", [
+    ("dcasgd", "worker1's update from version 7 (staleness 1) gives a model that is not finite"),
+    ("asgd", "version {v}'s test loss is not finite"),  # evaluated every version: the loss says it first
+    ("ssgd", "4 updates from version 6 were not finite"),
+    ("esync", "4 updates from version 6 were not finite"),
+])
+def test_every_kind_of_divergence_ends_the_run_with_its_reason(tmp_path, algorithm, why):
+    summary, events = run(tmp_path, diverging(algorithm=algorithm, eval_every=1 if algorithm == "asgd" else 1000))
+    version = summary["rounds"]
+    assert summary["stop_reason"] == f"diverged: {why.format(v=version)}; the result is version {version}"
+    assert summary["time_s"] < 0.5 and summary["final_accuracy"] is not None
+    assert sum(e["kind"] == ev.CLIENT_STOP for e in events) == 4
+    if algorithm == "dcasgd":  # the update that would have made the model not finite was not applied
+        assert summary["updates"]["diverges"] == 1
+    if algorithm in ("ssgd", "esync"):  # no round was cut by its deadline: the failures answered
+        assert not any(e["timed_out"] for e in events if e["kind"] == ev.PS_ROUND)
+
+
+def test_a_synchronous_round_does_not_wait_for_a_worker_whose_update_is_not_finite(tmp_path):
+    # esync at lr 2 has rounds where some workers' updates are finite and some not: those rounds
+    # close as soon as everyone answered, long before ps.round_timeout_s, and aggregate the rest.
+    summary, events = run(tmp_path, diverging(algorithm="esync", eval_every=1000, round_timeout_s=50.0))
+    mixed = [e for e in events if e["kind"] == ev.PS_ROUND and e.get("not_finite")]
+    assert mixed and all(e["aggregated"] and not e["timed_out"] for e in mixed)
+    assert all(e["updates"] + len(e["not_finite"]) == e["expected"] for e in mixed)
+    assert summary["time_s"] < 1.0 and summary["rounds_failed"] == 0

@@ -130,3 +130,24 @@ def test_parameter_server_killed_and_restarted_resumes_from_its_checkpoint(tmp_p
     emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
     assert real["model_sha256"] == emu["model_sha256"]
     assert real["final_accuracy"] == emu["final_accuracy"]
+
+
+@pytest.mark.slow
+def test_a_diverged_asynchronous_run_ends_with_its_reason(tmp_path):
+    """ASGD whose updates turn non-finite (deep linear layers at lr 2, tests/ps_models.py): each
+    worker reports NOT_FINITE, the server answers with its model and, once the model has diverged,
+    stops everyone; before, the workers waited for a newer model and the server for updates until
+    ``ps.max_time_s``.  The same reason as emu's, well before the 60 s budget."""
+    raw = {**PS, "name": "real_ps_diverged", "model": "tests.ps_models:deep_linear",
+           "ps": {**PS["ps"], "algorithm": "asgd", "fixed_iterations": None, "rounds": 400, "lr": 2.0,
+                  "max_time_s": 60},
+           "compute": {"default": {"train_s_per_sample": 1e-4}}}
+    out = tmp_path / "real"
+    done = launch(scenario_file(tmp_path, raw), out, 60.0)
+    assert done.returncode == 0, done.stderr + logs(out)
+    real = read_summary(out)
+    assert real["stop_reason"].startswith("diverged: "), real["stop_reason"]
+    assert real["rounds"] < 400 and real["wall_time_s"] < 40
+    assert real["real"]["exit_codes"] == {str(r): 0 for r in range(4)}
+    emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
+    assert emu["stop_reason"].startswith("diverged: ") and emu["time_s"] < 1.0

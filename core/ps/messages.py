@@ -17,7 +17,10 @@ with a short reason for counting.
 Parameter-server messages (header b"EPS1" | version u8 | type u8 | reserved u16):
 MODEL (version u32, selected count u16, selected ranks u16..., an fp32 codec packet),
 UPDATE (base version u32, worker u16, iterations u32, samples u32, loss f32, packet),
-JOIN (worker u16: send me the current model), STOP (version u32).
+JOIN (worker u16: send me the current model), STOP (version u32), NOT_FINITE (base version
+u32, worker u16, iterations u32: the worker's update from that version is not finite, so it sends
+none; the server counts it and, when asynchronous, answers with its current model as for a JOIN).
+An UPDATE whose vector is not finite is refused with ``NotFiniteError`` carrying the same report.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtemu.core.compression import codecs
-from dtemu.core.errors import DecodeError, MessageError, StateMessageError
+from dtemu.core.errors import MessageError, NotFiniteError, StateMessageError
 # The FL messages' body-size checks: one wording for every message that is too short or long.
 from dtemu.core.wire.messages import _at_least, _exact
 
@@ -96,12 +99,13 @@ def decode_state(data: bytes | memoryview) -> StateMsg:
 # --- parameter-server messages ---------------------------------------------------
 PS_MAGIC = b"EPS1"
 PS_VERSION = 1
-_MODEL, _UPDATE, _JOIN, _STOP = 1, 2, 3, 4
+_MODEL, _UPDATE, _JOIN, _STOP, _NOT_FINITE = 1, 2, 3, 4, 5
 _HEADER = struct.Struct("<4sBBH")
 _MODEL_BODY = struct.Struct("<IH")
 _UPDATE_BODY = struct.Struct("<IHIIf")
 _JOIN_BODY = struct.Struct("<H")
 _STOP_BODY = struct.Struct("<I")
+_NOT_FINITE_BODY = struct.Struct("<IHI")
 FP32 = codecs.CodecParams("fp32")
 
 
@@ -132,6 +136,15 @@ class PsStop:
     version: int
 
 
+@dataclass(frozen=True)
+class NotFinite:
+    """A worker's update from ``version`` came out not finite (its training diverged): no update."""
+
+    version: int
+    worker: int
+    iterations: int
+
+
 def _head(kind: int) -> bytes:
     return _HEADER.pack(PS_MAGIC, PS_VERSION, kind, 0)
 
@@ -147,12 +160,15 @@ def encode_ps(msg) -> bytes:
         return _head(_JOIN) + _JOIN_BODY.pack(msg.worker)
     if isinstance(msg, PsStop):
         return _head(_STOP) + _STOP_BODY.pack(msg.version)
+    if isinstance(msg, NotFinite):
+        return _head(_NOT_FINITE) + _NOT_FINITE_BODY.pack(msg.version, msg.worker, msg.iterations)
     raise TypeError(f"not a ps message: {type(msg).__name__}")
 
 
 def decode_ps(data: bytes | memoryview, dim: int):
-    """Untrusted bytes -> Model | Update | Join | PsStop, or MessageError (CodecError for a bad
-    vector; a vector of another length than ``dim`` or not finite is refused too)."""
+    """Untrusted bytes -> Model | Update | Join | PsStop | NotFinite, or MessageError (CodecError for
+    a bad vector; a vector of another length than ``dim`` is refused too, and one not finite with
+    NotFiniteError, whose ``report`` is an update's NotFinite)."""
     view = memoryview(data)
     if len(view) < _HEADER.size:
         raise MessageError(f"ps message of {len(view)} bytes is shorter than its header")
@@ -170,21 +186,25 @@ def decode_ps(data: bytes | memoryview, dim: int):
     if kind == _UPDATE:
         _at_least(body, _UPDATE_BODY.size, "Update")
         ver, worker, iterations, samples, loss = _UPDATE_BODY.unpack_from(body)
-        return Update(ver, worker, iterations, samples, loss, _vector(body[_UPDATE_BODY.size:], dim))
+        try:
+            delta = _vector(body[_UPDATE_BODY.size:], dim)
+        except NotFiniteError as err:
+            raise NotFiniteError(f"update from version {ver}: {err}", NotFinite(ver, worker, iterations)) from None
+        return Update(ver, worker, iterations, samples, loss, delta)
     if kind == _JOIN:
         _exact(body, _JOIN_BODY.size, "Join")
         return Join(*_JOIN_BODY.unpack(body))
     if kind == _STOP:
         _exact(body, _STOP_BODY.size, "Stop")
         return PsStop(*_STOP_BODY.unpack(body))
+    if kind == _NOT_FINITE:
+        _exact(body, _NOT_FINITE_BODY.size, "NotFinite")
+        return NotFinite(*_NOT_FINITE_BODY.unpack(body))
     raise MessageError(f"unknown ps message type {kind}")
 
 
 def _vector(packet: memoryview, dim: int) -> np.ndarray:
-    try:
-        vec = codecs.decode(bytes(packet), expected_dim=dim).to_dense()
-    except DecodeError:
-        raise
+    vec = codecs.decode(bytes(packet), expected_dim=dim).to_dense()
     if not np.isfinite(vec).all():
-        raise MessageError("vector is not finite")
+        raise NotFiniteError("vector is not finite")
     return vec

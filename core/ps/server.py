@@ -17,6 +17,17 @@ JOIN (a worker that starts or restarts) is answered with the current model.
 The server checkpoints (version, weights) after every round (asynchronous: at
 every evaluation); a restarted server resumes from it and publishes the same
 version again, and a worker whose update died with the old server sends it again.
+
+Divergence.  A worker whose update is not finite sends NOT_FINITE instead (an
+UPDATE whose vector is not finite counts the same): the server counts it
+(``not_finite``), a synchronous round no longer waits for that worker, and an
+asynchronous server answers with its current model so the worker goes on.  Once
+K such reports (``ps.workers``) came about the current model since it last
+changed, or a round's aggregate or an update's application would make the model
+not finite (which is then not taken), or an evaluation's test loss is not finite
+(the weights overflow the logits), the model has diverged: the run ends at once,
+in both runtimes, with ``stop_reason`` "diverged: ..." and the last model taken as
+its result.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dtemu.core import events as ev
-from dtemu.core.errors import DecodeError
+from dtemu.core.errors import DecodeError, NotFiniteError
 from dtemu.core.ml.params import load_flat, sha256_of
 from dtemu.core.ps import messages as pm
 from dtemu.core.ps.local import evaluate_loss, xavier_weights
@@ -77,6 +88,8 @@ class _Server:
                 ctx.emit(ev.RESUME, round=saved.version, model_sha256=sha256_of(saved.weights))
         self.last_eval_t = ctx.now()
         self.evaluated: int | None = None  # the version last evaluated
+        self.not_finite_now = 0  # NOT_FINITE reports about the current model (since it last changed)
+        self.diverged = False
 
     def time_up(self) -> bool:
         return self.ps.max_time_s is not None and self.ctx.now() >= self.ps.max_time_s
@@ -90,10 +103,16 @@ class _Server:
                     to=SS)
 
     def decode(self, msg):
-        """An update or join from a worker, or None (refused and counted)."""
+        """An update, join or not-finite report from a worker, or None (refused and counted).  An
+        update whose vector is not finite is its not-finite report."""
         try:
-            m = pm.decode_ps(msg.data, self.work.dim)
-            if not isinstance(m, (pm.Update, pm.Join)):
+            try:
+                m = pm.decode_ps(msg.data, self.work.dim)
+            except NotFiniteError as err:
+                if err.report is None:
+                    raise
+                m = err.report
+            if not isinstance(m, (pm.Update, pm.Join, pm.NotFinite)):
                 raise DecodeError(f"{type(m).__name__} is not for the parameter server")
             if m.worker not in self.ranks or self.name_of[m.worker] != msg.src:
                 raise DecodeError(f"names rank {m.worker}, came from {msg.src!r}")
@@ -106,6 +125,32 @@ class _Server:
         self.out.counts[reason] += 1
         self.ctx.refused(msg)
         self.ctx.emit(ev.UPDATE_REJECTED, reason=reason, src=msg.src, error=error)
+
+    def not_finite(self, msg, m: pm.NotFinite) -> bool:
+        """Count a worker's not-finite update; True when the model has diverged (K such reports about
+        the current model since it last changed)."""
+        self.out.counts["not_finite"] += 1
+        self.ctx.emit(ev.UPDATE_REJECTED, reason="not_finite", src=msg.src, round=m.version,
+                      error=f"its update from version {m.version} ({m.iterations} iterations) is not finite")
+        if m.version == self.out.version:
+            self.not_finite_now += 1
+        if self.not_finite_now >= self.ps.workers:
+            self.diverge(f"{self.not_finite_now} updates from version {self.out.version} were not finite")
+        return self.diverged
+
+    def take(self, weights: np.ndarray, what: str) -> bool:
+        """Make ``weights`` the model if they are finite; else the model has diverged (it stays)."""
+        if not np.isfinite(weights).all():
+            self.diverge(f"{what} gives a model that is not finite")
+            return False
+        self.out.weights, self.not_finite_now = weights, 0
+        return True
+
+    def diverge(self, why: str) -> None:
+        """The run ends; its stop_reason names the first sign (the final evaluation may show another)."""
+        if not self.diverged:
+            self.diverged = True
+            self.out.stop_reason = f"diverged: {why}; the result is version {self.out.version}"
 
     def evaluate(self, force: bool = False):
         ps, now = self.ps, self.ctx.now()
@@ -126,6 +171,8 @@ class _Server:
         if not self.out.history or self.out.history[-1][0] != now:
             self.out.history.append((now, acc))
         self.ctx.emit(ev.EVAL, round=self.out.version, accuracy=acc, loss=round(loss, 6))
+        if not np.isfinite(loss):
+            self.diverge(f"version {self.out.version}'s test loss is not finite")
 
 
 def parameter_server(ctx, scenario, work, init: bytes | None = None):
@@ -137,12 +184,12 @@ def parameter_server(ctx, scenario, work, init: bytes | None = None):
     ctx.emit(ev.RUN_START, clients=ps.workers, rounds=ps.rounds, first_round=s.out.version, dim=work.dim)
     if not s.resumed:
         yield from s.evaluate(force=True)
-    if ps.asynchronous:
+    if ps.asynchronous:  # (both loops end at once if the model diverged)
         yield from _asynchronous(s)
     else:
         yield from _synchronous(s)
     out = s.out
-    if s.time_up() and out.version < ps.rounds:
+    if s.time_up() and out.version < ps.rounds and not s.diverged:
         out.stop_reason = "done"  # the scenario's time budget is the end it asked for
     yield Send(PS_MODEL, pm.encode_ps(pm.PsStop(out.version)))
     if s.uses_ss:
@@ -157,7 +204,7 @@ def parameter_server(ctx, scenario, work, init: bytes | None = None):
 def _synchronous(s: _Server):
     ctx, ps, out, strategy = s.ctx, s.ps, s.out, s.strategy
     first = out.version
-    while out.version < ps.rounds and not s.time_up():
+    while out.version < ps.rounds and not s.time_up() and not s.diverged:
         version = out.version
         selected = strategy.configure_round(version)
         expected = set(selected) or set(s.ranks)
@@ -171,38 +218,52 @@ def _synchronous(s: _Server):
         if s.uses_ss:
             yield s.state(pm.RESET, s.rank_of[PS], version)
         updates: dict[int, pm.Update] = {}
+        failed: set[int] = set()  # workers whose update from this version was not finite
         arrivals: dict[int, float] = {}
         quorum = strategy.quorum(len(expected))
-        while len(updates) < quorum:
+        while len(updates) < quorum and len(updates) + len(failed) < len(expected) and not s.diverged:
             msg = yield Recv((PS_UPDATE,), deadline=deadline)
             if msg is None:
                 break
             m = s.decode(msg)
             if isinstance(m, pm.Join):
                 yield Send(PS_MODEL, model, to=msg.src)
-            elif isinstance(m, pm.Update):
+            elif isinstance(m, (pm.Update, pm.NotFinite)):
                 if m.version != version:
                     s.refuse(msg, "late" if m.version < version else "future", f"version {m.version}, now {version}")
                 elif m.worker not in expected:
                     s.refuse(msg, "not_selected")
-                elif m.worker in updates:
+                elif m.worker in updates or m.worker in failed:
                     s.refuse(msg, "duplicate")
+                elif isinstance(m, pm.NotFinite):
+                    failed.add(m.worker)
+                    s.not_finite(msg, m)
                 else:
                     updates[m.worker] = m
                     arrivals[m.worker] = ctx.now() - start
                     out.counts["accepted"] += 1
                     ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
                              samples=m.samples, staleness=0, loss=round(m.loss, 6))
-        timed_out = len(updates) < quorum
+        if s.diverged:
+            break
+        short = len(updates) < quorum
+        # A round short of its quorum timed out, unless every worker expected answered (some with an
+        # update that was not finite).
+        timed_out = short and len(updates) + len(failed) < len(expected)
         # The strategy's own quorum always aggregates (FedDrop's K - K_hat may be below min_workers);
         # min_workers is the quorum of a round its deadline closed.
-        enough = not timed_out or len(updates) >= min(ps.min_workers, len(expected))
+        enough = not short or len(updates) >= min(ps.min_workers, len(expected))
+        if enough:
+            with np.errstate(over="ignore", invalid="ignore"):  # checked: a model not finite is not taken
+                enough = s.take(strategy.aggregate(out.weights, list(updates.values())),
+                                f"round {version}'s aggregate of {len(updates)} updates")
+        extra = {"not_finite": sorted(s.name_of[k] for k in failed)} if failed else {}
         ctx.emit(ev.PS_ROUND, version=version, updates=len(updates), expected=len(expected), quorum=quorum,
                  timed_out=timed_out, aggregated=enough, selected=sorted(s.name_of[k] for k in expected),
-                 iterations={s.name_of[k]: u.iterations for k, u in sorted(updates.items())})
-        if enough:
-            out.weights = strategy.aggregate(out.weights, list(updates.values()))
-        else:
+                 iterations={s.name_of[k]: u.iterations for k, u in sorted(updates.items())}, **extra)
+        if s.diverged:
+            break
+        if not enough:
             out.rounds_failed += 1
         strategy.observe_round(version, arrivals)
         if s.uses_ss:
@@ -217,20 +278,26 @@ def _synchronous(s: _Server):
 def _asynchronous(s: _Server):
     ctx, ps, out, strategy = s.ctx, s.ps, s.out, s.strategy
     base: dict[int, np.ndarray] = {}  # the model each worker was last sent (DC-ASGD's backup)
-    while out.version < ps.rounds and not s.time_up():
+    while out.version < ps.rounds and not s.time_up() and not s.diverged:
         msg = yield Recv((PS_UPDATE,), deadline=ps.max_time_s)
         if msg is None:
             break
         m = s.decode(msg)
         if m is None:
             continue
+        if isinstance(m, pm.NotFinite) and s.not_finite(msg, m):
+            break
         if isinstance(m, pm.Update):
             sent = base.get(m.worker)
             staleness = out.version - m.version
             if sent is None or staleness < 0:
                 s.refuse(msg, "unknown_base" if sent is None else "future", f"version {m.version}")
                 continue
-            out.weights = strategy.apply(out.weights, m, staleness, sent)
+            with np.errstate(over="ignore", invalid="ignore"):  # checked: a model not finite is not taken
+                new = strategy.apply(out.weights, m, staleness, sent)
+            if not s.take(new, f"{msg.src}'s update from version {m.version} (staleness {staleness})"):
+                s.refuse(msg, "diverges", "applying it gives a model that is not finite")
+                break
             out.version += 1
             out.counts["accepted"] += 1
             ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,

@@ -32,6 +32,7 @@ def ps_record(result: Any) -> dict:
                 "iterations_per_round": round(sum(result.per_round) / max(len(result.per_round), 1), 3),
                 "compute_s": round(result.compute_s, 9), "blocking_time_s": round(result.blocking_s, 9),
                 "dropped_rounds": result.dropped_rounds, "query_timeouts": result.query_timeouts,
+                "not_finite": result.not_finite,
                 "rejected": dict(result.rejected)}
     if isinstance(result, StateServerResult):
         return {"queries": result.queries, "answers": dict(result.answers), "rejected": dict(result.rejected)}

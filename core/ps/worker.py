@@ -15,7 +15,10 @@ A newer model that arrives while it trains (FedDrop closed the round without
 it; a restarted worker) ends the round's work: what it did is dropped.  The same
 version arriving again after a push means the server lost the update (it
 restarted): the update goes again.  Anything that does not decode is counted and
-dropped.
+dropped.  An update that is not finite (training diverged) is not sent: a NOT_FINITE
+report goes instead, and the worker waits for a model again, the same version
+included (an asynchronous server answers with its current model, which may be the
+one it trained on; a server that finds the model diverged sends STOP).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class WorkerResult:
     blocking_s: float = 0.0
     dropped_rounds: int = 0  # work a newer model overtook
     query_timeouts: int = 0
+    not_finite: int = 0  # updates that came out not finite (reported, not sent)
     rejected: Counter = field(default_factory=Counter)
 
 
@@ -186,6 +190,9 @@ def ps_worker(ctx, scenario, work, rank: int):
         delta = flatten(w.model) - base
         if not np.isfinite(delta).all():
             ctx.emit(ev.UPDATE_NOT_FINITE, round=version)
+            yield Send(PS_UPDATE, pm.encode_ps(pm.NotFinite(version, rank, i)), to=PS)
+            w.floor = version  # the server's answer may be this version again: train on it anew
+            w.out.not_finite += 1
             continue
         data = pm.encode_ps(pm.Update(version, rank, i, samples, loss_sum / max(samples, 1), delta))
         yield Point(points.UPLOAD, version)
