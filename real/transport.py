@@ -117,8 +117,11 @@ _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
 # collective frames, the state server's answers (on the shared topic, each of 12 workers woke
 # for, took and dropped the 11 answers of every query round that were not its own: half of the
 # round trip, docs/results.md) and the parameter server's models to one worker (an asynchronous
-# server's answer to each update went to every worker).
-ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL)
+# server's answer to each update went to every worker) and geo's pushes and pulls (on the shared
+# topic the global PS's answer to one site reached every rank of every site, across the WAN:
+# docs/netns.md, "Geo sites over namespaces").
+ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL,
+                    wire_topics.GEO_PUSH, wire_topics.GEO_PULL)
 MAX_ADDRESSED_WRITERS = 4096  # per-node DDS topics a transport sets up; beyond, the shared topic
 
 

@@ -306,25 +306,40 @@ def train_times(events: list[dict]) -> dict[str, dict[int, tuple[float, int]]]:
 
 
 def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeout_s: float,
-             threads: int = 1) -> dict:
-    """Every rank in its namespace; returns the merged summary (real.launch.gather)."""
+             threads: int = 1, placement: list[int] | None = None, start_line_s: float | None = None) -> dict:
+    """Every rank in its namespace; returns the merged summary (real.launch.gather).
+
+    ``placement``: the namespace of each rank (default rank i in namespace i); ranks that share
+    a namespace (tools/netns_geo.py: one per site) also list its own address as a peer, so that
+    they discover each other (over its loopback route).  ``start_line_s``: the ranks meet at real
+    mode's start line (real.start_line) as under ``real launch``, and it is given this many
+    seconds after the last rank is ready, for DDS discovery over the shaped links to settle
+    before any role sends (geo's roles send without waiting for their peers)."""
     from dtemu.host.scenario_file import load_scenario
     from dtemu.real.launch import gather
 
     scenario = load_scenario(scenario_path, sets)
     ranks = len(scenario.node_names)
-    if ranks != bed.nodes:
+    ns_of = list(placement) if placement is not None else list(range(ranks))
+    if len(ns_of) != ranks or (placement is None and ranks != bed.nodes) or max(ns_of) >= bed.nodes:
         raise NetnsError(f"{scenario.name} has {ranks} ranks, the testbed {bed.nodes} nodes")
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, DTEMU_DDS_INTERFACE="eth0", OMP_NUM_THREADS=str(threads),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("DTEMU_DDS_PEERS", None)
+    start_file = out / "start.json"
+    if start_line_s is not None:
+        from dtemu.real.start_line import START_FILE, is_ready, write_start
+
+        start_file.unlink(missing_ok=True)
+        env[START_FILE] = str(start_file.resolve())
     procs = []
     started = time.monotonic()
     try:
         for rank in range(ranks):
-            peers = ",".join(a for j, a in enumerate(bed.addresses) if j != rank)
-            cmd = bed.exec_prefix(rank) + [
+            own = ns_of[rank]
+            peers = ",".join(a for j, a in enumerate(bed.addresses) if j != own or ns_of.count(own) > 1)
+            cmd = bed.exec_prefix(own) + [
                 sys.executable, "-m", "dtemu.real.cli", "run", scenario_path, "--rank", str(rank),
                 "--profile", "lan", "--peers", peers, "--domain", str(DOMAIN), "--out", str(out / f"rank{rank}"),
                 "--no-tui", "--threads", str(threads)]
@@ -335,6 +350,10 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
             log.close()
         deadline = started + timeout_s
         while procs[0].poll() is None:
+            if start_line_s is not None and not start_file.exists() and all(
+                    p.poll() is not None or is_ready(out / f"rank{r}") for r, p in enumerate(procs)):
+                time.sleep(start_line_s)
+                write_start(start_file, time.time())
             if time.monotonic() > deadline:
                 raise NetnsError(f"the controller did not finish in {timeout_s:g}s; logs in {out}")
             time.sleep(0.2)
@@ -519,9 +538,11 @@ def wire_overhead(qdisc: dict[str, str], real: Path, names: list[str], tag_names
 
 
 def run_testbed(scenario_path: str, sets: list[str], out: Path, *, mbps: float, delay_ms: float, keep: bool,
-                timeout_s: float, nodes: int = 3) -> dict:
-    """The real run over the namespaces: its summary, RTT, shaping and the qdiscs' counters."""
-    bed = Testbed(nodes=nodes, mbps=mbps, delay_ms=delay_ms)
+                timeout_s: float, nodes: int = 3, bed: Testbed | None = None,
+                placement: list[int] | None = None, start_line_s: float | None = None) -> dict:
+    """The real run over the namespaces: its summary, RTT, shaping and the qdiscs' counters
+    (``bed``: a testbed built elsewhere, not yet up; ``placement``, ``start_line_s``: see run_real)."""
+    bed = bed or Testbed(nodes=nodes, mbps=mbps, delay_ms=delay_ms)
     result: dict = {}
 
     def on_signal(signum, _frame):
@@ -535,7 +556,8 @@ def run_testbed(scenario_path: str, sets: list[str], out: Path, *, mbps: float, 
               f"{bed.applied_delay_ms:g} ms/link/direction (netem: {bed.netem}), UDP RTT {rtt:.3f} ms",
               file=sys.stderr, flush=True)
         t0 = time.monotonic()
-        result["real_summary"] = run_real(bed, scenario_path, sets, out / "real", timeout_s)
+        result["real_summary"] = run_real(bed, scenario_path, sets, out / "real", timeout_s, placement=placement,
+                                          start_line_s=start_line_s)
         print(f"netns: real run {time.monotonic() - t0:.1f} s -> {out / 'real'}", file=sys.stderr, flush=True)
         result["qdisc"] = bed.qdisc_stats()
         result["drops"] = bed.drop_counters()

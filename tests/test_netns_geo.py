@@ -1,0 +1,102 @@
+"""Geo training for real over network namespaces, one per site, against emu (issue 11;
+tools/netns_geo.py, docs/netns.md "Geo sites over namespaces").
+
+The namespace tests are opt-in: ``pytest -m slow tests/test_netns_geo.py`` as root (about
+1.5 minutes); skipped with a reason unless this process may create network namespaces, veth
+pairs and tc tbf qdiscs, and Fashion-MNIST is there.  Everything they create is in namespaces
+of their own on 10.231.0.0/24, with no route out, removed at the end.  The first test (how
+rounds are timed from the events) is quick and needs nothing.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import DATA
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_FMNIST = (Path(os.environ.get("DTEMU_DATA", DATA)) / "FashionMNIST" / "raw").is_dir()
+
+
+def _events(closes, computes, waits):
+    out = [{"t": t, "node": "global-ps", "kind": "geo_round", "role": "global_ps", "round": r, "wan_s": 0.0}
+           for r, t in closes.items()]
+    out += [{"t": 0.0, "node": w, "kind": "geo_step", "round": r, "compute_s": c}
+            for w, per in computes.items() for r, c in per.items()]
+    out += [{"t": 0.0, "node": f"{s}-ps", "kind": "geo_round", "role": "local_ps", "round": r, "wan_s": v}
+            for s, per in waits.items() for r, v in per.items()]
+    return out
+
+
+def test_round_times_and_comm_from_the_events():
+    from tools.netns_geo import compare, round_times
+
+    real = _events({1: 1.0, 2: 1.2, 3: 1.5}, {"a-w0": {2: 0.05, 3: 0.05}, "b-w0": {2: 0.1, 3: 0.02}},
+                   {"a": {2: 0.1, 3: 0.2}, "b": {2: 0.1, 3: 0.2}})
+    emu = _events({1: 0.5, 2: 0.7, 3: 1.0}, {"a-w0": {2: 0.05, 3: 0.05}, "b-w0": {2: 0.1, 3: 0.02}},
+                  {"a": {2: 0.1, 3: 0.1}, "b": {2: 0.1, 3: 0.3}})
+    assert round_times(real) == pytest.approx({2: 0.2, 3: 0.3})   # close to close; round 1 has no start
+    cmp = compare(real, emu)
+    assert [r["round"] for r in cmp["rounds"]] == [2, 3]
+    r2 = cmp["rounds"][0]
+    assert r2["real_comm_s"] == pytest.approx(0.1)   # minus the slowest worker's compute (b-w0)
+    assert r2["error_pct"] == pytest.approx(0.0)
+    assert cmp["rounds"][1]["real_wan_s"] == pytest.approx(0.2) and cmp["rounds"][1]["emu_wan_s"] == pytest.approx(0.2)
+    assert cmp["mean"]["abs_error_pct"] == pytest.approx(0.0)
+
+
+@pytest.fixture
+def netns_ok(monkeypatch):
+    from tools.netns_fl import netns_available
+
+    ok, why = netns_available()
+    if not ok:
+        pytest.skip(f"network namespaces not usable here: {why}")
+    if not HAVE_FMNIST:
+        pytest.skip("Fashion-MNIST archives not found (set DTEMU_DATA)")
+    if not os.environ.get("DTEMU_DATA"):
+        monkeypatch.setenv("DTEMU_DATA", DATA)
+
+
+def _our_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    tag = f"dtgeo{os.getpid() % 100000}-"
+    return {line.split()[0] for line in out.splitlines() if line.startswith(tag)}
+
+
+@pytest.mark.slow
+def test_site_testbed_shapes_each_wan_and_is_isolated(netns_ok):
+    from tools.netns_geo import SiteTestbed
+
+    with SiteTestbed(["central", "a", "b"], [(30, 40), (20, 25), (50, 60)]) as bed:
+        assert _our_namespaces() == set(bed.created)
+        for i, (up, down) in enumerate(bed.wan_mbps):
+            p = subprocess.run(bed.exec_prefix(i) + ["ip", "route", "get", "1.1.1.1"], capture_output=True, text=True)
+            assert p.returncode != 0   # no way out
+            q = bed.qdisc_stats()
+            assert f"rate {up}Mbit" in q[f"{bed.names[i]}:eth0"]          # the site's WAN uplink
+            assert f"rate {down}Mbit" in q[f"{bed.switch}:p{i}"]          # and its downlink
+        assert bed.lan["rtt_ms"] < 50 and bed.lan["mbps"] > 100
+    assert not _our_namespaces()
+
+
+@pytest.mark.slow
+def test_two_rounds_over_namespaced_sites_end_with_emus_model(netns_ok, tmp_path):
+    from tools.netns_geo import run
+
+    result = run("scenarios/geo_hips.yaml", rounds=2, workers_per_site=1, mbps=20, out=tmp_path / "geo",
+                 timeout_s=300, test_samples=300)
+    assert not _our_namespaces()
+    real = result["real_summary"]
+    assert real["rounds"] == 2 and real["stop_reason"] == "done" and real["models_agree"]
+    assert not real.get("lost")
+    # FSA is deterministic: the real run over the sites ends with emu's model, whatever the timing.
+    assert len(set(result["sha256"].values())) == 1 and real["model_sha256"]
+    assert result["wan_bytes"]["real"] == result["wan_bytes"]["emu"]
+    replay = result["compare_replay"]
+    assert [r["round"] for r in replay["rounds"]] == [2]
+    # Loose: one round on a shared box (docs/netns.md has the measured numbers).
+    assert replay["mean"]["abs_error_pct"] < 40
+    assert (tmp_path / "geo" / "netns_geo.md").read_text().count("| mean |") == 3

@@ -1,0 +1,410 @@
+"""Geo training for real across network namespaces, one per site, against emu (issue 11).
+
+    sudo .venv/bin/python -m tools.netns_geo [--scenario scenarios/geo_hips.yaml]
+        [--rounds 30] [--workers-per-site 2] [--mbps 20] [--set KEY=VALUE ...]
+        [--out DIR] [--md FILE.md] [--keep] [--reuse-real DIR]
+
+Needs root (``ip netns``, ``tc``) unless ``--reuse-real``.  The testbed is
+tools/netns_fl.py's, with a namespace per *site* instead of per node::
+
+    ns <tag>-central (master, global-ps)   eth0 10.231.0.1/24 ─┐
+    ns <tag>-a       (a-ps, a-w0, a-w1)    eth0 10.231.0.2/24 ─┼─ p0,p1,p2 ── br0 (ns <tag>-sw)
+    ns <tag>-b       (b-ps, b-w0, b-w1)    eth0 10.231.0.3/24 ─┘
+
+* a site's veth is its WAN attachment: ``tbf`` at the site's ``wan.up_mbps`` on
+  the site side (its uplink) and at ``wan.down_mbps`` on the switch side (its
+  downlink), the 16 MB queue of netns_fl; ``--mbps M`` sets every site's WAN to
+  M both ways (in the scenario too, so that real and emu are given one network);
+* a site's LAN is what it really is: the ranks of a site share its namespace
+  and reach each other at its own address, i.e. over the kernel's loopback
+  route, unshaped.  Emu is given what was measured there before the run: LAN
+  ``bandwidth_mbps`` = UDP throughput of 64000-byte datagrams (DDS's fragment
+  size) between two processes of the namespace, ``latency_ms`` = a quarter of
+  the UDP round trip inside it (a message in a site crosses two access links);
+  the WAN ``latency_ms`` is the rest of the round trip between two sites'
+  namespaces (this kernel has no netem: no delay is added);
+* isolation (no route out, the switch without address) and teardown (``finally``,
+  SIGTERM/SIGHUP) as in netns_fl.  Rank N runs under ``ip netns exec <its site>``
+  with ``--profile lan --peers <every site's address> DTEMU_DDS_INTERFACE=eth0``,
+  ``real run``'s time scale 1 (training takes what it takes here; emu is given
+  those times below).
+
+Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
+
+1. replay (the test of the network model): every worker's measured ``compute_s``
+   of every round (``geo_step``) given back to emu's compute model, gradients
+   computed for real, with the model of real mode's transport (``network.framing:
+   rtps``, ``network.send_window_bytes``, every node's ``decode_s_per_mb`` as
+   measured here for a geo payload of this model);
+2. the same replay with emu's defaults (payload bytes only, no decoding);
+3. ``emu run`` with the transport model and each worker's mean measured
+   ``train_s_per_sample``.
+
+Round time = the root PS's (global or flat) ``geo_round`` close to the next one,
+rounds 2.. (round 1 also carries the initial model down the tree); comm = round
+time minus the slowest worker's ``compute_s`` of that round.  The local PSs'
+``wan_s`` (push to the global PS until its answer arrives) is reported too.  Every
+run must end with the same ``model_sha256`` (FSA is deterministic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dtemu.host.rundir import read_events_partial
+from tools.netns_fl import (QUEUE, ROOT, NetnsError, Testbed, mean_cells, run_comparison, run_emu, run_testbed,
+                            testbed_parser)
+
+ROOT_PS = ("global-ps", "ps")
+BURST_BYTES = 2 * 1514   # the token bucket of a WAN link: two Ethernet frames
+START_LINE_S = 3.0   # after every rank is ready: DDS discovery over the shaped WAN settles (run_real)
+
+
+class SiteTestbed(Testbed):
+    """One namespace per site; site i's veth shaped to its WAN (up on its side, down on the switch's)."""
+
+    def __init__(self, sites: list[str], wan_mbps: list[tuple[float, float]], delay_ms: float = 0.0,
+                 tag: str | None = None):
+        super().__init__(nodes=len(sites), mbps=max(max(w) for w in wan_mbps), delay_ms=delay_ms,
+                         tag=tag or f"dtgeo{os.getpid() % 100000}")
+        self.sites = list(sites)
+        self.wan_mbps = list(wan_mbps)
+        self.names = [f"{self.tag}-n{i}" for i in range(len(sites))]
+        self.lan: dict[str, float] = {}
+
+    def _shape(self, ns: str, dev: str) -> None:
+        if ns == self.switch:                      # the switch's port p<i>: site i's WAN downlink
+            rate = self.wan_mbps[int(dev[1:])][1]
+        else:                                      # site i's eth0: its WAN uplink
+            rate = self.wan_mbps[self.names.index(ns)][0]
+        # A small bucket (two full frames): netns_fl's 32 kB is nothing next to its 4.8 MB model, but
+        # a geo message of the small CNN is 73.5 kB, and a link idle between rounds refills the
+        # bucket, so 32 kB of every message would leave at line rate (measured: rounds 20% short).
+        tbf = ["tbf", "rate", f"{rate:g}mbit", "burst", str(BURST_BYTES), "limit", QUEUE]
+        if self.netem:
+            self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
+                     f"{self.delay_ms:g}ms", "limit", "100000")
+            self._tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf)
+        else:
+            self._tc(ns, "qdisc", "add", "dev", dev, "root", *tbf)
+
+    def up(self) -> None:
+        super().up()
+        # What the LAN inside a site is (the loopback route of its namespace), for emu.
+        self.lan = {"rtt_ms": self.rtt_ms(0, 0), "mbps": self.lan_mbps(0)}
+        # The blast above overflows its sink's buffer on purpose: the run's drops are counted from here.
+        self.drops_before = self.drop_counters()
+
+    def lan_mbps(self, i: int, seconds: float = 1.0) -> float:
+        """UDP throughput (Mbit/s) of 64000-byte datagrams between two processes of namespace i,
+        counted at the receiver (what the kernel's loopback route carries here)."""
+        port = 48000 + os.getpid() % 1000
+        recv = subprocess.Popen(self.exec_prefix(i) + [sys.executable, "-c", _SINK, self.addresses[i], str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            recv.stdout.readline()  # "ready"
+            subprocess.run(self.exec_prefix(i) + [sys.executable, "-c", _BLAST, self.addresses[i], str(port),
+                                                  str(seconds)], capture_output=True, timeout=30)
+            out, _ = recv.communicate(timeout=30)
+            return float(out.strip())
+        finally:
+            if recv.poll() is None:
+                recv.kill()
+                recv.wait()
+
+
+# The receiver counts what arrives until 0.5 s of silence; the sender sends for N seconds with
+# the socket's buffer full (blocking sends), so the rate is the loopback's, not the sender's pace.
+_SINK = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20); s.bind((sys.argv[1], int(sys.argv[2]))); s.settimeout(10)
+print("ready", flush=True)
+n = 0; first = last = None
+while True:
+    try:
+        d = s.recv(65536)
+    except OSError:
+        break
+    last = time.perf_counter(); first = first or last; n += len(d); s.settimeout(0.5)
+print(n * 8 / 1e6 / (last - first) if first and last > first else float("nan"))
+"""
+_BLAST = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+d = b"x" * 64000; end = time.perf_counter() + float(sys.argv[3])
+while time.perf_counter() < end:
+    for _ in range(64):
+        s.sendto(d, (sys.argv[1], int(sys.argv[2])))
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# what the runs' events say
+
+
+def round_times(events: list[dict]) -> dict[int, float]:
+    """round -> the root PS's geo_round close minus the previous one (rounds 2..)."""
+    close = {e["round"]: e["t"] for e in events if e["kind"] == "geo_round" and e.get("node") in ROOT_PS}
+    return {r: close[r] - close[r - 1] for r in sorted(close) if r - 1 in close}
+
+
+def compute_times(events: list[dict]) -> dict[str, dict[int, float]]:
+    """worker -> round -> compute_s (its gradient)."""
+    out: dict = {}
+    for e in events:
+        if e["kind"] == "geo_step":
+            out.setdefault(e["node"], {})[e["round"]] = e["compute_s"]
+    return out
+
+
+def wan_waits(events: list[dict]) -> dict[int, float]:
+    """round -> the local PSs' mean wan_s (their push to the global PS until its answer arrived)."""
+    per: dict = {}
+    for e in events:
+        if e["kind"] == "geo_round" and e.get("role") == "local_ps":
+            per.setdefault(e["round"], []).append(e["wan_s"])
+    return {r: statistics.fmean(v) for r, v in per.items()}
+
+
+def compare(real_events: list[dict], emu_events: list[dict]) -> dict:
+    real_rt, emu_rt = round_times(real_events), round_times(emu_events)
+    real_ct, emu_ct = compute_times(real_events), compute_times(emu_events)
+    real_wan, emu_wan = wan_waits(real_events), wan_waits(emu_events)
+    rows = []
+    for r in sorted(set(real_rt) & set(emu_rt)):
+        real_train = max((c[r] for c in real_ct.values() if r in c), default=0.0)
+        emu_train = max((c[r] for c in emu_ct.values() if r in c), default=0.0)
+        real_comm, emu_comm = real_rt[r] - real_train, emu_rt[r] - emu_train
+        rows.append({"round": r, "real_s": real_rt[r], "emu_s": emu_rt[r],
+                     "error_pct": 100 * (emu_rt[r] - real_rt[r]) / real_rt[r],
+                     "real_train_s": real_train, "emu_train_s": emu_train,
+                     "real_comm_s": real_comm, "emu_comm_s": emu_comm,
+                     "comm_error_pct": 100 * (emu_comm - real_comm) / real_comm if real_comm > 0 else float("nan"),
+                     "real_wan_s": real_wan.get(r, float("nan")), "emu_wan_s": emu_wan.get(r, float("nan"))})
+    mean = {}
+    if rows:
+        mean = {k: statistics.fmean(row[k] for row in rows) for k in
+                ("real_s", "emu_s", "error_pct", "real_comm_s", "emu_comm_s", "comm_error_pct",
+                 "real_wan_s", "emu_wan_s")}
+        mean["abs_error_pct"] = statistics.fmean(abs(row["error_pct"]) for row in rows)
+        mean["abs_comm_error_pct"] = statistics.fmean(abs(row["comm_error_pct"]) for row in rows)
+        mean["mean_time_error_pct"] = 100 * (mean["emu_s"] - mean["real_s"]) / mean["real_s"]
+    return {"rounds": rows, "mean": mean}
+
+
+def calibrate(real_events: list[dict], batch: int) -> dict[str, float]:
+    """worker -> mean seconds per sample of its measured gradient computations."""
+    return {node: statistics.fmean(per.values()) / batch for node, per in compute_times(real_events).items()}
+
+
+def geo_decode_cost(dim: int, fp16: bool, reps: int = 7) -> float:
+    """Seconds per MB for a rank receiving a dense geo payload of ``dim`` entries: one copy (the
+    transport's reassembly), the payload decoded and checked, and made dense (core.geo.common.Inbox)."""
+    import numpy as np
+
+    from dtemu.core.geo.payload import decode, encode_dense
+    from tools.transport_costs import _median_s
+
+    msg = encode_dense(1, np.random.default_rng(0).standard_normal(dim).astype(np.float32) * 0.05, fp16)
+
+    def receive():
+        decode(bytes(bytearray(msg)), dim).dense()
+
+    return _median_s(receive, reps) / (len(msg) / 1e6)
+
+
+def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_node: dict[str, dict[int, float]]) -> dict:
+    """emu in this process, every worker's gradient taking what it took for real in that round
+    (the gradients are still computed: the model must end as the real one did)."""
+    import dtemu.emu.run as er
+    from dtemu.host.scenario_file import load_scenario
+
+    scenario = load_scenario(scenario_path, sets)
+    names = scenario.node_names
+    base = er.ComputeTimer
+
+    class ReplayTimer(base):
+        def __init__(self, spec, reference, seed):
+            super().__init__(spec, reference or 1e-3, seed)
+            steps = per_node.get(names[seed[1]], {})
+            self.queue = [steps[r] for r in sorted(steps)]
+
+        def duration(self, samples, kind="train", now=0.0):
+            if kind == "train" and samples > 0 and self.queue:
+                return self.queue.pop(0)
+            return super().duration(samples, kind, now=now)
+
+    er.ComputeTimer = ReplayTimer
+    try:
+        return er.run_emulation(scenario, out)
+    finally:
+        er.ComputeTimer = base
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def _table(cmp: dict) -> list[str]:
+    lines = ["| round | real s | emu s | error % | real comm s | emu comm s | comm error % | real WAN wait s | "
+             "emu WAN wait s |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in cmp["rounds"]:
+        lines.append(f"| {r['round']} | {r['real_s']:.4f} | {r['emu_s']:.4f} | {r['error_pct']:+.1f} | "
+                     f"{r['real_comm_s']:.4f} | {r['emu_comm_s']:.4f} | {r['comm_error_pct']:+.1f} | "
+                     f"{r['real_wan_s']:.4f} | {r['emu_wan_s']:.4f} |")
+    m = cmp["mean"]
+    if m:
+        lines.append("| mean | " + mean_cells(m) + f" {m['real_wan_s']:.4f} | {m['emu_wan_s']:.4f} |")
+    return lines
+
+
+def markdown(result: dict) -> str:
+    cfg = result["config"]
+    wan = ", ".join(f"{s} {u:g}/{d:g}" for s, (u, d) in zip(cfg["sites"], cfg["wan_mbps"]))
+    lines = [f"Geo over network namespaces vs emu: {cfg['scenario']} ({cfg['model']}, {cfg['architecture']}, "
+             f"{cfg['sync']}, {cfg['compression']}), sites {', '.join(cfg['sites'])} (central "
+             f"{cfg['central']}), {cfg['workers_per_site']} workers a site, {cfg['ranks']} ranks, {cfg['rounds']} "
+             f"rounds; WAN up/down Mbit/s per site: {wan} (tbf; netem "
+             f"{'yes' if cfg['netem'] else 'not in this kernel'}).  Measured: UDP RTT between sites "
+             f"{cfg['rtt_ms']:.3f} ms, inside a site {cfg['lan_rtt_ms']:.3f} ms, a site's loopback "
+             f"{cfg['lan_mbps']:.0f} Mbit/s.  Emu: LAN {{bandwidth_mbps: {cfg['emu_lan_mbps']:.0f}, latency_ms: "
+             f"{cfg['emu_lan_latency_ms']:.4f}}}, WAN latency_ms {cfg['emu_wan_latency_ms']:.4f}; decoding "
+             f"{cfg['decode_s_per_mb'] * 1e3:.3f} ms/MB (a dense geo payload of the model, measured here).",
+             "", "model_sha256: " + ", ".join(f"{k} `{(v or '')[:12]}`" for k, v in result["sha256"].items())
+             + (" (all equal)" if len(set(result["sha256"].values())) == 1 else " (**differ**)"),
+             "", "WAN bytes (payload, both directions): " + ", ".join(f"{k} {v}" for k, v in result["wan_bytes"].items())
+             + "; datagrams the namespaces' kernels dropped during the run: "
+             + (", ".join(f"{ns} {c}" for ns, c in result.get("drops", {}).items() if any(c.values())) or "none")
+             + "."]
+    for key, title in (("compare_replay", "emu with the transport model, every worker's measured compute_s "
+                                          "replayed round by round:"),
+                       ("compare_replay_payload", "the same replay with emu's defaults (payload bytes only, "
+                                                  "no decoding time):"),
+                       ("compare", "emu run with the transport model and each worker's mean "
+                                   "train_s_per_sample:")):
+        if key in result:
+            m = result[key]["mean"]
+            lines += ["", title, ""] + _table(result[key])
+            if m:
+                lines += ["", f"mean round: real {m['real_s']:.4f} s, emu {m['emu_s']:.4f} s "
+                              f"({m['mean_time_error_pct']:+.1f}%); mean absolute error per round "
+                              f"{m['abs_error_pct']:.1f}%, comm {m['abs_comm_error_pct']:.1f}%."]
+    lines += ["", "round time = the root PS's geo_round close to the next (rounds 2..); comm = round time minus "
+              "the slowest worker's compute_s; WAN wait = a local PS's push until the global PS's answer "
+              "(mean over the sites)."]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# the comparison
+
+
+def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, workers_per_site: int = 2,
+        mbps: float | None = 20.0, model: str = "small_cnn", extra_sets: list[str] = (), out: Path | None = None,
+        keep: bool = False, timeout_s: float = 600.0, test_samples: int = 500, delay_ms: float = 0.0,
+        reuse: Path | None = None) -> dict:
+    from dtemu.core.geo.spec import central_site
+    from dtemu.core.ml.models import build_model
+    from dtemu.core.ml.params import num_params
+    from dtemu.host.scenario_file import load_scenario
+    from tools.transport_costs import transport_sets
+
+    out = Path(out or ROOT / "runs" / f"netns-geo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sets = [f"model={model}", "threads=1", f"geo.rounds={rounds}", f"geo.eval_every={rounds + 1000}",
+            f"geo.workers_per_site={workers_per_site}", f"data.test_samples={test_samples}"]
+    sites = list(load_scenario(scenario_path, sets + list(extra_sets)).network.sites)
+    if mbps is not None:
+        sets += [f"network.sites.{s}.wan.{d}_mbps={mbps:g}" for s in sites for d in ("up", "down")]
+    sets += list(extra_sets)
+    scen = load_scenario(scenario_path, sets)
+    if scen.mode != "geo" or not scen.network.sites:
+        raise NetnsError(f"{scenario_path} is not a geo scenario with sites")
+    wan = [(scen.network.sites[s].wan.up_mbps, scen.network.sites[s].wan.down_mbps) for s in sites]
+    placement = [sites.index(scen.site_of[n]) for n in scen.node_names]
+    if reuse is not None:
+        old = json.loads((Path(reuse) / "netns_geo.json").read_text())
+        bed_info = {k: old[k] for k in ("real_summary", "qdisc", "drops")}
+        cfg_old = old["config"]
+        rtt, lan = cfg_old["rtt_ms"], {"rtt_ms": cfg_old["lan_rtt_ms"], "mbps": cfg_old["lan_mbps"]}
+        netem, applied = cfg_old["netem"], cfg_old["applied_delay_ms"]
+        if Path(reuse).resolve() != out:
+            import shutil
+
+            shutil.copytree(Path(reuse) / "real", out / "real", dirs_exist_ok=True)
+    else:
+        bed = SiteTestbed(sites, wan, delay_ms=delay_ms)
+        bed_info = run_testbed(scenario_path, sets, out, mbps=max(max(w) for w in wan), delay_ms=delay_ms,
+                               keep=keep, timeout_s=timeout_s, bed=bed, placement=placement,
+                               start_line_s=START_LINE_S)
+        rtt, lan, netem, applied = bed_info["rtt_ms"], bed.lan, bed.netem, bed.applied_delay_ms
+        bed_info["drops"] = {ns: {k: v - bed.drops_before.get(ns, {}).get(k, 0) for k, v in counts.items()}
+                             for ns, counts in bed_info.get("drops", {}).items()}
+        print(f"netns: sites {dict(zip(sites, bed_info['namespaces']))}, LAN {lan}", file=sys.stderr, flush=True)
+    real_events = read_events_partial(out / "real")[0]
+
+    # emu's network: the LAN a site's namespace has, the WAN the run had (latency: the rest of the RTT).
+    lan_latency = lan["rtt_ms"] / 4
+    wan_latency = applied + max(0.0, rtt / 4 - lan_latency)
+    lan_mbps = lan["mbps"] if lan["mbps"] == lan["mbps"] else 10000.0
+    net = [f"network.sites.{s}.lan={{bandwidth_mbps: {lan_mbps:.0f}, latency_ms: {lan_latency:.4f}}}" for s in sites]
+    net += [f"network.sites.{s}.wan.latency_ms={wan_latency:.4f}" for s in sites]
+    decode = geo_decode_cost(num_params(build_model(scen.model, scen.seed)), scen.geo.fp16)
+    transport = transport_sets({n: decode for n in scen.node_names})
+    result = {"config": {"scenario": scen.name, "model": scen.model, "architecture": scen.geo.architecture,
+                         "sync": scen.geo.sync, "compression": scen.geo.compression, "sites": sites,
+                         "central": central_site(scen.network.sites, scen.network.central),
+                         "workers_per_site": scen.geo.workers_per_site, "ranks": len(scen.node_names),
+                         "rounds": rounds, "wan_mbps": wan, "netem": netem, "applied_delay_ms": applied,
+                         "rtt_ms": rtt, "lan_rtt_ms": lan["rtt_ms"], "lan_mbps": lan["mbps"],
+                         "emu_lan_mbps": lan_mbps, "emu_lan_latency_ms": lan_latency,
+                         "emu_wan_latency_ms": wan_latency, "decode_s_per_mb": decode, "transport_sets": transport,
+                         "sets": sets, "placement": dict(zip(scen.node_names, [sites[i] for i in placement]))},
+              **bed_info}
+    sha = {"real": result["real_summary"].get("model_sha256")}
+    for key, folder, extra in (("compare_replay", "emu-replay", transport),
+                               ("compare_replay_payload", "emu-replay-payload", [])):
+        t0 = time.monotonic()
+        summary = run_emu_replay(scenario_path, sets + net + extra, out / folder, compute_times(real_events))
+        print(f"netns: emu replay {time.monotonic() - t0:.1f} s -> {out / folder}", file=sys.stderr, flush=True)
+        result[key] = compare(real_events, read_events_partial(out / folder)[0])
+        sha[folder] = summary.get("model_sha256")
+    cal = calibrate(real_events, scen.geo.batch_size)
+    emu_sets = sets + net + transport + [f"compute.nodes.{n}.train_s_per_sample={v:.6g}" for n, v in sorted(cal.items())]
+    t0 = time.monotonic()
+    summary = run_emu(scenario_path, emu_sets, out / "emu")
+    print(f"netns: emu run {time.monotonic() - t0:.1f} s -> {out / 'emu'}", file=sys.stderr, flush=True)
+    result["compare"] = compare(real_events, read_events_partial(out / "emu")[0])
+    result["emu_summary"] = summary
+    result["config"]["train_s_per_sample"] = cal
+    sha["emu"] = summary.get("model_sha256")
+    result["sha256"] = sha
+    result["wan_bytes"] = {"real": result["real_summary"].get("wan_bytes"), "emu": summary.get("wan_bytes")}
+    (out / "netns_geo.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "netns_geo.md").write_text(markdown(result))
+    return result
+
+
+def main(argv=None) -> int:
+    p = testbed_parser("netns_geo", __doc__, "scenarios/geo_hips.yaml")
+    p.set_defaults(mbps=20.0, delay_ms=0.0)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--workers-per-site", type=int, default=2)
+    p.add_argument("--model", default="small_cnn")
+    p.add_argument("--test-samples", type=int, default=500)
+    args = p.parse_args(argv)
+    return run_comparison("netns_geo", args, lambda: run(
+        args.scenario, rounds=args.rounds, workers_per_site=args.workers_per_site, mbps=args.mbps,
+        model=args.model, extra_sets=args.sets, out=args.out, keep=args.keep, timeout_s=args.timeout,
+        test_samples=args.test_samples, delay_ms=args.delay_ms, reuse=args.reuse_real), markdown)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
