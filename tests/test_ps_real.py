@@ -151,3 +151,39 @@ def test_a_diverged_asynchronous_run_ends_with_its_reason(tmp_path):
     assert real["real"]["exit_codes"] == {str(r): 0 for r in range(4)}
     emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
     assert emu["stop_reason"].startswith("diverged: ") and emu["time_s"] < 1.0
+
+
+@pytest.mark.slow
+def test_state_server_killed_for_real_and_restarted_the_run_goes_on(tmp_path):
+    """Real kill of the state server after round 2: the workers' queries get no answer within
+    ``ps.query_timeout_s`` and they synchronise (one local iteration a round while it is down);
+    restarted with ``real run --append`` it starts an empty table, the parameter server's next
+    RESET fills it, and the fast worker again fills the straggler's time.  The run ends, all 12
+    rounds (a restarted rank takes a few seconds to start: rounds of ~1 s go on meanwhile)."""
+    from helpers import Ranks
+
+    raw = {**PS, "name": "real_ss_restart",
+           "ps": {**PS["ps"], "fixed_iterations": None, "rounds": 12, "round_timeout_s": 60, "barrier_timeout_s": 60,
+                  "query_timeout_s": 1.0},
+           "compute": {"nodes": {"worker2": {"slowdown": 30}}}}
+    ranks = Ranks(scenario_file(tmp_path, raw), tmp_path)
+    try:
+        for rank, name in enumerate(("ps", "ss", "worker1", "worker2")):
+            ranks.start(rank, name)
+        ranks.wait_event("ps", "ps_round", 120.0, version=2)
+        ranks.kill("ss")
+        ranks.wait("ss", 10.0)
+        ranks.wait_event("ps", "ps_round", 60.0, version=4)  # two rounds closed with the state server down
+        ranks.start(1, "ss", args=("--append",))
+        for name in ("ps", "ss", "worker1", "worker2"):
+            assert ranks.wait(name, 120.0) == 0, ranks.logs()
+        real = read_summary(tmp_path / "ps")
+    finally:
+        ranks.close()
+    assert real["rounds"] == 12 and real["stop_reason"] == "done" and real["rounds_failed"] == 0
+    rounds = {e["version"]: e["iterations"] for e in ranks.events("ps") if e["kind"] == "ps_round"}
+    assert sorted(rounds) == list(range(12))
+    assert rounds[4]["worker1"] == 1, rounds  # no answer: SYNC after the first iteration (round 3: the kill)
+    assert rounds[11]["worker1"] >= 3, rounds  # answered again after the restart: ESync fills the time
+    ends = [e for e in ranks.events("ss") if e["kind"] == "ss_end"]
+    assert len(ends) == 1 and ends[0]["queries"] > 0  # the second life answered (the first never ended)
