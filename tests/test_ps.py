@@ -366,3 +366,14 @@ def test_a_synchronous_round_does_not_wait_for_a_worker_whose_update_is_not_fini
     assert mixed and all(e["aggregated"] and not e["timed_out"] for e in mixed)
     assert all(e["updates"] + len(e["not_finite"]) == e["expected"] for e in mixed)
     assert summary["time_s"] < 1.0 and summary["rounds_failed"] == 0
+
+
+def test_cnn4_is_four_convolutions_and_one_linear_layer():
+    from dtemu.core.ml.models import build_model, model_cost
+
+    m = build_model("cnn4", 0)
+    layers = [type(x).__name__ for x in m.modules() if isinstance(x, (torch.nn.Conv2d, torch.nn.Linear))]
+    assert layers == ["Conv2d"] * 4 + ["Linear"] and sum(p.numel() for p in m.parameters()) == 32_058
+    out = m(torch.zeros(3, 1, 28, 28))
+    assert out.shape == (3, 10) and torch.allclose(out.exp().sum(1), torch.ones(3), atol=1e-5)
+    assert 2.5 < model_cost("cnn4") / model_cost("small_cnn") < 4  # measured: 3.2x a small_cnn step
