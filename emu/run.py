@@ -112,7 +112,8 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
         env.run(until=env.all_of(list(procs.values())))
         for n in scenario.node_names:
             late = world.nodes[n].process
-            if n in down and late is not None:
+            # geo: a node back after a crash joins again (core.geo.join): its new life counts too
+            if (n in down or scenario.mode == "geo") and late is not None and late is not procs.get(n):
                 env.run(until=late)
                 procs[n] = late
         results = [procs[n].value if n in procs else None for n in scenario.node_names]

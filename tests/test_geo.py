@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from dtemu.core.errors import GeoPayloadError
 from dtemu.core.geo.bisparse import ResidualSparsifier
 from dtemu.core.geo.common import GeoResult, Inbox
-from dtemu.core.geo.payload import HEADER, decode, encode_dense, encode_sparse, sum_sparse
+from dtemu.core.geo.payload import BLOCKS_HEADER, HEADER, decode, encode_blocks, encode_dense, encode_sparse, sum_sparse
 from dtemu.core.runtime.requests import Message, RecordingContext, Recv
 from dtemu.core.scenario import parse_scenario
 from dtemu.emu.network import Link, Network
@@ -109,6 +109,74 @@ def _sparse_raw(dim, count, idx, vals):
 def test_malformed_payloads_are_refused_with_a_typed_error(raw, why):
     with pytest.raises(GeoPayloadError, match=why):
         decode(raw, 10)
+
+
+def test_whole_tensors_cross_as_dense_blocks():
+    idx = np.array([0, 2, 3, 4, 7, 8, 9])
+    vals = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], np.float32) / 3
+    for fp16, width in [(False, 4), (True, 2)]:
+        raw = encode_blocks(5, 10, [(2, 3), (8, 2)], idx, vals, fp16)
+        # 5 block values at ``width`` bytes and 2 pairs at 8, not 7 pairs at 8
+        assert len(raw) == HEADER.size + BLOCKS_HEADER.size + 2 * 8 + 5 * width + 2 * 8
+        p = decode(raw, 10)
+        assert p.sparse and p.round == 5 and p.indices.tolist() == idx.tolist()
+        want = vals.copy()
+        if fp16:   # only the blocks are half precision: the pairs stay fp32
+            want[[1, 2, 3, 5, 6]] = want[[1, 2, 3, 5, 6]].astype(np.float16)
+        assert np.array_equal(p.values, want)
+    # the blocks' positions join the sum by index like any pair
+    a = decode(encode_blocks(1, 10, [(2, 3)], np.array([2, 3, 4, 9]), np.ones(4)), 10)
+    b = decode(encode_sparse(1, 10, np.array([3, 5]), np.array([1.0, 1.0])), 10)
+    assert sum_sparse([a, b], 10)[0].tolist() == [2, 3, 4, 5, 9]
+
+
+def _blocks_raw(dim, blocks, total, dense, idx, vals, count=None, flag=0, nblocks=None):
+    return (HEADER.pack(b"GEO1", 5, flag, 0, 1, dim, len(idx) if count is None else count)
+            + BLOCKS_HEADER.pack(len(blocks) if nblocks is None else nblocks, total)
+            + np.array(blocks, "<u4").tobytes() + np.array(dense, "<f2" if flag else "<f4").tobytes()
+            + np.array(idx, "<u4").tobytes() + np.array(vals, "<f4").tobytes())
+
+
+@pytest.mark.parametrize("raw, why", [
+    (_blocks_raw(10, [(2, 3)], 3, [1, 1, 1], [3], [1]), "inside a dense block"),
+    (_blocks_raw(10, [(2, 3), (4, 2)], 5, [1] * 5, [], []), "overlapping or out of order"),
+    (_blocks_raw(10, [(6, 2), (2, 2)], 4, [1] * 4, [], []), "overlapping or out of order"),
+    (_blocks_raw(10, [(8, 3)], 3, [1] * 3, [], []), "past dimension"),
+    (_blocks_raw(10, [(2, 0)], 0, [], [], []), "empty"),
+    (_blocks_raw(10, [(2, 3)], 4, [1] * 4, [], []), "the header says 4"),
+    (_blocks_raw(10, [(2, 3)], 3, [1] * 3, [0, 1], [1, 1], count=3), "header says"),
+    (_blocks_raw(10, [(2, 3)], 3, [1] * 3, [], [], nblocks=2), "header says"),
+    (_blocks_raw(10, [(0, 8)], 8, [1] * 8, [8, 9, 9], [1] * 3), "for dimension 10"),
+    (_blocks_raw(10, [(0, 2)], 2, [1] * 2, [9, 8], [1, 1]), "repeated or out of order"),
+    (_blocks_raw(10, [(0, 2)], 2, [1] * 2, [10], [1]), "out of range"),
+    (_blocks_raw(10, [(0, 2)], 2, [1, 1], [], [], flag=2), "width flag"),
+    (_blocks_raw(10, [(0, 2)], 2, [1, float("inf")], [], [], flag=1), "not finite"),
+    (_blocks_raw(10, [(0, 2)], 2, [1, 1], [], [])[:HEADER.size + 4], "no block count"),
+])
+def test_malformed_block_payloads_are_refused_with_a_typed_error(raw, why):
+    with pytest.raises(GeoPayloadError, match=why):
+        decode(raw, 10)
+
+
+def test_random_bytes_never_decode_into_something_applied():
+    """Fuzz: every truncation and single-byte flip of a valid BLOCKS payload either decodes to
+    positions in range, ascending and unique, or is refused with GeoPayloadError."""
+    raw = encode_blocks(3, 40, [(0, 5), (20, 4)], np.array([0, 1, 2, 3, 4, 10, 20, 21, 22, 23, 30]),
+                        np.arange(11, dtype=np.float32), fp16=True)
+    rng = np.random.default_rng(0)
+    variants = [raw[:n] for n in range(len(raw))]
+    for _ in range(400):
+        b = bytearray(raw)
+        b[rng.integers(len(b))] = int(rng.integers(256))
+        variants.append(bytes(b))
+    for data in variants:
+        try:
+            p = decode(data, 40)
+        except GeoPayloadError:
+            continue
+        if p.sparse:
+            assert p.indices.min() >= 0 and p.indices.max() < 40 and np.all(np.diff(p.indices) > 0)
+            assert len(p.values) == len(p.indices) and np.all(np.isfinite(p.values))
 
 
 def test_sparse_payloads_are_summed_by_index():
@@ -265,6 +333,18 @@ def test_bisparse_cuts_the_wan_both_ways(tmp_path, variant, limit):
     s = _run(tmp_path, variant, **{"geo.compression": variant})
     assert s["models_agree"] and s["stop_reason"] == "done"
     assert s["wan"]["up_ratio"] <= limit and s["wan"]["down_ratio"] <= limit
+
+
+@pytest.mark.parametrize("variant, width", [("bisparse", 4), ("bisparse_fp16", 2)])
+def test_bisparse_sends_small_tensors_as_dense_blocks(tmp_path, variant, width):
+    # The stand-in's tensors: 512 and 192 weights (sparse), 64 and 3 biases (whole, two blocks).
+    s = _run(tmp_path, variant, **{"geo.compression": variant, "geo.dense_below": 100})
+    assert s["models_agree"] and s["stop_reason"] == "done"
+    pairs = 6 + 2   # ceil(1% of 512) + ceil(1% of 192)
+    assert s["wan"]["up_per_node_round"] == HEADER.size + BLOCKS_HEADER.size + 2 * 8 + 67 * width + pairs * 8
+    down = s["wan"]["down_per_node_round"]   # the two sites' pairs, summed by index: 8 to 16 of them
+    assert HEADER.size + BLOCKS_HEADER.size + 16 + 67 * width + 8 * 8 <= down <= \
+        HEADER.size + BLOCKS_HEADER.size + 16 + 67 * width + 16 * 8
 
 
 def test_fp16_halves_every_dense_transfer(tmp_path):

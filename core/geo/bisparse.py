@@ -33,11 +33,30 @@ import numpy as np
 from dtemu.core.compression.dgc import select_indices
 
 
+def whole_blocks(sizes: list[int], dense_below: int) -> list[tuple[int, int]]:
+    """The (start, length) runs of the flat vector that BiSparse sends whole: every tensor with fewer
+    than ``dense_below`` entries, neighbours merged into one run."""
+    blocks: list[tuple[int, int]] = []
+    off = 0
+    for n in sizes:
+        if n and n < dense_below:
+            if blocks and blocks[-1][0] + blocks[-1][1] == off:
+                blocks[-1] = (blocks[-1][0], blocks[-1][1] + n)
+            else:
+                blocks.append((off, n))
+        off += n
+    return blocks
+
+
 class ResidualSparsifier:
     def __init__(self, sizes: list[int], density: float, sample_ratio: float, momentum: float,
-                 seed: int, site: int, dense_below: int = 0, masking: bool = True):
+                 seed: int, site: int, dense_below: int = 0, masking: bool = True, half_whole: bool = False):
         self.sizes = list(sizes)
         self.dense_below, self.masking = dense_below, masking
+        # The whole tensors cross in half precision (BiSparse+FP16): what rounding takes off stays
+        # in u, so it is sent later instead of lost (the same error feedback as the residual).
+        self.blocks = whole_blocks(self.sizes, dense_below)
+        self.half_whole = half_whole
         self.dim = sum(self.sizes)
         self.density, self.sample_ratio, self.momentum = density, sample_ratio, momentum
         self.seed, self.site = seed, site
@@ -55,11 +74,12 @@ class ResidualSparsifier:
         self.v += grad
         self.u += self.v
         rng = np.random.default_rng([self.seed, self.site, round_])
-        chosen, sparse = [], []
+        chosen, sparse, whole = [], [], []
         off = 0
         for n in self.sizes:
             if n and n < self.dense_below:   # a small tensor goes whole
                 chosen.append(np.arange(off, off + n))
+                whole.append(chosen[-1])
             elif n:
                 k = max(1, math.ceil(density * n))
                 mag = np.abs(self.u[off:off + n])
@@ -70,6 +90,11 @@ class ResidualSparsifier:
         idx = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
         values = self.u[idx].copy()
         self.u[idx] = 0.0
+        if self.half_whole and whole:
+            pos = np.flatnonzero(np.isin(idx, np.concatenate(whole), assume_unique=True))
+            half = values[pos].astype(np.float16).astype(np.float32)
+            self.u[idx[pos]] = values[pos] - half
+            values[pos] = half
         if self.masking and sparse:   # momentum factor masking; a whole tensor keeps its momentum
             self.v[np.concatenate(sparse)] = 0.0
         return idx, values

@@ -10,7 +10,7 @@ import torch
 
 from dtemu.core import events as ev
 from dtemu.core.errors import GeoPayloadError
-from dtemu.core.geo.payload import BEAT, Payload, decode, encode_dense
+from dtemu.core.geo.payload import BEAT, JOIN, STATE, Payload, decode, encode_dense
 from dtemu.core.ml import data as datasets
 from dtemu.core.runtime.requests import Recv
 from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH  # noqa: F401 (the roles' topics)
@@ -140,6 +140,13 @@ class Inbox:
         self.watch: float | None = None
         self.heard: dict[str, float] = {}
         self.loss_reason = "timeout"
+        # Joining (core.geo.join): ``joinable``: nodes not in a round's senders whose JOIN (or beat)
+        # is welcome; ``joins``: who said JOIN after the start (a newcomer, or a member that started
+        # again: it is not waited for any more); ``state_ok``: a STATE (the model of a running run)
+        # answers a wait for the initial model.
+        self.joinable: set[str] = set()
+        self.joins: list[str] = []
+        self.state_ok = False
 
     def _wake(self, deadline: float | None, waiting: list[str]) -> float | None:
         """When to look up from the inbox: the deadline, the next beat to send, the next silence."""
@@ -176,8 +183,8 @@ class Inbox:
         if self.beat is not None and self.beat.next is None:
             self.beat.next = now + self.beat.every
         self.loss_reason = "timeout"
-        while len(got) < len(senders):
-            msg = yield Recv((self.topic,), self._wake(deadline, [s for s in senders if s not in got]))
+        while pending := [s for s in senders if s not in got and s not in self.joins]:
+            msg = yield Recv((self.topic,), self._wake(deadline, pending))
             now = self.ctx.now()
             if msg is None:
                 if deadline is not None and now >= deadline:
@@ -186,17 +193,34 @@ class Inbox:
                     yield from self.beat.send()
                     self.beat.next = self.ctx.now() + self.beat.every
                 if self.watch is not None and any(now >= self.heard[s] + SILENT_BEATS * self.watch
-                                                  for s in senders if s not in got):
+                                                  for s in pending):
                     self.loss_reason = "heartbeat"
                     break
                 continue
-            payload = self._decoded(msg, senders)
+            outsider = msg.src not in senders and msg.src in self.joinable
+            payload = self._decoded(msg, self.joinable if outsider else senders)
             if payload is None:
                 continue
             self.heard[msg.src] = now
+            if payload.kind in (BEAT, JOIN) and (outsider or (payload.kind == JOIN and round_ > 0)):
+                # a newcomer's hello, or a member that started again (it will not push this round)
+                if payload.kind == JOIN and msg.src not in self.joins:
+                    self.joins.append(msg.src)
+                if self.site_of.get(msg.src) != self.site:
+                    self.result.wan_received += len(msg.data)
+                continue
+            if outsider:
+                self._refuse(msg, "unknown_sender")   # not a member (yet): its pushes are not used
+                continue
             if payload.kind == BEAT:
                 if self.site_of.get(msg.src) != self.site:
                     self.result.wan_received += len(msg.data)
+                continue
+            if payload.kind == STATE:   # the model of a run already going: only for a newcomer
+                if self.state_ok:
+                    got[msg.src] = (payload, msg.data)
+                else:
+                    self._refuse(msg, "unexpected_state")
                 continue
             if payload.round < round_ or (payload.round == round_ and msg.src in got):
                 self._refuse(msg, "stale" if payload.round < round_ else "duplicate")
@@ -222,7 +246,7 @@ class Inbox:
             payload = self._decoded(msg, expected)
             if payload is None:
                 continue
-            if payload.kind == BEAT:
+            if payload.kind in (BEAT, JOIN):
                 continue
             want = expected[msg.src]
             if payload.round < want or (payload.round, msg.src) in self.early:

@@ -5,9 +5,20 @@
 - DENSE32 / DENSE16: ``count == dim`` values, float32 or float16 (FP16: every
   dense transfer in half precision);
 - BEAT: a heartbeat (``count`` 0, no body): the sender is alive (``geo.heartbeat_s``);
+- JOIN: a local PS that has just started says so (``count`` 0, no body): the global
+  PS counts it from the start, or, once the run is going, lets it join;
+- STATE: the global model for a site that joins a running run: ``count == dim``,
+  the flag byte says how many float32 vectors follow (1: weights; 2: weights and
+  the workers' SGD momentum buffer), ``round`` the round they are the model of;
 - SPARSE: ``count`` (index, value) pairs, indices u32 strictly ascending
   (so never repeated) and below ``dim``, then ``count`` float32 values (the
-  sparse traffic between parameter servers stays fp32).
+  sparse traffic between parameter servers stays fp32);
+- BLOCKS: BiSparse with tensors sent whole (``geo.dense_below``): the flag byte
+  says the blocks' width (0: float32, 1: float16, as every dense transfer under
+  FP16), then ``nblocks`` u32 and ``total`` u32, ``nblocks`` (start u32, length
+  u32) ranges, ascending and disjoint, ``total`` dense values (the sum of the
+  lengths), then ``count`` (index, value) pairs as SPARSE, none inside a block.
+  A whole tensor costs 2 (fp16) or 4 bytes an entry instead of a pair's 8.
 
 Every byte off the wire is untrusted: ``decode`` checks the magic, that the
 body is exactly as long as the header says, the dimension the receiver
@@ -27,8 +38,10 @@ from dtemu.core.errors import GeoPayloadError
 
 MAGIC = b"GEO1"
 HEADER = struct.Struct("<4sBBHIII")
-DENSE32, DENSE16, SPARSE, BEAT = 1, 2, 3, 4
-KIND_NAMES = {DENSE32: "dense32", DENSE16: "dense16", SPARSE: "sparse", BEAT: "beat"}
+BLOCKS_HEADER = struct.Struct("<II")   # nblocks, total dense values
+DENSE32, DENSE16, SPARSE, BEAT, BLOCKS, JOIN, STATE = 1, 2, 3, 4, 5, 6, 7
+KIND_NAMES = {DENSE32: "dense32", DENSE16: "dense16", SPARSE: "sparse", BEAT: "beat", BLOCKS: "blocks",
+              JOIN: "join", STATE: "state"}
 
 
 @dataclass(frozen=True)
@@ -37,11 +50,13 @@ class Payload:
     round: int
     dim: int
     values: np.ndarray            # float32: dense, dim values; sparse, count values
-    indices: np.ndarray | None    # sparse: int64 positions, ascending
+    indices: np.ndarray | None    # sparse and blocks: int64 positions, ascending
+    momentum: np.ndarray | None = None   # STATE with a momentum buffer
 
     @property
     def sparse(self) -> bool:
-        return self.kind == SPARSE
+        """Entries by position (SPARSE, or BLOCKS: its blocks' positions and its pairs, merged)."""
+        return self.kind in (SPARSE, BLOCKS)
 
     def dense(self) -> np.ndarray:
         """The dim-long float32 vector (zeros where a sparse payload sends nothing)."""
@@ -65,15 +80,48 @@ def encode_sparse(round_: int, dim: int, indices: np.ndarray, values: np.ndarray
     return HEADER.pack(MAGIC, SPARSE, 0, 0, round_, dim, idx.size) + idx.tobytes() + vals.tobytes()
 
 
+def encode_blocks(round_: int, dim: int, blocks: list[tuple[int, int]], indices: np.ndarray,
+                  values: np.ndarray, fp16: bool = False) -> bytes:
+    """(index, value) entries with the ``blocks`` ((start, length), ascending, disjoint) sent as dense
+    runs (float16 under FP16): an entry inside a block goes in its run (a position of a block that
+    ``indices`` lacks is sent as 0), the others as pairs."""
+    idx = np.asarray(indices, dtype=np.int64)
+    vals = np.asarray(values, dtype=np.float32)
+    if idx.shape != vals.shape or idx.ndim != 1:
+        raise ValueError("indices and values must be two 1-D arrays of one length")
+    inside = np.zeros(dim, dtype=bool)
+    for start, length in blocks:
+        inside[start:start + length] = True
+    full = np.zeros(dim, np.float32)
+    full[idx] = vals
+    dense = np.concatenate([full[s:s + n] for s, n in blocks]) if blocks else np.zeros(0, np.float32)
+    pairs = ~inside[idx]
+    table = np.asarray(blocks, dtype="<u4").reshape(-1)
+    head = HEADER.pack(MAGIC, BLOCKS, 1 if fp16 else 0, 0, round_, dim, int(pairs.sum()))
+    return (head + BLOCKS_HEADER.pack(len(blocks), dense.size) + table.tobytes()
+            + dense.astype("<f2" if fp16 else "<f4").tobytes()
+            + idx[pairs].astype("<u4").tobytes() + vals[pairs].astype("<f4").tobytes())
+
+
 def encode_beat(dim: int) -> bytes:
     return HEADER.pack(MAGIC, BEAT, 0, 0, 0, dim, 0)
+
+
+def encode_join(dim: int) -> bytes:
+    return HEADER.pack(MAGIC, JOIN, 0, 0, 0, dim, 0)
+
+
+def encode_state(round_: int, weights: np.ndarray, momentum: np.ndarray | None = None) -> bytes:
+    vecs = [weights] if momentum is None else [weights, momentum]
+    body = b"".join(np.ascontiguousarray(v, dtype="<f4").tobytes() for v in vecs)
+    return HEADER.pack(MAGIC, STATE, len(vecs), 0, round_, weights.size, weights.size) + body
 
 
 def decode(data: bytes, dim: int) -> Payload:
     """The payload in ``data``, for a receiver whose vectors have ``dim`` entries."""
     if len(data) < HEADER.size:
         raise GeoPayloadError(f"{len(data)} bytes: shorter than the {HEADER.size}-byte header")
-    magic, kind, _, _, round_, pdim, count = HEADER.unpack_from(data)
+    magic, kind, flag, _, round_, pdim, count = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise GeoPayloadError(f"bad magic {magic!r}")
     if pdim != dim:
@@ -99,15 +147,70 @@ def decode(data: bytes, dim: int) -> Payload:
             raise GeoPayloadError(f"sparse index {int(indices.max())} out of range for dimension {dim}")
         if count > 1 and not np.all(np.diff(indices) > 0):
             raise GeoPayloadError("sparse indices repeated or out of order")
-    elif kind == BEAT:
+    elif kind == BLOCKS:
+        indices, values = _decode_blocks(body, dim, flag, count)
+    elif kind in (BEAT, JOIN):
         if count or len(body):
-            raise GeoPayloadError(f"a heartbeat with {count} entries and {len(body)} body bytes")
+            raise GeoPayloadError(f"a {'heartbeat' if kind == BEAT else 'join'} with {count} entries "
+                                  f"and {len(body)} body bytes")
         values, indices = np.zeros(0, np.float32), None
+    elif kind == STATE:
+        if flag not in (1, 2) or count != dim:
+            raise GeoPayloadError(f"a state of {flag} vectors of {count} values for dimension {dim}")
+        if len(body) != 4 * flag * dim:
+            raise GeoPayloadError(f"state body of {len(body)} bytes, the header says {4 * flag * dim}")
+        vecs = np.frombuffer(body, "<f4").astype(np.float32).reshape(flag, dim)
+        if not np.all(np.isfinite(vecs)):
+            raise GeoPayloadError("values not finite")
+        return Payload(kind, round_, dim, vecs[0], None, vecs[1] if flag == 2 else None)
     else:
         raise GeoPayloadError(f"unknown payload kind {kind}")
     if not np.all(np.isfinite(values)):
         raise GeoPayloadError("values not finite")
     return Payload(kind, round_, dim, values, indices)
+
+
+def _decode_blocks(body: memoryview, dim: int, flag: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """A BLOCKS body's (ascending positions, float32 values), every count and range checked first."""
+    if flag not in (0, 1):
+        raise GeoPayloadError(f"blocks of unknown width flag {flag}")
+    width = 2 if flag else 4
+    if len(body) < BLOCKS_HEADER.size:
+        raise GeoPayloadError(f"blocks body of {len(body)} bytes: no block count")
+    nblocks, total = BLOCKS_HEADER.unpack_from(body)
+    if total + count > dim:
+        raise GeoPayloadError(f"{total} block values and {count} sparse entries for dimension {dim}")
+    expect = BLOCKS_HEADER.size + 8 * nblocks + width * total + 8 * count
+    if len(body) != expect:
+        raise GeoPayloadError(f"blocks body of {len(body)} bytes, the header says {expect} "
+                              f"({nblocks} blocks, {total} values, {count} entries)")
+    off = BLOCKS_HEADER.size
+    table = np.frombuffer(body[off:off + 8 * nblocks], "<u4").astype(np.int64).reshape(-1, 2)
+    starts, lengths = table[:, 0], table[:, 1]
+    if nblocks and (lengths.min() == 0 or int((starts + lengths).max()) > dim):
+        raise GeoPayloadError(f"a block empty or past dimension {dim}")
+    if nblocks > 1 and np.any(starts[1:] < starts[:-1] + lengths[:-1]):
+        raise GeoPayloadError("blocks overlapping or out of order")
+    if int(lengths.sum()) != total:
+        raise GeoPayloadError(f"blocks of {int(lengths.sum())} entries, the header says {total}")
+    off += 8 * nblocks
+    dense = np.frombuffer(body[off:off + width * total], "<f2" if flag else "<f4").astype(np.float32)
+    off += width * total
+    idx = np.frombuffer(body[off:off + 4 * count], "<u4").astype(np.int64)
+    vals = np.frombuffer(body[off + 4 * count:], "<f4").astype(np.float32)
+    if count and int(idx.max()) >= dim:
+        raise GeoPayloadError(f"sparse index {int(idx.max())} out of range for dimension {dim}")
+    if count > 1 and not np.all(np.diff(idx) > 0):
+        raise GeoPayloadError("sparse indices repeated or out of order")
+    # an entry sent twice (a pair inside a block) would be applied twice: refuse it
+    slot = np.searchsorted(starts, idx, side="right") - 1
+    if count and nblocks and np.any((slot >= 0) & (idx < starts[slot] + lengths[slot])):
+        raise GeoPayloadError("a sparse index inside a dense block")
+    positions = (np.concatenate([np.arange(s, s + n) for s, n in table]) if nblocks
+                 else np.zeros(0, np.int64))
+    positions = np.concatenate([positions, idx])
+    order = np.argsort(positions, kind="stable")
+    return positions[order], np.concatenate([dense, vals])[order]
 
 
 def sum_sparse(payloads: list[Payload], dim: int) -> tuple[np.ndarray, np.ndarray]:

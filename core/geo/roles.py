@@ -29,11 +29,12 @@ from __future__ import annotations
 import numpy as np
 
 from dtemu.core import events as ev
-from dtemu.core.geo import hfa
-from dtemu.core.geo.bisparse import ResidualSparsifier
+from dtemu.core.geo import hfa, join
+from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
 from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, Beat, GeoResult, Inbox, get_vector, grad_vector,
                                    round_batch, sent_across, set_vector, site_downlink, worker_optimizer_momentum)
-from dtemu.core.geo.payload import decode, encode_beat, encode_dense, encode_sparse, sum_sparse
+from dtemu.core.geo.payload import (decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
+                                    sum_sparse)
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime.requests import Compute, Send
@@ -143,16 +144,21 @@ def worker(ctx, scenario, work, name: str):
     index = scenario.training_nodes.index(name)
     up = site_ps(b.site) if b.hips else FLAT_PS
     pulls = b.inbox(GEO_PULL)
-    got = yield from pulls.collect([up], 0, b.deadline(), count_wan=False)
+    pulls.state_ok = g.joining   # the initial model, or (a site that joins) the model of a running run
+    got = yield from pulls.collect([up], 0, b.pull_deadline() if g.joining else b.deadline(), count_wan=False)
+    pulls.state_ok = False
     if not got:
         b.gave_up(0, [up])
         return b.finish(get_vector(b.model))
-    set_vector(b.model, got[up][0].dense())
+    first = got[up][0]
+    set_vector(b.model, first.dense())
     if g.sync == "hfa":
         yield from hfa.worker(b, index, up, pulls)
         return b.finish(get_vector(b.model))
     applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.weights_down)
-    for r in range(1, g.rounds + 1):
+    if first.momentum is not None:
+        join.set_momentum(applier, first.momentum)
+    for r in range(first.round + 1, g.rounds + 1):
         batch = round_batch(work, scenario, index, r)
         t0 = ctx.now()
         loss = yield Compute(lambda: work.gradients(b.model, batch, index, r), samples=len(batch))
@@ -181,10 +187,16 @@ def local_ps(ctx, scenario, work, name: str):
     pushes, pulls = b.inbox(GEO_PUSH), b.inbox(GEO_PULL)
     if g.heartbeat_s is not None:   # while it waits, the global PS hears that the site is alive
         pushes.beat = pulls.beat = Beat(lambda: b.send(GEO_PUSH, encode_beat(b.dim), GLOBAL_PS), g.heartbeat_s)
-    got = yield from pulls.collect([GLOBAL_PS], 0, b.deadline(), count_wan=False)
+    if g.joining:   # its first message says it is up (core.geo.join): counted from the start, or let in later
+        yield from b.send(GEO_PUSH, encode_join(b.dim), GLOBAL_PS, init=True)
+    pulls.state_ok = g.joining
+    got = yield from pulls.collect([GLOBAL_PS], 0, b.pull_deadline() if g.joining else b.deadline(),
+                                   count_wan=False)
+    pulls.state_ok = False
     if not got:
         b.gave_up(0, [GLOBAL_PS])
         return b.finish()
+    first_round = got[GLOBAL_PS][0].round + 1   # 1, or after the round a joining site got the model of
     for w in workers:
         yield from b.send(GEO_PULL, got[GLOBAL_PS][1], w, init=True)
     if g.sync == "hfa":
@@ -195,9 +207,9 @@ def local_ps(ctx, scenario, work, name: str):
         site_index = worker_sites(scenario.network.sites, scenario.network.central).index(b.site)
         sparsifier = ResidualSparsifier(b.sizes, g.density, g.sample_ratio, g.residual_momentum,
                                         scenario.seed, site_index, g.dense_below,
-                                        g.momentum_masking)
+                                        g.momentum_masking, half_whole=g.fp16)
     site_size = len(workers)
-    for r in range(1, g.rounds + 1):
+    for r in range(first_round, g.rounds + 1):
         t0 = ctx.now()
         got = yield from pushes.collect(workers, r, b.deadline())
         if len(got) < len(workers):
@@ -216,7 +228,7 @@ def local_ps(ctx, scenario, work, name: str):
                 share *= np.float32(site_size / len(workers))
         if sparsifier is not None:
             idx, vals = sparsifier.compress(share, r, g.density_at(r))
-            data = encode_sparse(r, b.dim, idx, vals)
+            data = _encode_bisparse(r, b.dim, sparsifier.blocks, idx, vals, g.fp16)
         else:
             data = encode_dense(r, share, g.fp16)
         t1 = ctx.now()
@@ -241,29 +253,41 @@ def root_ps(ctx, scenario, work, name: str):
     g = b.g
     sites = worker_sites(scenario.network.sites, scenario.network.central)
     children = [site_ps(s) for s in sites] if b.hips else list(scenario.training_nodes)
+    every_child = list(children)
     pushes = b.inbox(GEO_PUSH)
-    got = yield from pushes.collect([MASTER], 0, b.deadline(), count_wan=False)
+    # geo.joining: the master's model and every site's JOIN (core.geo.join); a site not up by then may join later.
+    joining = b.hips and g.joining
+    start = b.deadline() if g.start_wait_s is None or not joining else ctx.now() + g.start_wait_s
+    got = yield from pushes.collect([MASTER, *children] if joining else [MASTER], 0, start, count_wan=False)
     if g.heartbeat_s is not None and b.hips:
         pushes.watch = g.heartbeat_s
-    if not got:
+    if MASTER not in got:
         b.gave_up(0, [MASTER])
         return b.finish()
+    if joining:
+        if late := [c for c in children if c not in got]:
+            b.gave_up(0, late, going_on=True, reason="not up at the start")
+        children = [c for c in children if c in got]
+        pushes.joinable = set(every_child) if g.sync == "fsa" else set()
     init_payload, init_raw = got[MASTER]
     set_vector(b.model, init_payload.dense())
     for child in children:
         yield from b.send(GEO_PULL, init_raw, child, init=True)
     applier = Applier(b.model, g.lr, g.momentum, False) if g.weights_down else None
+    follower = join.Follower(b.model, g) if joining and applier is None and g.sync == "fsa" else None
     if g.sync == "mixed":
         return (yield from _mixed_global(b, children, pushes, applier))
     if g.sync == "hfa":
         yield from hfa.global_ps(b, children, pushes)
         return b.finish(get_vector(b.model))
-    weight = {c: (g.workers_per_site if b.hips else 1) for c in children}   # workers behind each child
+    weight = {c: (g.workers_per_site if b.hips else 1) for c in every_child}   # workers behind each child
     for r in range(1, g.rounds + 1):
         t0 = ctx.now()
         got = yield from pushes.collect(children, r, b.deadline())
         if len(got) < len(children):
-            b.gave_up(r, [c for c in children if c not in got], going_on=bool(got), reason=pushes.loss_reason)
+            # a member whose JOIN came started again: not lost, it is let in anew below
+            if lost := [c for c in children if c not in got and c not in pushes.joins]:
+                b.gave_up(r, lost, going_on=bool(got), reason=pushes.loss_reason)
             if not got:
                 break
             children = [c for c in children if c in got]   # the run goes on without a lost site
@@ -271,7 +295,7 @@ def root_ps(ctx, scenario, work, name: str):
         t1 = ctx.now()
         if g.sparse:
             idx, vals = sum_sparse([got[c][0] for c in children], b.dim)
-            out = encode_sparse(r, b.dim, idx, vals)
+            out = _encode_bisparse(r, b.dim, whole_blocks(b.sizes, g.dense_below), idx, vals, g.fp16)
         else:
             total = np.zeros(b.dim, np.float32)
             for c in children:
@@ -288,8 +312,20 @@ def root_ps(ctx, scenario, work, name: str):
             yield from b.send(GEO_PULL, out, dst)
         b.result.rounds = r
         ctx.emit(ev.GEO_ROUND, round=r, role=b.result.role, wait_s=round(t1 - t0, 9),
-                 wan_s=round(ctx.now() - t1, 9), bytes_up=sum(len(got[c][1]) for c in children), bytes_down=len(out))
+                 wan_s=round(ctx.now() - t1, 9), bytes_up=sum(len(raw) for _, raw in got.values()), bytes_down=len(out))
+        if follower is not None:
+            follower.follow(out, b.dim)
+        if joining and pushes.joins:   # the round closed: a site that said JOIN gets its model
+            children = yield from join.admit(b, every_child, children, pushes, r, follower)
     return b.finish(get_vector(b.model) if applier is not None else None)
+
+
+def _encode_bisparse(round_: int, dim: int, blocks, idx, vals, fp16: bool) -> bytes:
+    """BiSparse's WAN payload: the tensors sent whole as dense blocks (half precision under FP16: a
+    whole tensor is a dense transfer), the rest as fp32 (index, value) pairs."""
+    if blocks:
+        return encode_blocks(round_, dim, blocks, idx, vals, fp16)
+    return encode_sparse(round_, dim, idx, vals)
 
 
 def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier):

@@ -90,6 +90,12 @@ class GeoSpec:
     heartbeat_s: float | None = field(default=None, metadata=check(positive))
     # A PS waits this long for a round's pushes (and a worker for its pull) before it gives up on them.
     round_timeout_s: float = field(default=60.0, metadata=check(positive))
+    # HiPS, FSA: sites may join the running run (core.geo.join): a local PS's first message is a
+    # JOIN; the global PS starts with the sites it heard from within start_wait_s (None:
+    # geo.round_timeout_s) and lets a later one in when a round closes.  Off: a site not up at
+    # the start is given up at round 0 like a lost one (and the run's bytes and times are as before).
+    joining: bool = False
+    start_wait_s: float | None = field(default=None, metadata=check(non_negative))
 
     @property
     def sparse(self) -> bool:

@@ -1,0 +1,82 @@
+"""Sites joining a running geo run (HiPS, FSA): the global PS's side of it.
+
+Design 004's global scheduler keeps the sites that come and go.  Here the global
+PS does it, with three messages:
+
+- every local PS starts by sending the global PS a JOIN (its first message);
+- at the start the global PS waits ``geo.start_wait_s`` (default one round
+  timeout) for the master's model and every site's JOIN, then starts with the
+  sites it heard from; the others are reported (``geo_lost``, "not up at the
+  start") and may join later;
+- a JOIN during the run (a site that came up late, or came back after it was
+  lost, or a member whose local PS started again) is admitted when the round
+  in progress closes: the global PS sends that site a STATE, the model after
+  that round (weights, and the workers' SGD momentum buffer so that the newcomer
+  steps exactly as the others), emits ``geo_join``, and counts the site in the
+  next round's quorum.
+
+The global PS sends gradients, not weights (``geo.global_optimizer`` off), so it
+keeps a ``Follower``: a copy of the model that applies each round's aggregate
+exactly as the workers do (no modelled time), from which a STATE is taken.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dtemu.core import events as ev
+from dtemu.core.geo.common import GEO_PULL, Applier, get_vector, params_of, site_downlink, worker_optimizer_momentum
+from dtemu.core.geo.payload import decode, encode_state
+
+
+class Follower:
+    """The workers' model at the global PS: what a joining site is brought up to."""
+
+    def __init__(self, model, geo):
+        self.geo = geo
+        self.applier = Applier(model, geo.lr, worker_optimizer_momentum(geo), False)
+
+    def follow(self, out: bytes, dim: int) -> None:
+        """Apply this round's pull as a local PS would hand it to its workers."""
+        pull = decode(out, dim)
+        self.applier.apply(decode(site_downlink(pull, out, self.geo.fp16), dim).dense())
+
+    def momentum(self) -> np.ndarray | None:
+        bufs = [self.applier.opt.state.get(p, {}).get("momentum_buffer") for p in params_of(self.applier.model)]
+        if any(buf is None for buf in bufs):
+            return None   # plain SGD, or no round yet
+        return torch.cat([buf.reshape(-1) for buf in bufs]).numpy().astype(np.float32)
+
+
+def set_momentum(applier: Applier, momentum: np.ndarray) -> None:
+    """Give a joining worker's optimizer the others' momentum buffer."""
+    src = torch.from_numpy(np.array(momentum, dtype=np.float32))
+    off = 0
+    for p in params_of(applier.model):
+        applier.opt.state[p]["momentum_buffer"] = src[off:off + p.numel()].view_as(p).clone()
+        off += p.numel()
+
+
+def state_of(b, round_: int, follower: Follower | None) -> bytes:
+    """The model a joiner gets after ``round_``: the follower's (weights, momentum), or, with a
+    global optimizer, the global PS's own weights (the workers take weights, no momentum)."""
+    if follower is None:
+        return encode_state(round_, get_vector(b.model))
+    return encode_state(round_, get_vector(follower.applier.model), follower.momentum())
+
+
+def admit(b, every_child: list[str], children: list[str], inbox, round_: int, follower: Follower | None):
+    """Let in the sites whose JOIN came (the model of ``round_``, then ``geo_join``); returns the
+    members of the next round, in scenario order (the sums' order, so no bit moves)."""
+    joining = [c for c in inbox.joins if c in every_child]
+    inbox.joins.clear()
+    if not joining:
+        return children
+    state = state_of(b, round_, follower)
+    for c in joining:
+        b.ctx.emit(ev.GEO_JOIN, round=round_, site=b.site_of[c], ps=c)
+        b.result.lost = [n for n in b.result.lost if n != c]
+        yield from b.send(GEO_PULL, state, c, init=True)
+        inbox.heard[c] = b.ctx.now()
+    return [c for c in every_child if c in children or c in joining]

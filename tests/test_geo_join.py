@@ -1,0 +1,122 @@
+"""Sites joining a running geo run (issue 11, core.geo.join), in emu with exact virtual times.
+
+Joining is on with ``geo.joining``.  A site is staged to come up late with ``faults.offline`` windows from 0 to its start time for its
+local PS and workers; ``geo.start_wait_s`` is how long the global PS waits for every site at the start.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dtemu.core.geo.payload import HEADER, JOIN, STATE, decode, encode_join, encode_state
+from dtemu.core.errors import GeoPayloadError
+from dtemu.emu.run import run_emulation
+from test_geo import StandIn, geo_scenario
+
+import numpy as np
+
+
+def _late(nodes, start, end=None):
+    return json.dumps([{"node": n, "start_s": start, **({"end_s": end} if end is not None else {})} for n in nodes])
+
+
+def _events(path):
+    return [json.loads(line) for line in (path / "events.jsonl").read_text().splitlines()]
+
+
+def _run(tmp_path, name, **sets):
+    sets = {"geo.rounds": 24, "geo.joining": "true", **sets}
+    s = run_emulation(geo_scenario(**sets), tmp_path / name, work=StandIn())
+    return s, _events(tmp_path / name)
+
+
+SITE_B = ("b-ps", "b-w0", "b-w1")
+
+
+@pytest.mark.parametrize("variant", ["none", "bisparse_fp16"])
+def test_a_late_site_joins_with_the_current_model_and_counts_from_the_next_round(tmp_path, variant):
+    s, events = _run(tmp_path, variant, **{"faults.offline": _late(SITE_B, 0, 0.5), "geo.start_wait_s": 0.2,
+                                           "geo.compression": variant, "geo.dense_below": 100})
+    assert s["stop_reason"] == "done" and s["rounds"] == 24 and s["lost"] == []
+    # b's workers got the model (weights and momentum) the others had and stepped as they did
+    assert s["models_agree"] and s["survivors"] == 4
+    gps = [e for e in events if e["node"] == "global-ps"]
+    # the start: the global PS waited geo.start_wait_s for b, then went on with a alone
+    lost = [e for e in gps if e["kind"] == "geo_lost"]
+    assert lost == [{"t": 0.2, "node": "global-ps", "kind": "geo_lost", "round": 0, "missing": ["b-ps"],
+                     "reason": "not up at the start, going on without"}]
+    # b is up at 0.5; its JOIN crosses both WANs (5 ms each) and is let in when the round in
+    # progress closes, at that very instant
+    (joined,) = [e for e in gps if e["kind"] == "geo_join"]
+    closes = {e["round"]: e for e in gps if e["kind"] == "geo_round"}
+    k = joined["round"]
+    assert joined["site"] == "b" and joined["ps"] == "b-ps" and joined["t"] == closes[k]["t"]
+    assert closes[k - 1]["t"] < 0.5 + 0.010 <= closes[k]["t"]
+    # counted from the next round: a's push alone before, a's and b's after
+    assert closes[k + 1]["bytes_up"] > closes[k]["bytes_up"]
+    if variant == "none":
+        assert closes[k + 1]["bytes_up"] == 2 * closes[k]["bytes_up"]
+    steps = [e["round"] for e in events if e["kind"] == "geo_step" and e["node"] == "b-w0"]
+    assert steps == list(range(k + 1, 25))
+    # every WAN byte the roles counted is what the network carried, the JOINs and the STATE included
+    net = s["emu"]["wan_bytes"]
+    assert s["wan_bytes"] == sum(v["up"] for v in net.values()) == sum(v["down"] for v in net.values())
+
+
+def test_a_site_back_before_it_was_given_up_rejoins_without_being_lost(tmp_path):
+    # b goes down at 0.2 and is back at 0.5, well inside the global PS's 2 x 5 s wait for its push:
+    # its new JOIN ends that wait at once (no geo_lost), and it is let in at the round's close.
+    s, events = _run(tmp_path, "back", **{"faults.offline": _late(SITE_B, 0.2, 0.5)})
+    assert s["stop_reason"] == "done" and s["lost"] == [] and s["models_agree"] and s["survivors"] == 4
+    gps = [e for e in events if e["node"] == "global-ps"]
+    assert not [e for e in gps if e["kind"] == "geo_lost"]
+    (joined,) = [e for e in gps if e["kind"] == "geo_join"]
+    assert 0.5 < joined["t"] < 0.6 and s["time_s"] < 2
+
+
+def test_without_joining_a_late_site_is_given_up_as_before(tmp_path):
+    s, events = _run(tmp_path, "off", **{"faults.offline": _late(SITE_B, 0, 0.5), "geo.joining": "false"})
+    # the global PS gives b up in round 1; b's PS, up at 0.5, never gets the model and gives up too
+    assert s["stop_reason"] == "done" and s["lost"] == ["b-ps", "global-ps"] and s["survivors"] == 2
+    assert not [e for e in events if e["kind"] == "geo_join"]
+
+
+def test_a_site_that_never_comes_is_reported_at_the_start(tmp_path):
+    s, events = _run(tmp_path, "never", **{"faults.offline": _late(SITE_B, 0), "geo.start_wait_s": 0.2,
+                                           "geo.rounds": 12})
+    assert s["stop_reason"] == "done" and s["rounds"] == 12 and s["lost"] == ["b-ps"] and s["survivors"] == 2
+    assert not [e for e in events if e["kind"] == "geo_join"]
+
+
+def test_join_and_state_payloads_are_checked():
+    assert decode(encode_join(10), 10).kind == JOIN
+    w, m = np.arange(10, dtype=np.float32), np.ones(10, np.float32)
+    st = decode(encode_state(7, w, m), 10)
+    assert st.kind == STATE and st.round == 7 and np.array_equal(st.dense(), w) and np.array_equal(st.momentum, m)
+    assert decode(encode_state(7, w), 10).momentum is None
+    for raw, why in [(HEADER.pack(b"GEO1", JOIN, 0, 0, 0, 10, 1) + b"\0" * 8, "join with 1 entries"),
+                     (encode_state(1, w, m)[:-4], "state body"),
+                     (HEADER.pack(b"GEO1", STATE, 3, 0, 1, 10, 10) + b"\0" * 120, "3 vectors"),
+                     (encode_state(1, np.full(10, np.inf, np.float32)), "not finite")]:
+        with pytest.raises(GeoPayloadError, match=why):
+            decode(raw, 10)
+
+
+def test_a_state_is_refused_by_a_member_in_the_middle_of_its_run():
+    from dtemu.core.geo.common import GeoResult, Inbox
+    from dtemu.core.runtime.requests import Message, RecordingContext
+    ctx = RecordingContext(node="a-w0")
+    inbox = Inbox(ctx, "geo/pull", 10, {"a-ps": "a", "a-w0": "a"}, "a", GeoResult(role="worker", site="a"))
+    gen = inbox.collect(["a-ps"], 3, deadline=5.0)
+    next(gen)
+    gen.send(Message("geo/pull", "a-ps", encode_state(3, np.ones(10, np.float32))))
+    assert [e["reason"] for e in ctx.events] == ["unexpected_state"]
+
+
+@pytest.mark.parametrize("sets", [{"geo.architecture": "flat"}, {"geo.sync": "mixed"}, {"geo.sync": "hfa"}])
+def test_joining_is_refused_where_it_is_not_built(sets):
+    from dtemu.core.errors import ScenarioError
+    with pytest.raises(ScenarioError, match="geo.joining"):
+        geo_scenario(**{"geo.joining": "true", **sets})
