@@ -24,9 +24,14 @@ GEO = {
 }
 
 
-def test_real_geo_ends_with_emus_model(tmp_path, monkeypatch):
+# the BiSparse blocks (small tensors whole, in fp16) and the JOINs of geo.joining over DDS (issue 11, part 3)
+BLOCKS_JOINING = {**GEO, "geo": {**GEO["geo"], "dense_below": 1024, "joining": True}}
+
+
+@pytest.mark.parametrize("scenario", [GEO, BLOCKS_JOINING], ids=["pairs", "blocks_joining"])
+def test_real_geo_ends_with_emus_model(tmp_path, monkeypatch, scenario):
     monkeypatch.setenv("DTEMU_DATA", DATA)
-    path = scenario_file(tmp_path, GEO)
+    path = scenario_file(tmp_path, scenario)
     out = tmp_path / "real"
     args = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(out), "--no-tui",
             "--timeout", "110", "--threads", "1", "--time-scale", "1", "--domain", str(new_domain())]
@@ -41,7 +46,7 @@ def test_real_geo_ends_with_emus_model(tmp_path, monkeypatch):
         kill_group(proc)
     assert proc.returncode == 0, err.decode()[-3000:]
     real = read_summary(out)
-    emu = run_emulation(parse_scenario(GEO), tmp_path / "emu")
+    emu = run_emulation(parse_scenario(scenario), tmp_path / "emu")
     assert real["stop_reason"] == "done" and real["rounds"] == 4 and real["models_agree"]
     assert real["model_sha256"] == emu["model_sha256"]
     assert real["final_accuracy"] == emu["final_accuracy"]
