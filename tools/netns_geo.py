@@ -13,8 +13,10 @@ tools/netns_fl.py's, with a namespace per *site* instead of per node::
 
 * a site's veth is its WAN attachment: ``tbf`` at the site's ``wan.up_mbps`` on
   the site side (its uplink) and at ``wan.down_mbps`` on the switch side (its
-  downlink), the 16 MB queue of netns_fl; ``--mbps M`` sets every site's WAN to
-  M both ways (in the scenario too, so that real and emu are given one network);
+  downlink), the 16 MB queue of netns_fl and a bucket of two frames (small
+  messages would otherwise leave partly at line rate); ``--mbps M`` sets every
+  site's WAN to M both ways (in the scenario too, so that real and emu are given
+  one network);
 * a site's LAN is what it really is: the ranks of a site share its namespace
   and reach each other at its own address, i.e. over the kernel's loopback
   route, unshaped.  Emu is given what was measured there before the run: LAN
@@ -27,7 +29,11 @@ tools/netns_fl.py's, with a namespace per *site* instead of per node::
   SIGTERM/SIGHUP) as in netns_fl.  Rank N runs under ``ip netns exec <its site>``
   with ``--profile lan --peers <every site's address> DTEMU_DDS_INTERFACE=eth0``,
   ``real run``'s time scale 1 (training takes what it takes here; emu is given
-  those times below).
+  those times below), ``DTEMU_DDS_MAX_PARTICIPANTS`` = the most ranks in a
+  namespace + 2 (unicast discovery goes to every participant index's port);
+* the ranks meet at real mode's start line (as under ``real launch``), written
+  ``START_LINE_S`` after the last one is ready: geo's roles send at once, so
+  DDS discovery across the shaped WAN must be done by then.
 
 Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
 
@@ -220,6 +226,37 @@ def geo_decode_cost(dim: int, fp16: bool, reps: int = 7) -> float:
     return _median_s(receive, reps) / (len(msg) / 1e6)
 
 
+def wan_overhead(qdisc: dict[str, str], events: list[dict], site_of: dict[str, str], sites: list[str],
+                 namespaces: list[str]) -> dict:
+    """Each site's WAN uplink: bytes its tbf sent (headers, discovery, acknowledgements, all) against
+    the payload its ranks sent across the WAN: their geo_end ``wan_sent`` and, from the central site,
+    the initial model (fp32) to every node across the WAN that the root PS hands it to."""
+    import re
+
+    import numpy as np
+
+    from dtemu.core.geo.payload import encode_dense
+
+    payload = {s: 0 for s in sites}
+    starts = {e["node"]: e for e in events if e["kind"] == "geo_start"}
+    for e in events:
+        if e["kind"] == "geo_end":
+            payload[site_of[e["node"]]] += e.get("wan_sent", 0)
+    root = next((n for n in ROOT_PS if n in starts), None)
+    if root is not None:
+        first_hop = "local_ps" if starts[root]["architecture"] == "hips" else "worker"
+        model = len(encode_dense(0, np.zeros(starts[root]["dim"], np.float32)))
+        payload[site_of[root]] += model * sum(1 for e in starts.values() if e["role"] == first_hop)
+    out = {}
+    for site, ns in zip(sites, namespaces):
+        m = re.search(r"Sent (\d+) bytes (\d+) pkt", qdisc.get(f"{ns}:eth0", ""))
+        if m and payload[site]:
+            sent = int(m.group(1))
+            out[site] = {"qdisc_bytes": sent, "packets": int(m.group(2)), "payload_bytes": payload[site],
+                         "overhead_pct": 100 * (sent - payload[site]) / payload[site]}
+    return out
+
+
 def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_node: dict[str, dict[int, float]]) -> dict:
     """emu in this process, every worker's gradient taking what it took for real in that round
     (the gradients are still computed: the model must end as the real one did)."""
@@ -283,6 +320,11 @@ def markdown(result: dict) -> str:
              + "; datagrams the namespaces' kernels dropped during the run: "
              + (", ".join(f"{ns} {c}" for ns, c in result.get("drops", {}).items() if any(c.values())) or "none")
              + "."]
+    if result.get("wan_overhead"):
+        lines += ["", "Bytes on each site's shaped WAN uplink (tc), the whole run, against the WAN payload its ranks "
+                  "sent (the initial model included): "
+                  + ", ".join(f"{k} {v['qdisc_bytes'] / 1e6:.3f} MB for {v['payload_bytes'] / 1e6:.3f} MB "
+                              f"(+{v['overhead_pct']:.1f}%)" for k, v in result["wan_overhead"].items()) + "."]
     for key, title in (("compare_replay", "emu with the transport model, every worker's measured compute_s "
                                           "replayed round by round:"),
                        ("compare_replay_payload", "the same replay with emu's defaults (payload bytes only, "
@@ -318,6 +360,15 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
 
     out = Path(out or ROOT / "runs" / f"netns-geo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
+    args = {"scenario_path": scenario_path, "rounds": rounds, "workers_per_site": workers_per_site, "mbps": mbps,
+            "model": model, "extra_sets": list(extra_sets), "test_samples": test_samples}
+    if reuse is not None:   # emu again on that run's own settings, whatever this command line says
+        old_args = json.loads((Path(reuse) / "netns_geo.json").read_text())["config"].get("args")
+        if old_args:
+            args = old_args
+            scenario_path, rounds, workers_per_site, mbps, model, extra_sets, test_samples = (
+                args[k] for k in ("scenario_path", "rounds", "workers_per_site", "mbps", "model", "extra_sets",
+                                  "test_samples"))
     sets = [f"model={model}", "threads=1", f"geo.rounds={rounds}", f"geo.eval_every={rounds + 1000}",
             f"geo.workers_per_site={workers_per_site}", f"data.test_samples={test_samples}"]
     sites = list(load_scenario(scenario_path, sets + list(extra_sets)).network.sites)
@@ -329,9 +380,13 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
         raise NetnsError(f"{scenario_path} is not a geo scenario with sites")
     wan = [(scen.network.sites[s].wan.up_mbps, scen.network.sites[s].wan.down_mbps) for s in sites]
     placement = [sites.index(scen.site_of[n]) for n in scen.node_names]
+    # DDS discovery is unicast to every port a participant index up to this may use, per peer
+    # address: the default (100) sends ~100 discovery messages per peer and participant across the
+    # shaped WAN; the most ranks in one namespace, and a spare, is enough.
+    os.environ.setdefault("DTEMU_DDS_MAX_PARTICIPANTS", str(max(placement.count(i) for i in set(placement)) + 2))
     if reuse is not None:
         old = json.loads((Path(reuse) / "netns_geo.json").read_text())
-        bed_info = {k: old[k] for k in ("real_summary", "qdisc", "drops")}
+        bed_info = {k: old[k] for k in ("real_summary", "qdisc", "drops", "namespaces", "addresses") if k in old}
         cfg_old = old["config"]
         rtt, lan = cfg_old["rtt_ms"], {"rtt_ms": cfg_old["lan_rtt_ms"], "mbps": cfg_old["lan_mbps"]}
         netem, applied = cfg_old["netem"], cfg_old["applied_delay_ms"]
@@ -366,8 +421,10 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
                          "rtt_ms": rtt, "lan_rtt_ms": lan["rtt_ms"], "lan_mbps": lan["mbps"],
                          "emu_lan_mbps": lan_mbps, "emu_lan_latency_ms": lan_latency,
                          "emu_wan_latency_ms": wan_latency, "decode_s_per_mb": decode, "transport_sets": transport,
-                         "sets": sets, "placement": dict(zip(scen.node_names, [sites[i] for i in placement]))},
+                         "sets": sets, "args": args, "placement": dict(zip(scen.node_names, [sites[i] for i in placement]))},
               **bed_info}
+    result["wan_overhead"] = wan_overhead(result.get("qdisc", {}), real_events, scen.site_of, sites,
+                                          result.get("namespaces") or result["config"].get("namespaces", []))
     sha = {"real": result["real_summary"].get("model_sha256")}
     for key, folder, extra in (("compare_replay", "emu-replay", transport),
                                ("compare_replay_payload", "emu-replay-payload", [])):
