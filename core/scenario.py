@@ -216,6 +216,23 @@ class VaryingSlowdown:
 
 
 @dataclass(frozen=True)
+class CpuCosts:
+    """Emu only: seconds of a node's CPU per MB (1e6 bytes) of the model's fp32 vector (4 bytes a
+    parameter) for the work a role does outside training (core.runtime.compute.CPU_OPS); 0: free.
+    Geo's roles charge them (core.geo.roles); ``python -m tools.geo_cpu_costs`` measures them."""
+
+    encode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))    # a vector into a dense payload
+    sum_s_per_mb: float = field(default=0.0, metadata=check(non_negative))       # one dense payload added to a sum
+    sparsify_s_per_mb: float = field(default=0.0, metadata=check(non_negative))  # BiSparse: residual, top-k, encoding
+    merge_s_per_mb: float = field(default=0.0, metadata=check(non_negative))     # one sparse payload summed by index
+    densify_s_per_mb: float = field(default=0.0, metadata=check(non_negative))   # a sparse aggregate made dense, encoded
+    apply_s_per_mb: float = field(default=0.0, metadata=check(non_negative))     # the update into the model (SGD step)
+
+    def any(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
 class ComputeSpec:
     # Modelled training cost per sample; None: the model's reference cost.
     train_s_per_sample: float | None = field(default=None, metadata=check(positive))
@@ -228,6 +245,8 @@ class ComputeSpec:
     # Emu only: seconds of CPU per MB (1e6 bytes) of every message a node receives (reassembly,
     # decoding, checks) before its role gets it; 0: none (real mode spends what it spends).
     decode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
+    # Emu only: the CPU work outside training, priced per MB of the model (CpuCosts); all 0: free.
+    cpu: CpuCosts = field(default_factory=CpuCosts)
 
 
 @dataclass(frozen=True)
@@ -238,12 +257,17 @@ class ComputeOverride:
     schedule: list[SlowdownStep] | None = None
     varying: VaryingSlowdown | None = None
     decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
+    cpu: CpuCosts | None = None   # replaces the default's block as a whole
 
 
 @dataclass(frozen=True)
 class ComputeModel:
     default: ComputeSpec = field(default_factory=ComputeSpec)
     nodes: dict[str, ComputeOverride] = field(default_factory=dict)
+    # Emu only: the nodes share this many cores for their CPU work priced per MB (``cpu`` and
+    # ``decode_s_per_mb``): at most that many such jobs run at once, the others wait their turn
+    # (as real ranks on one machine do); 0: every node has cores of its own.
+    shared_cores: int = field(default=0, metadata=check(non_negative))
 
 
 @dataclass(frozen=True)
@@ -429,6 +453,13 @@ class Scenario:
         for node in d["compute"]["nodes"].values():
             if node.get("decode_s_per_mb") is None:
                 node.pop("decode_s_per_mb", None)
+            if node.get("cpu") is None:
+                node.pop("cpu", None)
+        # ... nor do the CPU costs outside training (geo's roles) when they are absent.
+        if not self.compute.default.cpu.any():
+            del d["compute"]["default"]["cpu"]
+        if not d["compute"]["shared_cores"]:
+            del d["compute"]["shared_cores"]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 

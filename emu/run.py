@@ -40,7 +40,8 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
     network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu,
                       sites=scenario.site_of, wan=wan, framing=scenario.network.framing,
                       send_window=scenario.network.send_window_bytes)
-    world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed)
+    world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed,
+                  shared_cores=scenario.compute.shared_cores)
     for spec in roles(scenario, work, key, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])
         if not timer.modelled:

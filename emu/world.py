@@ -10,6 +10,8 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
 - computed:  the job already ran for real (the virtual clock did not move);
              advance the clock by its modelled duration (``ComputeTimer``), so
              timeouts do not depend on how fast this machine is.
+- cores:     with ``compute.shared_cores`` N, the CPU work priced per MB (decoding,
+             ``compute.cpu``'s ops) of every node queues for N shared cores (FIFO).
 - wait_peers: until the peers are up (matched), or the deadline.
 - die:       the node goes down (state, inbox and flows lost) and, if the
              crash says so, restarts later.
@@ -28,7 +30,7 @@ import simpy
 
 from dtemu.core import events as ev
 from dtemu.core.runtime import faults as faultlib
-from dtemu.core.runtime.compute import ComputeTimer
+from dtemu.core.runtime.compute import CPU_OPS, ComputeTimer
 from dtemu.core.runtime.driver import CRASHED, Driver
 from dtemu.core.runtime.requests import Message
 from dtemu.core.scenario import FaultSpec
@@ -114,7 +116,7 @@ class EmuNode:
             msg = self.inbox.take(topics)
             if msg is not None:
                 if self.timer.decode_s_per_mb:  # reassembly and decoding: the receiver's CPU
-                    yield env.timeout(len(msg.data) * self.timer.decode_s_per_mb / 1e6)
+                    yield from self.world.on_cpu(len(msg.data) * self.timer.decode_s_per_mb / 1e6)
                 return msg
             if deadline is not None and deadline <= env.now:
                 return None
@@ -128,7 +130,11 @@ class EmuNode:
                     self.inbox.waiter = None
 
     def computed(self, req, elapsed: float):
-        yield self.world.env.timeout(self.timer.duration(req.samples, req.kind, now=self.world.env.now))
+        seconds = self.timer.duration(req.samples, req.kind, now=self.world.env.now, nbytes=req.nbytes)
+        if req.kind in CPU_OPS:   # CPU work priced per MB: on the shared cores, if the scenario has them
+            yield from self.world.on_cpu(seconds)
+        else:
+            yield self.world.env.timeout(seconds)
 
     def idle(self, seconds: float):
         yield self.world.env.timeout(seconds)
@@ -190,8 +196,10 @@ class World:
 
     def __init__(self, env: simpy.Environment, network: Network,
                  log: Callable[[dict], None], save_checkpoint: Callable[[bytes], str],
-                 faults: FaultSpec | None = None, seed: int = 0):
+                 faults: FaultSpec | None = None, seed: int = 0, shared_cores: int = 0):
         self.env = env
+        # compute.shared_cores: the cores every node's CPU work priced per MB queues for (None: no queue).
+        self.cores = simpy.Resource(env, capacity=shared_cores) if shared_cores else None
         self.faults = faults or FaultSpec()
         self.seed = seed
         self.crash_plan = faultlib.CrashPlan(self.faults)
@@ -205,6 +213,15 @@ class World:
         self.multicast = False  # network.delivery: one flow per link for a message to many
         self._subscribers: dict[tuple[str, str], list[str]] = {}
         self._peers_changed = env.event()
+
+    def on_cpu(self, seconds: float):
+        """``seconds`` of CPU work: on one of the shared cores once it is free (FIFO), or at once."""
+        if self.cores is None:
+            yield self.env.timeout(seconds)
+            return
+        with self.cores.request() as turn:
+            yield turn
+            yield self.env.timeout(seconds)
 
     def add(self, node: EmuNode) -> EmuNode:
         self.nodes[node.node] = node

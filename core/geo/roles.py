@@ -15,6 +15,12 @@ PS in the central site and pulls from it, across the WAN.  What comes down is th
 gradient, which every worker and the master apply with the same SGD, so their models stay
 identical; with ``geo.global_optimizer`` the global PS keeps the model and sends weights.
 
+The roles' CPU work outside the gradient (encoding a push, a PS's sum, BiSparse's sparsifying
+and merging, making a sparse aggregate dense, applying the update) is a ``Compute`` of its op
+(core.runtime.compute.CPU_OPS) on the model's size when the scenario prices it
+(``compute.cpu``, emu only); when it does not, it is done in place, as it always was, so that
+absent costs change no event.  HFA's loops (core.geo.hfa) are not priced.
+
 Before round 1 the master sends the initial model down the same tree (fp32, counted apart
 from the rounds' traffic).  Every wait has a deadline: a PS waits ``geo.round_timeout_s`` for its
 children's pushes, then reports the silent ones (``geo_lost``) and goes on without them (a lost
@@ -36,6 +42,7 @@ from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, Beat, GeoResult,
 from dtemu.core.geo.payload import (decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
                                     sum_sparse)
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
+from dtemu.core.geo.sums import applied, mixed_apply, root_sum, site_share
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime.requests import Compute, Send
 
@@ -59,6 +66,8 @@ class _Base:
         self.model = work.new_model()
         self.sizes = [p.numel() for p in self.model.parameters()]
         self.dim = sum(self.sizes)
+        self.vec_bytes = 4 * self.dim   # the model as fp32: what compute.cpu's rates are per MB of
+        self.cpu_costs = scenario.compute_for(name).cpu
         self.result = GeoResult(role=role, site=self.site)
         self.workers_total = len(scenario.training_nodes)
         ctx.emit(ev.GEO_START, role=role, site=self.site, dim=self.dim, architecture=self.g.architecture,
@@ -67,6 +76,13 @@ class _Base:
     def send(self, topic: str, data: bytes, to: str, init: bool = False):
         yield Send(topic, data, to=to)
         sent_across(self.result, self.site_of, self.site, to, len(data), init)
+
+    def cpu(self, op: str, nbytes: int, fn):
+        """``fn()``: CPU work ``op`` on ``nbytes`` (core.runtime.compute.CPU_OPS), a ``Compute`` that
+        emu times when the scenario prices ``op``; otherwise called here, taking no request."""
+        if nbytes and getattr(self.cpu_costs, f"{op}_s_per_mb"):
+            return (yield Compute(fn, kind=op, nbytes=nbytes))
+        return fn()
 
     def inbox(self, topic: str) -> Inbox:
         return Inbox(self.ctx, topic, self.dim, self.site_of, self.site, self.result)
@@ -119,8 +135,9 @@ def master(ctx, scenario, work, name: str = MASTER):
             break
         payload, raw = got[b.root]
         if b.hips and not g.weights_down:  # what a local PS hands its workers, so that the master's model is theirs
-            payload = decode(site_downlink(payload, raw, g.fp16), b.dim)
-        applier.apply(payload.dense())
+            payload = yield from b.cpu("densify", b.vec_bytes if payload.sparse else 0,
+                                       lambda: decode(site_downlink(payload, raw, g.fp16), b.dim))
+        yield from b.cpu("apply", b.vec_bytes, lambda: applier.apply(payload.dense()))
         b.result.rounds = r
         if r % g.eval_every == 0 or r == last:
             yield from _evaluate(b, r)
@@ -163,13 +180,13 @@ def worker(ctx, scenario, work, name: str):
         t0 = ctx.now()
         loss = yield Compute(lambda: work.gradients(b.model, batch, index, r), samples=len(batch))
         t1 = ctx.now()
-        data = encode_dense(r, grad_vector(b.model), g.fp16)
+        data = yield from b.cpu("encode", b.vec_bytes, lambda: encode_dense(r, grad_vector(b.model), g.fp16))
         yield from b.send(GEO_PUSH, data, up)
         got = yield from pulls.collect([up], r, b.pull_deadline())
         if not got:
             b.gave_up(r, [up])
             break
-        applier.apply(got[up][0].dense())
+        yield from b.cpu("apply", b.vec_bytes, lambda: applier.apply(got[up][0].dense()))
         t2 = ctx.now()
         b.result.rounds = r
         b.result.comm_s.append(t2 - t1)
@@ -217,20 +234,14 @@ def local_ps(ctx, scenario, work, name: str):
             if not got:
                 break
             workers = [w for w in workers if w in got]   # the site goes on without them
-        total = np.zeros(b.dim, np.float32)
-        for w in workers:   # in a fixed order: arrival order changes no bit
-            total += got[w][0].dense()
-        if g.sync == "mixed":   # the site's mean gradient: the global PS applies each site's as it comes
-            share = total / np.float32(len(workers))
-        else:                   # the site's part of the mean over every worker
-            share = total / np.float32(b.workers_total)
-            if len(workers) < site_size:
-                share *= np.float32(site_size / len(workers))
+        share = yield from b.cpu("sum", b.vec_bytes * len(workers),
+                                 lambda: site_share(got, workers, b.dim, b.workers_total, site_size, g.sync))
         if sparsifier is not None:
-            idx, vals = sparsifier.compress(share, r, g.density_at(r))
-            data = _encode_bisparse(r, b.dim, sparsifier.blocks, idx, vals, g.fp16)
+            data = yield from b.cpu("sparsify", b.vec_bytes,
+                                    lambda: _encode_bisparse(r, b.dim, sparsifier.blocks,
+                                                             *sparsifier.compress(share, r, g.density_at(r)), g.fp16))
         else:
-            data = encode_dense(r, share, g.fp16)
+            data = yield from b.cpu("encode", b.vec_bytes, lambda: encode_dense(r, share, g.fp16))
         t1 = ctx.now()
         yield from b.send(GEO_PUSH, data, GLOBAL_PS)
         down = yield from pulls.collect([GLOBAL_PS], r, b.pull_deadline())
@@ -238,7 +249,8 @@ def local_ps(ctx, scenario, work, name: str):
             b.gave_up(r, [GLOBAL_PS])
             break
         t2 = ctx.now()
-        out = site_downlink(*down[GLOBAL_PS], g.fp16)
+        out = yield from b.cpu("densify", b.vec_bytes if down[GLOBAL_PS][0].sparse else 0,
+                               lambda: site_downlink(*down[GLOBAL_PS], g.fp16))
         for w in workers:
             yield from b.send(GEO_PULL, out, w)
         b.result.rounds = r
@@ -294,20 +306,15 @@ def root_ps(ctx, scenario, work, name: str):
         present = sum(weight[c] for c in children)
         t1 = ctx.now()
         if g.sparse:
-            idx, vals = sum_sparse([got[c][0] for c in children], b.dim)
-            out = _encode_bisparse(r, b.dim, whole_blocks(b.sizes, g.dense_below), idx, vals, g.fp16)
+            out = yield from b.cpu("merge", b.vec_bytes * len(children), lambda: _encode_bisparse(
+                r, b.dim, whole_blocks(b.sizes, g.dense_below), *sum_sparse([got[c][0] for c in children], b.dim),
+                g.fp16))
         else:
-            total = np.zeros(b.dim, np.float32)
-            for c in children:
-                total += got[c][0].dense()
-            if not b.hips:  # the flat PS has every worker's gradient: it takes the mean itself
-                total /= np.float32(present)
-            elif present < b.workers_total:  # each site sent its part of the mean over every worker
-                total *= np.float32(b.workers_total / present)
+            total = yield from b.cpu("sum", b.vec_bytes * len(children),
+                                     lambda: root_sum(got, children, b.dim, b.hips, present, b.workers_total))
             if applier is not None:
-                applier.apply(total)
-                total = get_vector(b.model)
-            out = encode_dense(r, total, g.fp16)
+                total = yield from b.cpu("apply", b.vec_bytes, lambda: applied(applier, b.model, total))
+            out = yield from b.cpu("encode", b.vec_bytes, lambda: encode_dense(r, total, g.fp16))
         for dst in [*children, MASTER]:
             yield from b.send(GEO_PULL, out, dst)
         b.result.rounds = r
@@ -343,17 +350,15 @@ def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier):
             break
         child, payload, raw = got
         t0 = ctx.now()
-        grad = payload.dense()
-        w = get_vector(b.model)
-        if g.dcasgd_lambda > 0:   # DC-ASGD: g + lambda g*g*(w_now - w_when_pulled)
-            grad = grad + np.float32(g.dcasgd_lambda) * grad * grad * (w - pulled[child])
-        applier.apply(grad)
+        w = yield from b.cpu("apply", b.vec_bytes, lambda: mixed_apply(applier, b.model, payload.dense(),
+                                                                        pulled[child], g.dcasgd_lambda))
         version += 1
-        w = get_vector(b.model)
-        out = encode_dense(payload.round, w, g.fp16)       # the site's round ...
+        # the site's round, and the master's version
+        out, to_master = yield from b.cpu("encode", 2 * b.vec_bytes, lambda: (
+            encode_dense(payload.round, w, g.fp16), encode_dense(version, w, g.fp16)))
         pulled[child] = decode(out, b.dim).dense()
         yield from b.send(GEO_PULL, out, child)
-        yield from b.send(GEO_PULL, encode_dense(version, w, g.fp16), MASTER)   # ... the master's version
+        yield from b.send(GEO_PULL, to_master, MASTER)
         ctx.emit(ev.GEO_ROUND, round=version, role="global_ps", wait_s=0.0, wan_s=round(ctx.now() - t0, 9),
                  bytes_up=len(raw), bytes_down=len(out))
         expected[child] += 1

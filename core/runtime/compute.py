@@ -17,6 +17,12 @@ a crash halfway through a job (``core.runtime.driver``).
 ``train_s_per_sample`` defaults to the model's reference cost (core.models),
 measured on the reference machine.  Evaluation is the experimenter's
 instrument, not part of the emulated system, so it takes no virtual time.
+
+The work a role does outside training (``CPU_OPS``: encoding a payload, summing,
+sparsifying, applying the update) takes, in emu, the bytes it works on times
+``compute.cpu.<op>_s_per_mb`` (this machine's measured rates; 0 by default: free).
+Neither slowdown nor jitter applies to it: real mode stages a straggler on its
+training alone, and the jitter stream is training's.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from dtemu.core.scenario import ComputeSpec
+
+# Kinds of Compute that are CPU work outside training, priced per MB (``Compute.nbytes``).
+CPU_OPS = ("encode", "sum", "sparsify", "merge", "densify", "apply")
 
 
 class ComputeTimer:
@@ -40,6 +49,10 @@ class ComputeTimer:
         self.seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
         # Emu: CPU seconds per MB of a received message before the role gets it (0: none).
         self.decode_s_per_mb = getattr(spec, "decode_s_per_mb", 0.0) or 0.0
+        # Emu: CPU seconds per MB of each op outside training (CPU_OPS; 0: free).
+        cpu = getattr(spec, "cpu", None)
+        self.cpu_s_per_mb = {op: getattr(cpu, f"{op}_s_per_mb", 0.0) if cpu is not None else 0.0
+                             for op in CPU_OPS}
 
     @property
     def changing(self) -> bool:
@@ -67,9 +80,11 @@ class ComputeTimer:
     def _factor(self) -> float:
         return 1.0 + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0)
 
-    def duration(self, samples: int, kind: str = "train", now: float = 0.0) -> float:
-        """Modelled seconds of ``samples`` samples of ``kind`` work started at ``now`` (only
-        training takes time)."""
+    def duration(self, samples: int, kind: str = "train", now: float = 0.0, nbytes: int = 0) -> float:
+        """Modelled seconds of ``samples`` samples of ``kind`` work started at ``now`` (training),
+        or of an op of CPU_OPS on ``nbytes`` bytes; other kinds take no time."""
+        if kind in self.cpu_s_per_mb:
+            return nbytes * self.cpu_s_per_mb[kind] / 1e6
         if kind != "train" or samples <= 0:
             return 0.0
         if self.cost is None:

@@ -226,7 +226,7 @@ class Driver:
         if crash.landing == faultlib.IN_COMPUTE and isinstance(request, Compute):
             # Halfway through the job: its result dies with the node, so it is not even computed.
             yield from self.prims.idle(self.prims.timer.duration(request.samples, request.kind,
-                                                                 now=self.prims.now()) / 2)
+                                                                 now=self.prims.now(), nbytes=request.nbytes) / 2)
         elif crash.landing == faultlib.IN_SEND and isinstance(request, Send):
             yield from self.prims.send_half(request.topic, request.data, request.to)
         elif crash.landing == faultlib.AFTER_SEND and isinstance(request, Send):

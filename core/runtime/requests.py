@@ -61,6 +61,9 @@ class Compute:
     fn: Callable[[], Any]
     samples: int = 0
     kind: str = "train"
+    # CPU work outside training (``kind`` one of core.runtime.compute.CPU_OPS): the bytes it works
+    # on, priced in emu by the node's ``compute.cpu.<kind>_s_per_mb``.
+    nbytes: int = 0
     # The same work as a picklable description (core.ml.jobs: TrainJob, EvalJob), or None: a runtime
     # with worker processes (emu --jobs N) may run it there instead of calling fn, for the
     # same result; the modelled duration does not depend on the result, so the job can be

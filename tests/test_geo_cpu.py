@@ -1,0 +1,107 @@
+"""The geo roles' CPU outside the gradient in emu (issue 11): ``compute.default.cpu``'s rates
+charged where the roles do that work, exactly; ``compute.shared_cores``; absent keys change
+nothing.  The stand-in model of tests/test_geo.py: 771 parameters, 3084 bytes as fp32."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dtemu.core.runtime.compute import CPU_OPS
+from dtemu.emu.run import run_emulation
+from test_geo import StandIn, geo_scenario
+
+VEC_MB = 4 * 771 / 1e6   # the stand-in's fp32 vector, in the rates' MB
+RATE = 0.1               # s per MB: one op on the vector takes 0.3084 ms
+
+
+def _run(tmp_path, name, **sets):
+    run_emulation(geo_scenario(**sets), tmp_path / name, work=StandIn())
+    return [json.loads(line) for line in (tmp_path / name / "events.jsonl").read_text().splitlines()]
+
+
+def _root_rounds(events) -> dict[int, float]:
+    """round -> the root (global or flat) PS's close minus the previous close (rounds 2..)."""
+    close = {e["round"]: e["t"] for e in events if e["kind"] == "geo_round" and e["node"] in ("global-ps", "ps")}
+    return {r: close[r] - close[r - 1] for r in sorted(close) if r - 1 in close}
+
+
+def _delta(base, priced) -> list[float]:
+    a, b = _root_rounds(base), _root_rounds(priced)
+    assert sorted(a) == sorted(b) == list(range(2, 13))
+    return [b[r] - a[r] for r in sorted(a)]
+
+
+def _priced(*ops, rate=RATE) -> dict[str, float]:
+    return {f"compute.default.cpu.{op}_s_per_mb": rate for op in ops}
+
+
+# A fast LAN (no transfer time to speak of), so that only the CPU work moves a round.
+FAST_LAN = {f"network.sites.{s}.lan": "{bandwidth_mbps: 1000000000, latency_ms: 0}" for s in ("c", "a", "b")}
+
+
+def test_absent_or_zero_costs_change_no_event(tmp_path):
+    base = _run(tmp_path, "base")
+    zeros = _run(tmp_path, "zeros", **_priced(*CPU_OPS, rate=0.0), **{"compute.shared_cores": 0})
+    assert zeros == base
+    # Nor the scenario's digest (checkpoints of a scenario written before these keys still match).
+    assert geo_scenario(**_priced(*CPU_OPS, rate=0.0)).digest() == geo_scenario().digest()
+    assert geo_scenario(**_priced("encode")).digest() != geo_scenario().digest()
+
+
+@pytest.mark.parametrize("ops, sets, per_round", [
+    # HiPS, dense: a worker encodes its push, its local PS sums 2 pushes and encodes the share, the
+    # global PS sums 2 sites and encodes the aggregate; the local PS forwards it as it came and the
+    # workers apply it (the master's apply is off the round's path).
+    (("encode",), {}, 3),
+    (("sum",), {}, 4),
+    (("apply",), {}, 1),
+    (("sparsify", "merge", "densify"), {}, 0),   # not BiSparse: never charged
+    # BiSparse: the local PS sums 2 pushes and sparsifies, the global PS merges 2 sites' payloads,
+    # the local PS makes the sparse aggregate dense for its workers.
+    (("sum",), {"geo.compression": "bisparse"}, 2),
+    (("sparsify",), {"geo.compression": "bisparse"}, 1),
+    (("merge",), {"geo.compression": "bisparse"}, 2),
+    (("densify",), {"geo.compression": "bisparse"}, 1),
+    (("encode",), {"geo.compression": "bisparse"}, 1),
+    (("apply",), {"geo.compression": "bisparse"}, 1),
+    # The flat PS: every worker encodes, the PS sums the 4 pushes and encodes, the workers apply.
+    (("encode", "sum", "apply"), {"geo.architecture": "flat"}, 1 + 4 + 1 + 1),
+])
+def test_each_op_is_charged_on_the_round_s_path(tmp_path, ops, sets, per_round):
+    base = _run(tmp_path, "base", **sets, **FAST_LAN)
+    priced = _run(tmp_path, "priced", **sets, **FAST_LAN, **_priced(*ops))
+    for d in _delta(base, priced):
+        assert d == pytest.approx(per_round * RATE * VEC_MB, abs=3e-9)
+    # The time moved, not the training: the same model at the end.
+    ends = lambda ev: {e["node"]: e.get("model_sha256") for e in ev if e["kind"] == "geo_end"}  # noqa: E731
+    assert ends(priced) == ends(base)
+
+
+@pytest.mark.parametrize("cores, extra", [(0, 0), (2, 0), (1, 1)])
+def test_shared_cores_queue_the_sites_workers_encodes(tmp_path, cores, extra):
+    # A site's two workers finish their gradients together: on cores of their own (or two shared
+    # ones) they encode side by side; on one shared core the second waits for the first.
+    base = _run(tmp_path, "base", **FAST_LAN)
+    priced = _run(tmp_path, "priced", **FAST_LAN, **_priced("encode"), **{"compute.shared_cores": cores})
+    for d in _delta(base, priced):
+        assert d == pytest.approx((3 + extra) * RATE * VEC_MB, abs=3e-9)
+
+
+def test_a_node_s_own_rates_replace_the_default_block(tmp_path):
+    s = geo_scenario(**_priced("encode", "apply"), **{"compute.nodes.a-w0.cpu": "{apply_s_per_mb: 0.5}"})
+    assert s.compute_for("a-w1").cpu.encode_s_per_mb == RATE
+    assert s.compute_for("a-w0").cpu.encode_s_per_mb == 0.0 and s.compute_for("a-w0").cpu.apply_s_per_mb == 0.5
+
+
+def test_the_tool_measures_every_op_and_emu_takes_its_keys():
+    from dtemu.core.scenario import parse_scenario
+    from tools.geo_cpu_costs import cpu_sets, geo_cpu_costs
+
+    s = geo_scenario(**{"geo.compression": "bisparse_fp16"})
+    costs = geo_cpu_costs(s, reps=1)
+    assert set(costs) == set(CPU_OPS) and all(v > 0 for v in costs.values())
+    priced = parse_scenario(s.to_dict(), cpu_sets(costs, shared_cores=2))
+    assert priced.compute.shared_cores == 2
+    assert priced.compute_for("a-ps").cpu.sparsify_s_per_mb == pytest.approx(costs["sparsify"], rel=1e-5)
