@@ -13,7 +13,7 @@
         t.send(TRAIN_CMD, cmd_bytes, to="client1")     # addressed
         msg = t.recv([CLIENT_UPDATE], timeout_s=60)    # Message or None on timeout
 
-(About 640 lines: ``DdsTransport`` is one object that owns every DDS entity
+(About 780 lines: ``DdsTransport`` is one object that owns every DDS entity
 of a node and the thread that reads them; writing, presence, matching, the
 receive loop and teardown share its state and lock.  The pieces that are
 not DDS are apart: ``real.reassembly``, ``real.dds_support``, ``real.wire``.)
@@ -51,6 +51,16 @@ Design
   ``on_reject(kind, detail)`` hears of every dropped frame or message
   (``RejectLimiter`` turns them into rate-limited ``frame_rejected`` events).
   The reassembly itself is ``Reassembler``, which needs no DDS.
+* Answers are taken by their caller.  The readers of ``caller_takes``
+  (``CALLER_TAKES``: ``ps/state_reply``, which a worker reads right after its
+  query) are on a WaitSet of their own: the thread in ``recv`` waits there and
+  takes and reassembles their samples itself, through the same checks (bad
+  input counted and dropped, tags verified, events), under the lock the
+  receive thread takes too.  That spares a thread's wake-up and a hand-off
+  per answer (docs/results.md, the state server's answer time).  What arrives
+  there while nobody waits is taken by the receive thread every 0.2 s, and a
+  message the receive thread queues on another topic the caller waits for
+  wakes it.  A message's ``received_at`` is when it was taken.
 * No Python DDS Listener is used: cyclonedds-python's ``DataWriter.write``
   holds the GIL while ``dds_write`` may block on flow control, and a listener
   needs the GIL from a CycloneDDS thread.  Writes go through ``dds_write``
@@ -100,7 +110,7 @@ from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, 
     _wait_for_acks
 from dtemu.real import frame_auth
 from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, REASSEMBLY_STATS, Message, Reassembler
-from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame
+from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame, encode_parts
 
 try:  # the raw take the stock DataReader.take uses, without its per-batch deserialization
     from cyclonedds._clayer import ddspy_take as _ddspy_take
@@ -122,6 +132,12 @@ _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
 # docs/netns.md, "Geo sites over namespaces").
 ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL,
                     wire_topics.GEO_PUSH, wire_topics.GEO_PULL)
+# Topics a node reads as the answer to its own request, right after sending it: the thread that
+# calls recv takes their samples itself (see the module docstring), which spares the receive
+# thread's wake-up and its hand-off to the caller on every answer (the state server's round
+# trip, docs/results.md).
+CALLER_TAKES = (wire_topics.SS_REPLY,)
+_TICK_S = 0.2  # the receive thread also takes the callers' topics this often, so nothing waits there
 MAX_ADDRESSED_WRITERS = 4096  # per-node DDS topics a transport sets up; beyond, the shared topic
 
 
@@ -144,7 +160,8 @@ class DdsTransport(Reassembler):
                  write_timeout_s: float = 15.0,
                  on_reject=None,
                  key: Optional[bytes] = None,
-                 addressed: Iterable[str] = ADDRESSED_TOPICS):
+                 addressed: Iterable[str] = ADDRESSED_TOPICS,
+                 caller_takes: Iterable[str] = CALLER_TAKES):
         """``key``: the run's shared key; every frame sent is tagged and every frame received
         must carry a valid tag (``real.frame_auth``)."""
         if not node or not isinstance(node, str):
@@ -176,6 +193,18 @@ class DdsTransport(Reassembler):
         self._logical: dict[str, str] = {}  # per-node DDS topic -> its topic
         self._addr_readers: dict[str, DataReader] = {}  # this node's per-node topics
         self._addr_ready: set[str] = set()  # per-node DDS topics whose writer matched its reader
+        self._addr_names: dict[tuple[str, str], str] = {}  # (topic, node) -> its per-node DDS topic
+        # Readers are taken under _drain_lock (the Reassembler's state is one thread's at a time):
+        # by the receive thread, which waits on _ws, and for the topics of caller_takes by the
+        # thread in recv, which waits on _caller_ws (one such caller at a time: _caller_lock).
+        self._drain_lock = threading.Lock()
+        self._caller_takes = frozenset(caller_takes)
+        self._thread_readers: list[tuple[str, DataReader]] = []  # (DDS topic, reader) the thread waits for
+        self._caller_readers: list[tuple[str, DataReader]] = []  # those of caller_takes' topics
+        self._caller_lock = threading.Lock()
+        self._caller_wants: Optional[frozenset] = None  # what the caller in recv waits for (None: no one)
+        self._caller_poked = False  # _caller_guard was set
+        self._guard_set = False  # _guard was set by subscribe
 
         xml = config_xml(profile, peers)
         _acquire_domain(self.domain_id, xml)
@@ -189,6 +218,10 @@ class DdsTransport(Reassembler):
             self._guard = GuardCondition(self._dp)
             self._entities += [self._ws, self._guard]
             self._ws.attach(self._guard)
+            self._caller_ws = WaitSet(self._dp)
+            self._caller_guard = GuardCondition(self._dp)
+            self._entities += [self._caller_ws, self._caller_guard]
+            self._caller_ws.attach(self._caller_guard)
             # presence
             hello_topic = Topic(self._dp, HELLO, Hello)
             hq = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.Durability.TransientLocal,
@@ -261,13 +294,17 @@ class DdsTransport(Reassembler):
                             Policy.IgnoreLocal.Participant]
                 if name in wire_topics.DURABLE_TOPICS:
                     policies.append(Policy.Durability.TransientLocal)
+                by_caller = name in self._caller_takes
+                ws = self._caller_ws if by_caller else self._ws
+                readers = self._caller_readers if by_caller else self._thread_readers
                 r = DataReader(self._dp, self._topic(name), qos=Qos(*policies))
                 cond = ReadCondition(r, _ANY_STATE)
                 self._entities += [r, cond]
                 with self._cv:
                     self._queues.setdefault(name, deque())
                 self._readers[name] = r
-                self._ws.attach(cond)
+                ws.attach(cond)
+                readers.append((name, r))
                 if name in self._addressed and name not in wire_topics.DURABLE_TOPICS:
                     phys = self.addressed_topic(name, self.node)
                     self._logical[phys] = name
@@ -275,8 +312,10 @@ class DdsTransport(Reassembler):
                     acond = ReadCondition(ar, _ANY_STATE)
                     self._entities += [ar, acond]
                     self._addr_readers[phys] = ar
-                    self._ws.attach(acond)
+                    ws.attach(acond)
+                    readers.append((phys, ar))
             self._guard.set(True)  # wake the receiver so it sees the new readers
+            self._guard_set = True  # after set(True): the receiver resets it then (see _run)
 
     @staticmethod
     def addressed_topic(topic: str, node: str) -> str:
@@ -327,7 +366,11 @@ class DdsTransport(Reassembler):
             raise ValueError(f"message of {total} bytes exceeds max_message_bytes={self.max_message_bytes}")
         wname = topic
         if to and topic in self._addressed:
-            phys = self.addressed_topic(topic, to)
+            phys = self._addr_names.get((topic, to))
+            if phys is None:
+                phys = self.addressed_topic(topic, to)
+                if len(self._addr_names) < MAX_ADDRESSED_WRITERS:
+                    self._addr_names[(topic, to)] = phys
             if phys in self._addr_ready:
                 wname = phys
             else:
@@ -352,9 +395,7 @@ class DdsTransport(Reassembler):
                 if sealed:  # the tag first: the receiver checks it before the frame counts (real.frame_auth)
                     chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
                                                  total, chunk) + chunk
-                f = Frame(src=self.node, dst=dst, topic=label, msg_id=msg_id, part=i,
-                          parts=parts, total=total, payload=chunk)
-                self._write(w, encode_frame(f, pad4=True))
+                self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts, total, chunk, pad4=True))
             self.stats["sent_frames"] += parts
             self.stats["sent_msgs"] += 1
             self.stats["sent_bytes"] += total
@@ -391,24 +432,72 @@ class DdsTransport(Reassembler):
             if missing:
                 raise ValueError(f"not subscribed to {missing}; call subscribe() first")
         deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        if self._caller_readers and (wanted is None or not self._caller_takes.isdisjoint(wanted)):
+            return self._recv_taking(wanted, deadline)
+        return self._recv_queued(wanted, deadline)
+
+    def _pop(self, wanted: Optional[list[str]]) -> Optional[Message]:
+        """The oldest queued message on ``wanted``, or None (with ``_cv`` held)."""
+        best = None
+        for t in (wanted if wanted is not None else list(self._queues)):
+            q = self._queues.get(t)
+            if q and (best is None or q[0][0] < best[0][0]):
+                best = q
+        return best.popleft()[1] if best is not None else None
+
+    def _recv_queued(self, wanted: Optional[list[str]], deadline: Optional[float],
+                     cap_s: float = 1.0) -> Optional[Message]:
+        """Wait for the receive thread to queue a message (or, with ``cap_s``, for a while)."""
         with self._cv:
             while True:
-                best = None
-                for t in (wanted if wanted is not None else list(self._queues)):
-                    q = self._queues.get(t)
-                    if q and (best is None or q[0][0] < best[0][0]):
-                        best = q
-                if best is not None:
-                    return best.popleft()[1]
+                msg = self._pop(wanted)
+                if msg is not None:
+                    return msg
                 if self._closed:
                     return None
-                if deadline is None:
-                    self._cv.wait(1.0)
-                else:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                left = cap_s if deadline is None else min(cap_s, deadline - time.monotonic())
+                if left <= 0:
+                    return None
+                self._cv.wait(left)
+                if cap_s < 1.0:  # one wait: the caller checks whether it can take for itself now
+                    return self._pop(wanted)
+
+    def _recv_taking(self, wanted: Optional[list[str]], deadline: Optional[float]) -> Optional[Message]:
+        """recv of a caller_takes topic: this thread waits on those topics' readers and takes
+        their samples itself (the same checks and reassembly as the receive thread's); what
+        the receive thread queues meanwhile on ``wanted`` wakes it too (_deliver)."""
+        while not self._caller_lock.acquire(blocking=False):  # another thread is taking: its turn
+            msg = self._recv_queued(wanted, deadline, cap_s=0.01)
+            if msg is not None or self._closed or (deadline is not None and time.monotonic() >= deadline):
+                return msg
+        try:
+            self._caller_wants = frozenset(wanted) if wanted is not None else frozenset(self._queues)
+            while True:
+                if self._caller_poked:
+                    self._caller_poked = False
+                    self._caller_guard.set(False)
+                try:
+                    self._drain(self._caller_readers)
+                except Exception as exc:  # a take that failed: closing, or counted as the thread does
+                    if self._closing:
                         return None
-                    self._cv.wait(left)
+                    self._receive_error(exc)
+                with self._cv:
+                    msg = self._pop(wanted)
+                    if msg is not None or self._closing:
+                        return msg
+                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                if left <= 0:
+                    return None
+                try:
+                    self._caller_ws.wait(duration(seconds=left))
+                except DDSException:  # deleted by close()
+                    if self._closing:
+                        return None
+                    raise
+        finally:
+            self._caller_wants = None
+            self._caller_lock.release()
 
     def pending_count(self) -> int:
         """Complete messages waiting for recv()."""
@@ -416,26 +505,36 @@ class DdsTransport(Reassembler):
             return sum(len(q) for q in self._queues.values())
 
     def _run(self) -> None:
-        last_expire = time.monotonic()
+        last_expire = last_tick = time.monotonic()
         while not self._closing:
             try:
-                self._ws.wait(duration(milliseconds=200))
+                self._ws.wait(duration(seconds=_TICK_S))
                 if self._closing:
                     break
-                self._guard.set(False)
+                if self._guard_set:  # (a C call: not on every wake-up)
+                    self._guard_set = False
+                    self._guard.set(False)
                 self._drain()
                 now = time.monotonic()
+                if now - last_tick >= _TICK_S:  # the callers' topics, when no caller is taking them
+                    last_tick = now
+                    if self._caller_readers and not self._caller_lock.locked():
+                        self._drain(self._caller_readers)
                 if now - last_expire >= 1.0:
                     last_expire = now
-                    self._expire(now)
+                    with self._drain_lock:
+                        self._expire(now)
                     self._flush_rejects(final=False)
             except Exception as exc:  # never die
                 if self._closing:
                     break
-                self.stats["errors"] += 1
-                self.last_error = repr(exc)
-                log.exception("dds receiver of %s", self.node)
-                time.sleep(0.05)
+                self._receive_error(exc)
+
+    def _receive_error(self, exc: Exception) -> None:
+        self.stats["errors"] += 1
+        self.last_error = repr(exc)
+        log.exception("dds receiver of %s", self.node)
+        time.sleep(0.05)
 
     def _take(self, reader: DataReader):
         # Take *everything* available: Frame is keyed on ``part`` so take() returns samples
@@ -450,39 +549,46 @@ class DdsTransport(Reassembler):
             return ret
         return [(s, s.sample_info) for s in reader.take(n)]  # pragma: no cover
 
-    def _drain(self) -> None:
+    def _drain(self, readers: Optional[list] = None) -> None:
+        """Take and reassemble what ``readers`` hold (default: the receive thread's)."""
+        if readers is None:
+            readers = self._thread_readers
         with self._lock:
-            readers = list(self._readers.items()) + list(self._addr_readers.items())
-        for topic, reader in readers:
-            while not self._closing:
-                batch = self._take(reader)
-                if not batch:
-                    break
-                frames = []
-                for data, info in batch:
-                    if not info.valid_data:  # instance state changes (a writer went away)
-                        continue
-                    self.stats["recv_frames"] += 1
-                    if isinstance(data, Frame):  # fallback path of _take
-                        f = data
-                        f.payload = memoryview(bytes(f.payload))
-                    else:
-                        try:
-                            f = decode_frame(data, copy=False)
-                        except WireError as exc:
-                            self._malformed(str(exc))
-                            continue
-                    frames.append((f, info.source_timestamp))
-                frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
-                for f, ts in frames:
+            readers = list(readers)
+        with self._drain_lock:
+            for topic, reader in readers:
+                self._drain_reader(topic, reader)
+
+    def _drain_reader(self, topic: str, reader: DataReader) -> None:
+        while not self._closing:
+            batch = self._take(reader)
+            if not batch:
+                break
+            frames = []
+            for data, info in batch:
+                if not info.valid_data:  # instance state changes (a writer went away)
+                    continue
+                self.stats["recv_frames"] += 1
+                if isinstance(data, Frame):  # fallback path of _take
+                    f = data
+                    f.payload = memoryview(bytes(f.payload))
+                else:
                     try:
-                        self._on_frame(topic, f, ts)
-                    except Exception as exc:  # a bug, not bad input: count, keep going
-                        self.stats["errors"] += 1
-                        self.last_error = repr(exc)
-                        log.exception("dds receiver of %s: frame on %s", self.node, topic)
-                if len(batch) < self._reader_max_samples:
-                    break
+                        f = decode_frame(data, copy=False)
+                    except WireError as exc:
+                        self._malformed(str(exc))
+                        continue
+                frames.append((f, info.source_timestamp))
+            frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
+            for f, ts in frames:
+                try:
+                    self._on_frame(topic, f, ts)
+                except Exception as exc:  # a bug, not bad input: count, keep going
+                    self.stats["errors"] += 1
+                    self.last_error = repr(exc)
+                    log.exception("dds receiver of %s: frame on %s", self.node, topic)
+            if len(batch) < self._reader_max_samples:
+                break
 
     def _deliver(self, topic, src, dst, tag, msg_id, data: bytes, source_ts: int) -> None:
         topic = self._logical.get(topic, topic)  # a per-node DDS topic delivers as its topic
@@ -497,6 +603,10 @@ class DdsTransport(Reassembler):
         with self._cv:
             self._queues.setdefault(topic, deque()).append((next(self._seq), msg))
             self._cv.notify_all()
+        wants = self._caller_wants
+        if wants is not None and topic in wants and threading.get_ident() == self._thread.ident:
+            self._caller_poked = True
+            self._caller_guard.set(True)
 
     # --- presence and matching ---------------------------------------------------------------
     def participants(self) -> dict[str, str]:
@@ -632,10 +742,11 @@ class DdsTransport(Reassembler):
             if self._closing:
                 return
             self._closing = True
-        try:
-            self._guard.set(True)
-        except Exception:
-            pass
+        for guard in (getattr(self, "_guard", None), getattr(self, "_caller_guard", None)):
+            try:  # wake the receive thread, and a caller taking in recv
+                guard.set(True)
+            except Exception:
+                pass
         t = getattr(self, "_thread", None)
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10.0)
@@ -647,13 +758,14 @@ class DdsTransport(Reassembler):
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        ws = getattr(self, "_ws", None)
-        if ws is not None:  # detach first, then delete the rest children-first
-            _delete_entity(ws)
-        for e in reversed([e for e in self._entities if e is not ws]):
-            _delete_entity(e)
-        self._entities = []
-        _delete_entity(getattr(self, "_dp", None))
+        with self._drain_lock:  # not while a caller is taking
+            waitsets = [getattr(self, "_ws", None), getattr(self, "_caller_ws", None)]
+            for ws in waitsets:  # detach first, then delete the rest children-first
+                _delete_entity(ws)
+            for e in reversed([e for e in self._entities if e not in waitsets]):
+                _delete_entity(e)
+            self._entities = []
+            _delete_entity(getattr(self, "_dp", None))
         self._readers = {}
         self._addr_readers = {}
         self._writers = {}

@@ -134,11 +134,17 @@ def _encapsulation(v2: bool) -> int:
     return idl.xcdrv2_head if v2 else idl.xcdrv1_head
 
 
+_DEFAULT_V2: list[bool] = []
+
+
 def _default_v2() -> bool:
+    if _DEFAULT_V2:
+        return _DEFAULT_V2[0]
     idl = Frame.__idl__
     if not idl._populated:
         idl.populate()
-    return idl.default_version == 2
+    _DEFAULT_V2.append(idl.default_version == 2)
+    return _DEFAULT_V2[0]
 
 
 def _payload_view(payload) -> memoryview | bytes:
@@ -159,44 +165,65 @@ def encode_frame(f: Frame, endianness: Endianness | None = None, use_version_2: 
     before handing a sample to CycloneDDS (saves it a second copy)."""
     v2 = _default_v2() if use_version_2 is None else bool(use_version_2)
     little = (endianness or Endianness.native()) == Endianness.Little
+    return encode_parts(f.src, f.dst, f.topic, f.msg_id, f.part, f.parts, f.total, f.payload, v2, little, pad4)
+
+
+# (src, dst, topic, v2, little) -> the bytes up to msg_id: encapsulation header, the three strings,
+# the padding after them.  A node sends with a handful of (src, dst, topic): each frame packs
+# only its numbers behind a cached prefix (a quarter of the time of building it, per message
+# of the state server's round trip, docs/results.md).  Bounded: cleared when full.
+_PREFIXES: dict[tuple, bytes] = {}
+_MAX_PREFIXES = 4096
+_TAIL = {True: struct.Struct("<QIIQI"), False: struct.Struct(">QIIQI")}  # msg_id part parts total len(payload)
+
+
+def _prefix(src: str, dst: str, topic: str, v2: bool, little: bool) -> bytes:
     e = "<" if little else ">"
     align8 = 4 if v2 else 8  # XCDR2 caps alignment at 4
     head = bytearray(4)
     head[1] = _encapsulation(v2) | (1 if little else 0)
-    pos = 0  # offset relative to the end of the 4-byte encapsulation header
-
-    def pad(a: int) -> None:
-        nonlocal pos
-        n = (-pos) % a
-        if n:
-            head.extend(b"\0" * n)
-            pos += n
-
-    for s in (f.src, f.dst, f.topic):
+    for s in (src, dst, topic):
         b = s.encode("utf-8")
-        pad(4)
+        head.extend(b"\0" * ((-(len(head) - 4)) % 4))
         head += struct.pack(e + "I", len(b) + 1)
         head += b
         head += b"\0"
-        pos += 4 + len(b) + 1
-    pad(align8)
-    head += struct.pack(e + "Q", f.msg_id)
-    pos += 8
-    head += struct.pack(e + "II", f.part, f.parts)  # already 4-aligned
-    pos += 8
-    pad(align8)
-    head += struct.pack(e + "Q", f.total)
-    pos += 8
-    payload = _payload_view(f.payload)
-    head += struct.pack(e + "I", len(payload))  # 4-aligned after a uint64
-    tail = b"\0" * ((-len(payload)) % 4) if pad4 else b""  # head is a multiple of 4 long
-    if not len(payload):
-        return bytes(head)
-    return b"".join((head, payload, tail))
+    # msg_id at an 8-aligned offset (4 in XCDR2); part and parts keep total 8-aligned: no padding
+    # further on (offsets relative to the end of the 4-byte encapsulation header)
+    head.extend(b"\0" * ((-(len(head) - 4)) % align8))
+    return bytes(head)
+
+
+def encode_parts(src: str, dst: str, topic: str, msg_id: int, part: int, parts: int, total: int, payload,
+                 v2: bool | None = None, little: bool | None = None, pad4: bool = False) -> bytes:
+    """``encode_frame`` of a Frame with these fields, without building the Frame (the transport's
+    send path); ``v2`` / ``little`` default to the stock serializer's choice (XCDR1 unless the
+    type says otherwise, native byte order)."""
+    if v2 is None:
+        v2 = _default_v2()
+    if little is None:
+        little = _NATIVE_LITTLE
+    key = (src, dst, topic, v2, little)
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        prefix = _prefix(src, dst, topic, v2, little)
+        if len(_PREFIXES) >= _MAX_PREFIXES:
+            _PREFIXES.clear()
+        _PREFIXES[key] = prefix
+    payload = _payload_view(payload)
+    n = len(payload)
+    head = prefix + _TAIL[little].pack(msg_id, part, parts, total, n)
+    if not n:
+        return head
+    if pad4 and n % 4:
+        return b"".join((head, payload, b"\0" * (-n % 4)))  # head is a multiple of 4 long
+    return b"".join((head, payload))
+
+
+_NATIVE_LITTLE = Endianness.native() == Endianness.Little
 
 
 _U32 = {True: struct.Struct("<I"), False: struct.Struct(">I")}
-_U64 = {True: struct.Struct("<Q"), False: struct.Struct(">Q")}
 _KNOWN_KINDS = {0x00, 0x01, 0x06, 0x07}  # CDR_BE, CDR_LE, CDR2_BE, CDR2_LE (final struct)
 
 
@@ -216,42 +243,32 @@ def decode_frame(data, copy: bool = True) -> Frame:
     if mv[0] != 0 or kind not in _KNOWN_KINDS:
         raise WireError(f"unsupported encapsulation {bytes(mv[:2]).hex()}")
     little = bool(kind & 1)
-    v2 = kind > 3
-    align8 = 4 if v2 else 8
     u32 = _U32[little]
-    u64 = _U64[little]
-    pos = 0  # relative to 4
+    pos = 4  # absolute; alignment counts from 4 (the end of the encapsulation header)
     try:
         strs = []
         for _ in range(3):
-            pos += (-pos) % 4
-            (ln,) = u32.unpack_from(mv, 4 + pos)
+            pos += (4 - pos) % 4
+            (ln,) = u32.unpack_from(mv, pos)
             pos += 4
-            if ln < 1 or 4 + pos + ln > n:
+            end = pos + ln
+            if ln < 1 or end > n:
                 raise WireError("bad string length")
-            if mv[4 + pos + ln - 1] != 0:
+            if mv[end - 1] != 0:
                 raise WireError("string not NUL-terminated")
-            strs.append(str(mv[4 + pos:4 + pos + ln - 1], "utf-8"))
-            pos += ln
-        pos += (-pos) % align8
-        (msg_id,) = u64.unpack_from(mv, 4 + pos)
-        pos += 8
-        part = u32.unpack_from(mv, 4 + pos)[0]
-        parts = u32.unpack_from(mv, 4 + pos + 4)[0]
-        pos += 8
-        pos += (-pos) % align8
-        (total,) = u64.unpack_from(mv, 4 + pos)
-        pos += 8
-        (plen,) = u32.unpack_from(mv, 4 + pos)
-        pos += 4
+            strs.append(str(mv[pos:end - 1], "utf-8"))
+            pos = end
+        pos += (4 - pos) % (4 if kind > 3 else 8)  # XCDR2 caps alignment at 4
+        # msg_id, part, parts, total, payload length: no padding between them (see encode_parts)
+        msg_id, part, parts, total, plen = _TAIL[little].unpack_from(mv, pos)
+        pos += 28
     except struct.error as exc:
         raise WireError(f"truncated frame: {exc}") from None
     except UnicodeDecodeError as exc:
         raise WireError(f"bad utf-8 in a string: {exc}") from None
-    start = 4 + pos
-    if start + plen > n:
+    if pos + plen > n:
         raise WireError("payload runs past the end of the sample")
-    payload = mv[start:start + plen]
+    payload = mv[pos:pos + plen]
     if copy:
         payload = payload.tobytes()
     return Frame(src=strs[0], dst=strs[1], topic=strs[2], msg_id=msg_id, part=part,

@@ -20,7 +20,7 @@ pytest.importorskip("cyclonedds")
 from dtemu.host.rundir import RunDir, read_events  # noqa: E402
 from helpers import new_domain  # noqa: E402
 from dtemu.real.node import real_driver  # noqa: E402
-from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, TRAIN_CMD  # noqa: E402
+from dtemu.core.wire.topics import CLIENT_UPDATE, COLL_FRAMES, MODEL_BLOB, SS_REPLY, TRAIN_CMD  # noqa: E402
 from dtemu.real.reassembly import Message, RejectLimiter  # noqa: E402
 from dtemu.real.transport import DdsTransport  # noqa: E402
 from dtemu.real.wire import Frame, Hello, encode_frame  # noqa: E402
@@ -472,6 +472,59 @@ def test_addressed_collective_frames_reach_only_their_addressee(domain, sealed):
         # a send to a node whose reader never matched falls back to the shared topic
         ta.send(COLL_FRAMES, b"for nobody", to=name("ghost"))
         assert poll(lambda: tc.stats["not_for_me"] == 1, 5)
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_caller_takes_its_answers_itself_with_the_same_guarantees(domain, sealed):
+    """ps/state_reply (CALLER_TAKES): the thread in recv takes the samples itself, not the receive
+    thread; bad input is still counted and dropped, what nobody asks for is still taken (the
+    receive thread's tick), a message the receive thread queues on another wanted topic wakes
+    the caller, and close() unblocks it."""
+    r, w = name("r"), name("w")
+    key = b"k" * 32 if sealed else None
+    with DdsTransport(r, domain_id=domain, subscribe=[SS_REPLY, TRAIN_CMD], key=key) as tr, \
+            DdsTransport(w, domain_id=domain, key=key) as tw:
+        assert tw.wait_matched({SS_REPLY: [r], TRAIN_CMD: [r]}, timeout_s=10) == {}
+        assert [t for t, _ in tr._caller_readers] == [SS_REPLY, DdsTransport.addressed_topic(SS_REPLY, r)]
+        # bad input on the caller's topic: counted (malformed, or forged in a sealed run), dropped
+        tw.write_frame(SS_REPLY, Frame(src="evil", topic=SS_REPLY, msg_id=1, parts=0, total=3, payload=b"abc"))
+        tw.send(SS_REPLY, b"answer", to=r)
+        m = tr.recv([SS_REPLY], timeout_s=5)
+        assert m is not None and (m.src, m.dst, m.data, m.topic) == (w, r, b"answer", SS_REPLY)
+        assert tr.stats["forged_frames" if sealed else "malformed"] == 1 and tr.stats["errors"] == 0
+        # an answer nobody waits for does not stay in DDS: the receive thread takes it within its tick
+        tw.send(SS_REPLY, b"unasked", to=r)
+        assert poll(lambda: tr.pending_count() == 1, 3)
+        assert tr.recv(SS_REPLY, timeout_s=0).data == b"unasked"
+        # waiting on both: a message of the receive thread's topics wakes the caller at once
+        got = []
+        th = threading.Thread(target=lambda: got.append(tr.recv([SS_REPLY, TRAIN_CMD], timeout_s=10)))
+        th.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        tw.send(TRAIN_CMD, b"cmd", to=r)
+        th.join(timeout=10)
+        assert got and got[0].data == b"cmd" and time.monotonic() - t0 < 0.5
+        # two callers at once: each gets one answer
+        got = []
+        ths = [threading.Thread(target=lambda: got.append(tr.recv(SS_REPLY, timeout_s=10))) for _ in range(2)]
+        for th in ths:
+            th.start()
+        tw.send(SS_REPLY, b"one", to=r)
+        tw.send(SS_REPLY, b"two", to=r)
+        for th in ths:
+            th.join(timeout=15)
+        assert sorted(m.data for m in got if m is not None) == [b"one", b"two"]
+        # close() unblocks a caller that is taking
+        got = []
+        th = threading.Thread(target=lambda: got.append(tr.recv(SS_REPLY, timeout_s=30)))
+        th.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        tr.close()
+        th.join(timeout=5)
+        assert got == [None] and time.monotonic() - t0 < 5
+        assert tr.stats["errors"] == 0
 
 
 def test_pipelined_allreduce_over_dds_is_the_same_on_every_rank(domain, tmp_path):

@@ -188,3 +188,20 @@ def test_frame_through_cyclonedds_stock_reader_and_writer():
         dp.__del__()
     finally:
         _release_domain(domain)
+
+
+def test_encode_parts_is_encode_frame_and_its_prefix_cache_is_bounded(monkeypatch):
+    """The transport's send path (encode_parts, a cached prefix per (src, dst, topic)) writes the
+    same bytes as encode_frame; made-up names cannot grow the cache without end."""
+    from dtemu.real import wire
+
+    monkeypatch.setattr(wire, "_MAX_PREFIXES", 4)
+    wire._PREFIXES.clear()
+    for _ in range(2):
+        for n in (0, 1, 7, 100):
+            for s in STRINGS:
+                f = _frame(n, s)
+                assert wire.encode_parts(f.src, f.dst, f.topic, f.msg_id, f.part, f.parts, f.total, f.payload,
+                                         pad4=True) == encode_frame(f, pad4=True) == \
+                    _stock_ser(f).ljust((len(_stock_ser(f)) + 3) & ~3, b"\0")
+                assert len(wire._PREFIXES) <= 4
