@@ -112,6 +112,26 @@ def test_a_straggler_the_ps_declared_gone_no_longer_holds_the_others():
     assert table.query(sm.Status(2, 3, 1, 0.1, 0.1, 0.3), now=0.3) == sm.SYNC  # 0.3 + 0.2 > 0.0 + 0.3
 
 
+
+def test_the_straggler_is_the_max_of_d_over_live_records_ties_to_the_lowest_rank():
+    """straggler() (a loop, it runs on every query) is max((d, -k)) over the live records, or over
+    all of them when none is live, on random tables with ties."""
+    import random
+
+    from dtemu.core.ps.state_table import Record
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        ranks = rng.sample(range(2, 30), rng.randint(1, 12))
+        table = StateTable(ranks)
+        for k in ranks:
+            table.records[k] = Record(c=rng.choice([0.0, 0.002, rng.random()]), m=rng.choice([0.0, 0.0005]),
+                                      live=rng.random() < 0.6)
+        pool = [(k, r) for k, r in table.records.items() if r.live] or list(table.records.items())
+        want = max(pool, key=lambda kv: (kv[1].c + kv[1].m, -kv[0]))
+        got = table.straggler()
+        assert got[0] == want[0] and got[1] is want[1]
+
 def drive(role, inbox):
     """Run a role generator against a list of messages; returns what it sent and its result."""
     sent, value = [], None

@@ -90,10 +90,14 @@ def decode_state(data: bytes | memoryview) -> StateMsg:
         raise StateMessageError("action", f"action {action} with msg_type {MSG_TYPES[kind]}")
     if reserved:
         raise StateMessageError("reserved", "reserved byte set")
-    for name, value in (("c", c), ("m", m), ("t", t)):
-        if not (math.isfinite(value) and value >= 0):
-            raise StateMessageError("status", f"{name} = {value!r} is not a finite time >= 0")
+    if not (0.0 <= c < _INF and 0.0 <= m < _INF and 0.0 <= t < _INF):  # false for NaN too; one test, it is per query
+        for name, value in (("c", c), ("m", m), ("t", t)):
+            if not (math.isfinite(value) and value >= 0):
+                raise StateMessageError("status", f"{name} = {value!r} is not a finite time >= 0")
     return StateMsg(kind, sender, receiver, Status(k, i, r, c, m, t), action)
+
+
+_INF = math.inf
 
 
 # --- parameter-server messages ---------------------------------------------------

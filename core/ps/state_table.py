@@ -59,8 +59,20 @@ class StateTable:
         self.records[k].live = False
 
     def straggler(self) -> tuple[int, Record]:
-        live = [(k, rec) for k, rec in self.records.items() if rec.live]
-        return max(live or list(self.records.items()), key=lambda kv: (kv[1].d, -kv[0]))
+        """max over the live records (all if none is) of (d, -k), as a loop: it runs on every query."""
+        best_k, best, best_d = 0, None, 0.0
+        for live_only in (True, False):
+            for k, rec in self.records.items():
+                if live_only and not rec.live:
+                    continue
+                d = rec.c + rec.m
+                if best is None or d > best_d or (d == best_d and k < best_k):
+                    best_k, best, best_d = k, rec, d
+            if best is not None:
+                break
+        if best is None:
+            raise ValueError("a state table without records")  # as max() of nothing would
+        return best_k, best
 
     def query(self, st: Status, now: float) -> int:
         rec = self.records[st.k]
