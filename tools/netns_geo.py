@@ -37,13 +37,18 @@ tools/netns_fl.py's, with a namespace per *site* instead of per node::
 
 Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
 
-1. replay (the test of the network model): every worker's measured ``compute_s``
-   of every round (``geo_step``) given back to emu's compute model, gradients
-   computed for real, with the model of real mode's transport (``network.framing:
-   rtps``, ``network.send_window_bytes``, every node's ``decode_s_per_mb`` as
-   measured here for a geo payload of this model);
-2. the same replay with emu's defaults (payload bytes only, no decoding);
-3. ``emu run`` with the transport model and each worker's mean measured
+1. replay (the test of the model): every worker's measured ``compute_s`` of every
+   round (``geo_step``) given back to emu's compute model, gradients computed for
+   real, with the model of real mode's transport (``network.framing: rtps``,
+   ``network.send_window_bytes``, every node's ``decode_s_per_mb`` as measured here
+   for a geo payload of this model) and the roles' CPU outside the gradient
+   (``compute.default.cpu``: every op's rate measured here by tools.geo_cpu_costs,
+   one thread) on ``compute.shared_cores`` = this machine's cores, which every rank
+   shares for real;
+2. the same replay, the CPU ops on cores of each node's own (no sharing);
+3. the same replay without the CPU ops (transport only: the prediction before them);
+4. the same replay with emu's defaults (payload bytes only, no decoding, no CPU ops);
+5. ``emu run`` with everything of 1 and each worker's mean measured
    ``train_s_per_sample``.
 
 Round time = the root PS's (global or flat) ``geo_round`` close to the next one,
@@ -313,7 +318,10 @@ def markdown(result: dict) -> str:
              f"{cfg['rtt_ms']:.3f} ms, inside a site {cfg['lan_rtt_ms']:.3f} ms, a site's loopback "
              f"{cfg['lan_mbps']:.0f} Mbit/s.  Emu: LAN {{bandwidth_mbps: {cfg['emu_lan_mbps']:.0f}, latency_ms: "
              f"{cfg['emu_lan_latency_ms']:.4f}}}, WAN latency_ms {cfg['emu_wan_latency_ms']:.4f}; decoding "
-             f"{cfg['decode_s_per_mb'] * 1e3:.3f} ms/MB (a dense geo payload of the model, measured here).",
+             f"{cfg['decode_s_per_mb'] * 1e3:.3f} ms/MB (a dense geo payload of the model, measured here)"
+             + (("; the roles' CPU outside the gradient, ms per MB of the fp32 model (measured here, one thread): "
+                 + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in cfg["cpu_s_per_mb"].items())
+                 + f"; on {cfg['shared_cores']} shared cores") if cfg.get("cpu_s_per_mb") else "") + ".",
              "", "model_sha256: " + ", ".join(f"{k} `{(v or '')[:12]}`" for k, v in result["sha256"].items())
              + (" (all equal)" if len(set(result["sha256"].values())) == 1 else " (**differ**)"),
              "", "WAN bytes (payload, both directions): " + ", ".join(f"{k} {v}" for k, v in result["wan_bytes"].items())
@@ -325,12 +333,15 @@ def markdown(result: dict) -> str:
                   "sent (the initial model included): "
                   + ", ".join(f"{k} {v['qdisc_bytes'] / 1e6:.3f} MB for {v['payload_bytes'] / 1e6:.3f} MB "
                               f"(+{v['overhead_pct']:.1f}%)" for k, v in result["wan_overhead"].items()) + "."]
-    for key, title in (("compare_replay", "emu with the transport model, every worker's measured compute_s "
-                                          "replayed round by round:"),
+    for key, title in (("compare_replay", "emu with the transport model and the roles' CPU on the shared cores, "
+                                          "every worker's measured compute_s replayed round by round:"),
+                       ("compare_replay_own_cores", "the same replay, the roles' CPU on cores of each node's own:"),
+                       ("compare_replay_transport", "the same replay without the roles' CPU (the transport model "
+                                                    "alone):"),
                        ("compare_replay_payload", "the same replay with emu's defaults (payload bytes only, "
-                                                  "no decoding time):"),
-                       ("compare", "emu run with the transport model and each worker's mean "
-                                   "train_s_per_sample:")):
+                                                  "no decoding time, no CPU ops):"),
+                       ("compare", "emu run with the transport model, the roles' CPU on the shared cores and "
+                                   "each worker's mean train_s_per_sample:")):
         if key in result:
             m = result[key]["mean"]
             lines += ["", title, ""] + _table(result[key])
@@ -356,6 +367,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
     from dtemu.host.scenario_file import load_scenario
+    from tools.geo_cpu_costs import cpu_sets, geo_cpu_costs
     from tools.transport_costs import transport_sets
 
     out = Path(out or ROOT / "runs" / f"netns-geo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -413,6 +425,11 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     net += [f"network.sites.{s}.wan.latency_ms={wan_latency:.4f}" for s in sites]
     decode = geo_decode_cost(num_params(build_model(scen.model, scen.seed)), scen.geo.fp16)
     transport = transport_sets({n: decode for n in scen.node_names})
+    # The roles' CPU outside the gradient, measured here now (one thread), and the cores every rank
+    # shares for real (the ranks are processes of this one machine).
+    cpu = geo_cpu_costs(scen)
+    cores = os.cpu_count() or 1
+    full = transport + cpu_sets(cpu, cores)
     result = {"config": {"scenario": scen.name, "model": scen.model, "architecture": scen.geo.architecture,
                          "sync": scen.geo.sync, "compression": scen.geo.compression, "sites": sites,
                          "central": central_site(scen.network.sites, scen.network.central),
@@ -421,12 +438,15 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
                          "rtt_ms": rtt, "lan_rtt_ms": lan["rtt_ms"], "lan_mbps": lan["mbps"],
                          "emu_lan_mbps": lan_mbps, "emu_lan_latency_ms": lan_latency,
                          "emu_wan_latency_ms": wan_latency, "decode_s_per_mb": decode, "transport_sets": transport,
+                         "cpu_s_per_mb": cpu, "shared_cores": cores,
                          "sets": sets, "args": args, "placement": dict(zip(scen.node_names, [sites[i] for i in placement]))},
               **bed_info}
     result["wan_overhead"] = wan_overhead(result.get("qdisc", {}), real_events, scen.site_of, sites,
                                           result.get("namespaces") or result["config"].get("namespaces", []))
     sha = {"real": result["real_summary"].get("model_sha256")}
-    for key, folder, extra in (("compare_replay", "emu-replay", transport),
+    for key, folder, extra in (("compare_replay", "emu-replay", full),
+                               ("compare_replay_own_cores", "emu-replay-own-cores", transport + cpu_sets(cpu)),
+                               ("compare_replay_transport", "emu-replay-transport", transport),
                                ("compare_replay_payload", "emu-replay-payload", [])):
         t0 = time.monotonic()
         summary = run_emu_replay(scenario_path, sets + net + extra, out / folder, compute_times(real_events))
@@ -434,7 +454,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
         result[key] = compare(real_events, read_events_partial(out / folder)[0])
         sha[folder] = summary.get("model_sha256")
     cal = calibrate(real_events, scen.geo.batch_size)
-    emu_sets = sets + net + transport + [f"compute.nodes.{n}.train_s_per_sample={v:.6g}" for n, v in sorted(cal.items())]
+    emu_sets = sets + net + full + [f"compute.nodes.{n}.train_s_per_sample={v:.6g}" for n, v in sorted(cal.items())]
     t0 = time.monotonic()
     summary = run_emu(scenario_path, emu_sets, out / "emu")
     print(f"netns: emu run {time.monotonic() - t0:.1f} s -> {out / 'emu'}", file=sys.stderr, flush=True)
