@@ -45,6 +45,14 @@ def names(workers: int) -> list[str]:
     return ["ps", "ss"] + [f"worker{k}" for k in range(1, workers + 1)]
 
 
+def _thread_rusage() -> tuple:
+    """This thread's (user s, system s, voluntary, involuntary context switches)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return (r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
+
+
 def quantiles(values: list[float]) -> dict:
     ms = sorted(v * 1000 for v in values)
     if not ms:
@@ -70,6 +78,8 @@ def timed(ctx, role, legs: dict):
         if isinstance(req, Recv) and answer is not None:
             if not legs["cpu"]:
                 legs["cpu"].append(time.process_time())
+                legs["role_cpu"] = [time.thread_time()]
+                legs["role_rusage"] = [_thread_rusage()]
             started = ctx.now()
             if answer.sent_at:
                 legs["to_ss"].append(answer.received_at - answer.sent_at)
@@ -78,6 +88,8 @@ def timed(ctx, role, legs: dict):
             req = role.send(answer)
         except StopIteration as stop:
             legs["cpu"].append(time.process_time())
+            legs.setdefault("role_cpu", [time.thread_time()]).append(time.thread_time())
+            legs.setdefault("role_rusage", [_thread_rusage()]).append(_thread_rusage())
             return stop.value
 
 
@@ -107,8 +119,11 @@ def serve(workers: int, domain: int, out: str, shared: bool) -> None:
         transport.flush(timeout_s=5.0)
         run.close()
         stats = dict(transport.stats)
-    cpu = legs.pop("cpu")
-    print(json.dumps({"cpu_s": round(cpu[-1] - cpu[0], 3) if cpu else None, "queries": result.queries, "answers": dict(result.answers), "rejected": dict(result.rejected),
+    cpu, role_cpu = legs.pop("cpu"), legs.pop("role_cpu", [0.0])
+    ru = legs.pop("role_rusage", [(0, 0, 0, 0)])
+    role_rusage = [round(b - a, 3) for a, b in zip(ru[0], ru[-1])]
+    print(json.dumps({"cpu_s": round(cpu[-1] - cpu[0], 3) if cpu else None,
+                      "role_cpu_s": round(role_cpu[-1] - role_cpu[0], 3), "role_rusage": role_rusage, "queries": result.queries, "answers": dict(result.answers), "rejected": dict(result.rejected),
                       "legs": {k: quantiles(v) for k, v in legs.items()},
                       "transport": {k: stats[k] for k in ("recv_msgs", "sent_msgs", "not_for_me")}}), flush=True)
 
@@ -126,6 +141,7 @@ def query_loop(name: str, rank: int, domain: int, queries: int, think_s: float, 
         ready()
         if not go.wait(timeout=120):
             raise RuntimeError(f"{name}: never told to start")
+        cpu, ru = time.thread_time(), _thread_rusage()
         for i in range(1, queries + 1):
             st = sm.Status(rank, i, 0, 0.002, 0.0005, time.monotonic())
             sent = time.monotonic()
@@ -144,6 +160,8 @@ def query_loop(name: str, rank: int, domain: int, queries: int, think_s: float, 
             out["wake"].append(got - msg.received_at)
             if think_s:
                 time.sleep(think_s)
+        out["caller_cpu_s"].append(time.thread_time() - cpu)
+        out["caller_rusage"].append([b - a for a, b in zip(ru, _thread_rusage())])
         t.flush(timeout_s=5.0)
         out["not_for_me"].append(t.stats["not_for_me"])
 
@@ -152,7 +170,8 @@ def clients(ranks: list[int], domain: int, queries: int, think_s: float, shared:
     """Workers of these ranks as threads of this process: "ready" on stdout once all are
     matched, start at a line on stdin, then their timings as JSON."""
     go = threading.Event()
-    out: dict[str, list] = {"round_trip": [], "to_worker": [], "wake": [], "not_for_me": []}
+    out: dict[str, list] = {"round_trip": [], "to_worker": [], "wake": [], "not_for_me": [], "caller_cpu_s": [],
+                            "caller_rusage": []}
     pending = [len(ranks)]
     lock = threading.Lock()
 
@@ -222,7 +241,7 @@ def main() -> int:
                 w.stdin.write("go\n")
                 w.stdin.flush()
             timings: dict[str, list] = {"round_trip": [], "to_worker": [], "wake": [], "not_for_me": [],
-                                        "cpu_s": []}
+                                        "cpu_s": [], "caller_cpu_s": [], "caller_rusage": []}
             for w in workers:
                 for k, v in json.loads(w.stdout.readline()).items():
                     timings[k] += v
@@ -247,9 +266,21 @@ def main() -> int:
               f"max {q['max']:7.3f}  ({q['n']})")
     n = max(1, served["queries"])
     cpu = {"state_server_ms_per_query": round(1000 * (served["cpu_s"] or 0) / n, 3),
-           "workers_ms_per_query": round(1000 * sum(timings["cpu_s"]) / n, 3)}
-    print(f"  CPU per query: state server {cpu['state_server_ms_per_query']} ms, "
-          f"workers {cpu['workers_ms_per_query']} ms (sending, receiving, waiting)")
+           "state_server_role_thread_ms_per_query": round(1000 * served.get("role_cpu_s", 0.0) / n, 3),
+           "workers_ms_per_query": round(1000 * sum(timings["cpu_s"]) / n, 3),
+           "workers_calling_threads_ms_per_query": round(1000 * sum(timings["caller_cpu_s"]) / n, 3)}
+    print(f"  CPU per query: state server {cpu['state_server_ms_per_query']} ms "
+          f"(its role's thread {cpu['state_server_role_thread_ms_per_query']}), "
+          f"workers {cpu['workers_ms_per_query']} ms (their querying threads "
+          f"{cpu['workers_calling_threads_ms_per_query']}; the rest: DDS's threads and the receive thread)")
+    ru, wru = served.get("role_rusage") or [0, 0, 0, 0], [sum(x) for x in zip(*timings["caller_rusage"])] or [0] * 4
+    cpu["role_thread_user_sys_ms_switches_per_query"] = [round(1000 * ru[0] / n, 3), round(1000 * ru[1] / n, 3),
+                                                         round(ru[2] / n, 2), round(ru[3] / n, 2)]
+    cpu["calling_threads_user_sys_ms_switches_per_query"] = [round(1000 * wru[0] / n, 3), round(1000 * wru[1] / n, 3),
+                                                             round(wru[2] / n, 2), round(wru[3] / n, 2)]
+    print(f"  per query, user / system ms, voluntary / involuntary context switches: state server's role thread "
+          f"{cpu['role_thread_user_sys_ms_switches_per_query']}, workers' querying threads "
+          f"{cpu['calling_threads_user_sys_ms_switches_per_query']}")
     print(f"  answers the workers dropped as not theirs: {sum(timings['not_for_me'])}; "
           f"state server rejected {served['rejected']}")
     if args.json:

@@ -1,0 +1,112 @@
+"""What one small message costs in CPU over DDS on loopback, on each side: the floor under the
+state server's round trip (docs/results.md, "The state server's answer time").
+
+    python -m tools.bench_small_messages [--messages 10000] [--gap-ms 0.3] [--bytes 48] [--domain D]
+
+One writer (this process) sends ``--messages`` messages of ``--bytes`` bytes to one reader
+process, one every ``--gap-ms`` (so that each travels alone, as a query or an answer does),
+twice: the reader's receive thread taking them and handing them to the thread in ``recv``
+(as every topic but ``CALLER_TAKES``), then that thread taking them itself (``caller_takes``).
+Prints, per message:
+
+- writer: CPU of ``DdsTransport.send`` and of its ``dds_write`` alone (the thread's time,
+  user + system: CycloneDDS serializes, queues and ``sendmsg``s the sample in the caller's thread);
+- reader: the whole process's CPU, and of it the thread in ``recv`` (user, system, context
+  switches); the rest is CycloneDDS's receive thread and, in the first mode, ours.
+
+Loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from dtemu.core.wire.topics import TRAIN_CMD
+
+
+def _rusage() -> tuple:
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return (r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
+
+
+def read(domain: int, n: int, caller_takes: bool) -> None:
+    from dtemu.real.transport import DdsTransport
+
+    kw = {"caller_takes": (TRAIN_CMD,)} if caller_takes else {}
+    with DdsTransport("rx", profile="loopback", domain_id=domain, subscribe=[TRAIN_CMD], **kw) as t:
+        print("ready", flush=True)
+        if t.recv([TRAIN_CMD], timeout_s=60) is None:  # the first one starts the clocks
+            raise RuntimeError("no message")
+        cpu, ru, got = time.process_time(), _rusage(), 0
+        while got < n - 1 and t.recv([TRAIN_CMD], timeout_s=10) is not None:
+            got += 1
+        cpu, ru = time.process_time() - cpu, [b - a for a, b in zip(ru, _rusage())]
+    print(json.dumps({"messages": got, "process_us": round(1e6 * cpu / got, 1),
+                      "caller_user_us": round(1e6 * ru[0] / got, 1), "caller_sys_us": round(1e6 * ru[1] / got, 1),
+                      "caller_switches": round((ru[2] + ru[3]) / got, 2)}), flush=True)
+
+
+def write(domain: int, n: int, size: int, gap_s: float) -> dict:
+    from dtemu.real.transport import DdsTransport
+
+    with DdsTransport("tx", profile="loopback", domain_id=domain) as t:
+        if t.wait_matched({TRAIN_CMD: ["rx"]}, timeout_s=60):
+            raise RuntimeError("the reader never matched")
+        write_cpu = [0.0]
+        plain = t._write
+
+        def timed_write(w, ser):  # dds_write alone
+            c = time.thread_time()
+            plain(w, ser)
+            write_cpu[0] += time.thread_time() - c
+
+        t._write = timed_write
+        payload, send_cpu = os.urandom(size), 0.0
+        for _ in range(n):
+            c = time.thread_time()
+            t.send(TRAIN_CMD, payload, to="rx")
+            send_cpu += time.thread_time() - c
+            time.sleep(gap_s)
+        t.flush(timeout_s=10)
+    return {"send_us": round(1e6 * send_cpu / n, 1), "dds_write_us": round(1e6 * write_cpu[0] / n, 1)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=10000)
+    p.add_argument("--bytes", type=int, default=48)
+    p.add_argument("--gap-ms", type=float, default=0.3)
+    p.add_argument("--domain", type=int, default=170 + os.getpid() % 30)
+    p.add_argument("--read", choices=("thread", "caller"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.read:
+        read(args.domain, args.messages, args.read == "caller")
+        return 0
+    rows = {}
+    for mode in ("thread", "caller"):
+        rx = subprocess.Popen([sys.executable, "-m", "tools.bench_small_messages", "--read", mode, "--domain",
+                               str(args.domain), "--messages", str(args.messages)], stdout=subprocess.PIPE, text=True)
+        try:
+            if rx.stdout.readline().strip() != "ready":
+                raise RuntimeError("the reader failed to start")
+            wrote = write(args.domain, args.messages, args.bytes, args.gap_ms / 1000)
+            rows[mode] = {**wrote, **json.loads(rx.communicate(timeout=120)[0].strip().splitlines()[-1])}
+        finally:
+            if rx.poll() is None:
+                rx.kill()
+        r = rows[mode]
+        print(f"{'receive thread' if mode == 'thread' else 'caller takes':15s} writer: send {r['send_us']} us "
+              f"(dds_write {r['dds_write_us']}); reader: process {r['process_us']} us, of which the thread in "
+              f"recv {r['caller_user_us']} user + {r['caller_sys_us']} system, {r['caller_switches']} context "
+              f"switches ({r['messages']} messages of {args.bytes} B, {args.gap_ms} ms apart)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
