@@ -27,8 +27,8 @@ that are not editable need them as package data (``real = ["config/*.xml"]``).
 
 Environment (all optional): ``DTEMU_DDS_DELIVERY`` (lan: ``unicast``, the default, or
 ``multicast``: one copy per link to the readers on a segment), ``DTEMU_DDS_MAX_PARTICIPANTS`` (max participant
-index, default 100), ``DTEMU_DDS_WHC_HIGH`` (writer history high-water mark,
-default 2MiB), ``DTEMU_DDS_TRACE`` (trace file), ``DTEMU_DDS_TRACE_VERBOSITY``.
+index, default 100), ``DTEMU_DDS_WHC_HIGH`` (writer history high-water mark;
+default ``writer_history``'s per-mode choice), ``DTEMU_DDS_TRACE`` (trace file), ``DTEMU_DDS_TRACE_VERBOSITY``.
 """
 
 import ipaddress
@@ -110,6 +110,31 @@ def whc_high_bytes(whc_high: Optional[str] = None) -> int:
     if not m:
         raise ValueError(f"bad WhcHigh size {whc!r}")
     return int(whc[: len(whc) - len(m.group(1) or "")]) * _UNITS[m.group(1) or ""]
+
+
+def writer_history(mode: str, model_params: int) -> str:
+    """The writer history (WhcHigh) real mode runs a scenario of ``mode`` with:
+    ``DTEMU_DDS_WHC_HIGH`` if set, else ``DEFAULT_WHC_HIGH``, except for data-parallel
+    training, whose writers get a history that holds a whole gradient (fp32, the
+    largest message a rank writes): the smallest power of two MiB at or above it.
+
+    Why DDP differs: every rank sends and receives at once.  A writer whose history is
+    full waits for its readers' acknowledgements, and those leave on the readers' own
+    uplinks, queued behind the readers' gradients: with 2 MiB, half the dense steps of
+    the 1.2M CNN stalled 0.2-0.3 s over 100 Mbit/s links (docs/netns.md, "The dense
+    stall, tested").  One sender at a time (FL, ESync, geo: a server and its clients)
+    keeps 2 MiB: a deeper history there only lets the server queue more behind a slow
+    link, which its clients then NACK as missing and it sends again."""
+    env = os.environ.get("DTEMU_DDS_WHC_HIGH", "").strip()
+    if env:
+        return env
+    if mode != "ddp":
+        return DEFAULT_WHC_HIGH
+    need = 4 * max(int(model_params), 0)
+    mib = 2
+    while mib * 1024**2 < need:
+        mib *= 2
+    return f"{mib}MiB"
 
 
 def config_xml(profile: str = "loopback", peers: Optional[Iterable[str] | str] = None, *,

@@ -20,6 +20,7 @@ from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
 
+from .config import writer_history
 from .primitives import RealPrimitives
 from .start_line import wait_for_start
 from .transport import DdsTransport
@@ -64,8 +65,9 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
+    whc_high = writer_history(scenario.mode, work.dim)
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
-                      key=key) as transport:
+                      key=key, whc_high=whc_high) as transport:
         # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).
         epoch = wait_for_start(run.path)
         prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch, pace=pace,
@@ -82,6 +84,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
                          bytes_rejected=prims.bytes_rejected)
     summary = {**record, "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
+                                  "writer_history": whc_high,
                                   "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}
     run.write_json("summary.json", summary)
     return summary

@@ -51,9 +51,10 @@ Design
   ``on_reject(kind, detail)`` hears of every dropped frame or message
   (``RejectLimiter`` turns them into rate-limited ``frame_rejected`` events).
   The reassembly itself is ``Reassembler``, which needs no DDS.
-* Answers are taken by their caller.  The readers of ``caller_takes``
+* Some topics are taken by their caller.  The readers of ``caller_takes``
   (``CALLER_TAKES``: ``ps/state_reply``, which a worker reads right after its
-  query) are on a WaitSet of their own: the thread in ``recv`` waits there and
+  query, and ``ps/state``, all the state server reads) are on a WaitSet of
+  their own: the thread in ``recv`` waits there and
   takes and reassembles their samples itself, through the same checks (bad
   input counted and dropped, tags verified, events), under the lock the
   receive thread takes too.  That spares a thread's wake-up and a hand-off
@@ -132,11 +133,12 @@ _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
 # docs/netns.md, "Geo sites over namespaces").
 ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL,
                     wire_topics.GEO_PUSH, wire_topics.GEO_PULL)
-# Topics a node reads as the answer to its own request, right after sending it: the thread that
-# calls recv takes their samples itself (see the module docstring), which spares the receive
-# thread's wake-up and its hand-off to the caller on every answer (the state server's round
-# trip, docs/results.md).
-CALLER_TAKES = (wire_topics.SS_REPLY,)
+# Topics whose reader's thread does nothing but wait for them: the thread that calls recv takes
+# their samples itself (see the module docstring), which spares the receive thread's wake-up and
+# its hand-off to the caller on every message: a worker's answers from the state server, and the
+# state server's own input (it only ever reads ps/state; no one else subscribes to it).  The
+# state server's round trip, docs/results.md.
+CALLER_TAKES = (wire_topics.SS_REPLY, wire_topics.SS_STATE)
 _TICK_S = 0.2  # the receive thread also takes the callers' topics this often, so nothing waits there
 MAX_ADDRESSED_WRITERS = 4096  # per-node DDS topics a transport sets up; beyond, the shared topic
 
@@ -161,6 +163,7 @@ class DdsTransport(Reassembler):
                  on_reject=None,
                  key: Optional[bytes] = None,
                  addressed: Iterable[str] = ADDRESSED_TOPICS,
+                 whc_high: Optional[str] = None,
                  caller_takes: Iterable[str] = CALLER_TAKES):
         """``key``: the run's shared key; every frame sent is tagged and every frame received
         must carry a valid tag (``real.frame_auth``)."""
@@ -206,7 +209,7 @@ class DdsTransport(Reassembler):
         self._caller_poked = False  # _caller_guard was set
         self._guard_set = False  # _guard was set by subscribe
 
-        xml = config_xml(profile, peers)
+        xml = config_xml(profile, peers, whc_high=whc_high)  # None: $DTEMU_DDS_WHC_HIGH or 2 MiB
         _acquire_domain(self.domain_id, xml)
         try:
             self._dp = DomainParticipant(self.domain_id)
@@ -476,12 +479,6 @@ class DdsTransport(Reassembler):
                 if self._caller_poked:
                     self._caller_poked = False
                     self._caller_guard.set(False)
-                try:
-                    self._drain(self._caller_readers)
-                except Exception as exc:  # a take that failed: closing, or counted as the thread does
-                    if self._closing:
-                        return None
-                    self._receive_error(exc)
                 with self._cv:
                     msg = self._pop(wanted)
                     if msg is not None or self._closing:
@@ -489,12 +486,18 @@ class DdsTransport(Reassembler):
                 left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
                 if left <= 0:
                     return None
-                try:
+                try:  # returns at once if a reader holds samples already (its condition is any sample)
                     self._caller_ws.wait(duration(seconds=left))
                 except DDSException:  # deleted by close()
                     if self._closing:
                         return None
                     raise
+                try:
+                    self._drain(self._caller_readers)
+                except Exception as exc:  # a take that failed: closing, or counted as the thread does
+                    if self._closing:
+                        return None
+                    self._receive_error(exc)
         finally:
             self._caller_wants = None
             self._caller_lock.release()
@@ -579,7 +582,8 @@ class DdsTransport(Reassembler):
                         self._malformed(str(exc))
                         continue
                 frames.append((f, info.source_timestamp))
-            frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
+            if len(frames) > 1:
+                frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
             for f, ts in frames:
                 try:
                     self._on_frame(topic, f, ts)

@@ -95,11 +95,11 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, real_events: 
             # compress then apply, per step: their sum (all the event has) first, then nothing
             self.compress = [t for s in sorted(steps) for t in (steps[s]["compress_s"], 0.0)]
 
-        def duration(self, samples, kind="train", now=0.0):
+        def duration(self, samples, kind="train", now=0.0, nbytes=0):
             queue = self.train if kind == "train" else self.compress if kind == "compress" else None
             if queue:
                 return queue.pop(0)
-            return 0.0 if kind != "train" else super().duration(samples, kind, now=now)
+            return 0.0 if kind != "train" else super().duration(samples, kind, now=now, nbytes=nbytes)
 
     er.ComputeTimer = ReplayTimer
     try:
@@ -145,7 +145,9 @@ def run(scenario_path: str = "scenarios/ddp_baseline.yaml", *, steps: int = 8, m
         delay_ms: float = 2.0, extra_sets: list[str] = (), out: Path | None = None, keep: bool = False,
         timeout_s: float = 600.0, test_samples: int = 600, reuse: Path | None = None) -> dict:
     from dtemu.host.scenario_file import load_scenario
-    from tools.transport_costs import ddp_decode_cost, transport_sets
+    from dtemu.core.ml.models import build_model
+    from dtemu.core.ml.params import num_params
+    from tools.transport_costs import ddp_decode_cost, run_window, transport_sets
 
     out = Path(out or ROOT / "runs" / f"netns-ddp-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +164,9 @@ def run(scenario_path: str = "scenarios/ddp_baseline.yaml", *, steps: int = 8, m
                           nodes=len(scen.node_names))
     real_events = read_events_partial(out / "real")[0]
     decode = ddp_decode_cost()
-    transport = transport_sets({name: decode for name in scen.node_names})
+    # The writer history the real ranks ran with (DDP: one that holds a whole gradient).
+    window = run_window(scen.mode, num_params(build_model(scen.model, scen.seed)), out / "real")
+    transport = transport_sets({name: decode for name in scen.node_names}, window)
     latency_ms = bed["applied_delay_ms"] + bed["rtt_ms"] / 4
     network = f"network.default={{up_mbps: {mbps:g}, down_mbps: {mbps:g}, latency_ms: {latency_ms:.4f}}}"
     result = {"config": {"scenario": scen.name, "model": scen.model, "compression": scen.ddp.compression,

@@ -419,10 +419,10 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: di
             node = names[seed[1]]
             self.queue = [per_round[node][r][0] for r in sorted(per_round.get(node, {}))]
 
-        def duration(self, samples, kind="train", now=0.0):
+        def duration(self, samples, kind="train", now=0.0, nbytes=0):
             if kind == "train" and samples > 0 and self.queue:
                 return self.queue.pop(0)
-            return super().duration(samples, kind, now=now)
+            return super().duration(samples, kind, now=now, nbytes=nbytes)
 
     class TimingOnly(Workload):
         def train(self, weights, cmd, client):

@@ -28,9 +28,26 @@ import time
 
 import numpy as np
 
-from dtemu.real.config import whc_high_bytes
+from dtemu.real.config import whc_high_bytes, writer_history
 
-FL_WINDOW = whc_high_bytes()  # real mode's writer history ("2MiB", or $DTEMU_DDS_WHC_HIGH)
+FL_WINDOW = whc_high_bytes()  # real mode's writer history outside DDP ("2MiB", or $DTEMU_DDS_WHC_HIGH)
+
+
+def run_window(mode: str, model_params: int, real_dir=None) -> int:
+    """The writer history (bytes) a real run of ``mode`` had: what its ranks' summaries
+    recorded (``real.writer_history``), else what real mode would choose now
+    (``real.config.writer_history``).  Emu's ``network.send_window_bytes`` follows it."""
+    from pathlib import Path
+
+    if real_dir is not None:
+        for summary in sorted(Path(real_dir).glob("*/summary.json")):
+            try:
+                recorded = json.loads(summary.read_text()).get("real", {}).get("writer_history")
+            except (OSError, ValueError):
+                continue
+            if recorded:
+                return whc_high_bytes(recorded)
+    return whc_high_bytes(writer_history(mode, model_params))
 
 
 def _median_s(fn, reps: int = 7) -> float:
