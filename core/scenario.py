@@ -245,6 +245,10 @@ class ComputeSpec:
     # Emu only: seconds of CPU per MB (1e6 bytes) of every message a node receives (reassembly,
     # decoding, checks) before its role gets it; 0: none (real mode spends what it spends).
     decode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
+    # Emu only: seconds of CPU per message sent (before it leaves: the transport's write) and per
+    # message received (before its role has it: the receive thread, the hand-off), whatever its size.
+    send_s_per_message: float = field(default=0.0, metadata=check(non_negative))
+    recv_s_per_message: float = field(default=0.0, metadata=check(non_negative))
     # Emu only: the CPU work outside training, priced per MB of the model (CpuCosts); all 0: free.
     cpu: CpuCosts = field(default_factory=CpuCosts)
 
@@ -257,6 +261,8 @@ class ComputeOverride:
     schedule: list[SlowdownStep] | None = None
     varying: VaryingSlowdown | None = None
     decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
+    send_s_per_message: float | None = field(default=None, metadata=check(non_negative))
+    recv_s_per_message: float | None = field(default=None, metadata=check(non_negative))
     cpu: CpuCosts | None = None   # replaces the default's block as a whole
 
 
@@ -448,11 +454,13 @@ class Scenario:
             del d["network"]["framing"]
         if not d["network"]["send_window_bytes"]:
             del d["network"]["send_window_bytes"]
-        if not d["compute"]["default"]["decode_s_per_mb"]:
-            del d["compute"]["default"]["decode_s_per_mb"]
+        for key in ("decode_s_per_mb", "send_s_per_message", "recv_s_per_message"):
+            if not d["compute"]["default"][key]:
+                del d["compute"]["default"][key]
+            for node in d["compute"]["nodes"].values():
+                if node.get(key) is None:
+                    node.pop(key, None)
         for node in d["compute"]["nodes"].values():
-            if node.get("decode_s_per_mb") is None:
-                node.pop("decode_s_per_mb", None)
             if node.get("cpu") is None:
                 node.pop("cpu", None)
         # ... nor do the CPU costs outside training (geo's roles) when they are absent.

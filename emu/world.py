@@ -6,7 +6,9 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
 - send:      one flow per receiver through ``emu.network``; returns when all ended
              (with ``network.send_window_bytes``: when the writer would return).
 - recv:      the node's inbox, with an exact virtual-time deadline; a message then
-             costs ``compute.decode_s_per_mb`` of the node's time before the role has it.
+             costs ``compute.decode_s_per_mb`` of the node's time before the role has it,
+             and ``compute.recv_s_per_message`` (a send: ``send_s_per_message`` a receiver
+             before its flows start).
 - computed:  the job already ran for real (the virtual clock did not move);
              advance the clock by its modelled duration (``ComputeTimer``), so
              timeouts do not depend on how fast this machine is.
@@ -95,6 +97,8 @@ class EmuNode:
         targets = self.world.receivers(self.node, topic, to)
         if topic in DURABLE_TOPICS:
             self.world.durable[(self.node, topic)] = data
+        if self.timer.send_s_per_message and targets:   # the transport's write: the sender's CPU
+            yield from self.world.on_cpu(len(targets) * self.timer.send_s_per_message)
         if self.world.multicast and len(targets) > 1:
             flows = [self.world.transmit_many(self.node, targets, topic, data)]
         else:
@@ -115,8 +119,10 @@ class EmuNode:
         while True:
             msg = self.inbox.take(topics)
             if msg is not None:
-                if self.timer.decode_s_per_mb:  # reassembly and decoding: the receiver's CPU
-                    yield from self.world.on_cpu(len(msg.data) * self.timer.decode_s_per_mb / 1e6)
+                if self.timer.decode_s_per_mb or self.timer.recv_s_per_message:
+                    # the hand-off, reassembly and decoding: the receiver's CPU
+                    yield from self.world.on_cpu(len(msg.data) * self.timer.decode_s_per_mb / 1e6
+                                                 + self.timer.recv_s_per_message)
                 return msg
             if deadline is not None and deadline <= env.now:
                 return None

@@ -105,3 +105,20 @@ def test_the_tool_measures_every_op_and_emu_takes_its_keys():
     priced = parse_scenario(s.to_dict(), cpu_sets(costs, shared_cores=2))
     assert priced.compute.shared_cores == 2
     assert priced.compute_for("a-ps").cpu.sparsify_s_per_mb == pytest.approx(costs["sparsify"], rel=1e-5)
+
+
+@pytest.mark.parametrize("key, per_round", [
+    # The round's path through site b (the global PS answers site a first): the global PS's writes to
+    # a-ps and b-ps, b-ps's to b-w0 and b-w1, b-w1's push, b-ps's push: 6 writes.
+    ("send_s_per_message", 6),
+    # b-ps takes the answer, each worker its pull (side by side), b-ps both pushes (one after the
+    # other, they come together), the global PS b's push (a's came long before): 5 on the path.
+    ("recv_s_per_message", 5),
+])
+def test_a_message_s_own_cpu_is_charged_per_message(tmp_path, key, per_round):
+    base = _run(tmp_path, "base", **FAST_LAN)
+    priced = _run(tmp_path, "priced", **FAST_LAN, **{f"compute.default.{key}": 2e-4})
+    for d in _delta(base, priced):
+        assert d == pytest.approx(per_round * 2e-4, abs=3e-9)
+    zero = _run(tmp_path, "zero", **FAST_LAN, **{f"compute.default.{key}": 0.0})
+    assert zero == base

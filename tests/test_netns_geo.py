@@ -99,4 +99,4 @@ def test_two_rounds_over_namespaced_sites_end_with_emus_model(netns_ok, tmp_path
     assert [r["round"] for r in replay["rounds"]] == [2]
     # Loose: one round on a shared box (docs/netns.md has the measured numbers).
     assert replay["mean"]["abs_error_pct"] < 40
-    assert (tmp_path / "geo" / "netns_geo.md").read_text().count("| mean |") == 5
+    assert (tmp_path / "geo" / "netns_geo.md").read_text().count("| mean |") == 6

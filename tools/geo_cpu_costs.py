@@ -19,6 +19,11 @@ threads (the ranks run with ``threads``), one process:
 Each in seconds per MB (1e6 bytes) of the model's fp32 vector (4 bytes a parameter), the unit of
 ``compute.cpu.<op>_s_per_mb``.  One thread on an idle core: what several ranks on fewer cores
 cost each other is emu's ``compute.shared_cores``, not part of these rates.
+
+``--messages``: also what one message costs whatever its size, ``compute.send_s_per_message`` and
+``recv_s_per_message``, measured as tools.bench_small_messages does (48-byte messages 0.3 ms
+apart over DDS on loopback, one writer, one reader process, geo's topics handed over by the
+receive thread): the writer's CPU in ``send``, the reader process's CPU per message.
 """
 
 from __future__ import annotations
@@ -88,9 +93,36 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
     return costs
 
 
-def cpu_sets(costs: dict[str, float], shared_cores: int = 0) -> list[str]:
-    """emu --set overrides: every node's CPU rates (compute.default.cpu) and the shared cores."""
+def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> dict[str, float]:
+    """Seconds of CPU per message, whatever its size: the writer's ``send`` and the reader process
+    (its receive thread, the hand-off, the thread in ``recv``), over DDS on loopback."""
+    import os
+    import subprocess
+    import sys
+
+    from tools.bench_small_messages import write
+
+    domain = 140 + os.getpid() % 30
+    rx = subprocess.Popen([sys.executable, "-m", "tools.bench_small_messages", "--read", "thread", "--domain",
+                           str(domain), "--messages", str(messages)], stdout=subprocess.PIPE, text=True)
+    try:
+        if rx.stdout.readline().strip() != "ready":
+            raise RuntimeError("the reader failed to start")
+        wrote = write(domain, messages, size, gap_ms / 1000)
+        read = json.loads(rx.communicate(timeout=120)[0].strip().splitlines()[-1])
+    finally:
+        if rx.poll() is None:
+            rx.kill()
+            rx.wait()
+    return {"send": wrote["send_us"] * 1e-6, "recv": read["process_us"] * 1e-6}
+
+
+def cpu_sets(costs: dict[str, float], shared_cores: int = 0, messages: dict[str, float] | None = None) -> list[str]:
+    """emu --set overrides: every node's CPU rates (compute.default.cpu), the cost of a message
+    (``message_costs``) and the shared cores."""
     sets = [f"compute.default.cpu.{op}_s_per_mb={costs[op]:.6g}" for op in CPU_OPS]
+    if messages:
+        sets += [f"compute.default.{side}_s_per_message={messages[side]:.6g}" for side in ("send", "recv")]
     if shared_cores:
         sets.append(f"compute.shared_cores={shared_cores}")
     return sets
@@ -101,14 +133,15 @@ def main(argv=None) -> int:
     p.add_argument("--scenario", default="scenarios/geo_hips.yaml")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--messages", action="store_true", help="also the CPU of one message over DDS (loopback)")
     args = p.parse_args(argv)
     from dtemu.host.scenario_file import load_scenario
 
     scenario = load_scenario(args.scenario, args.sets)
     costs = geo_cpu_costs(scenario, args.reps)
     print(json.dumps({"scenario": scenario.name, "model": scenario.model, "fp16": scenario.geo.fp16,
-                      "s_per_mb": costs, "ms_per_model": {k: v * 4e-6 * _dim(scenario) * 1e3 for k, v in costs.items()}},
-                     indent=2))
+                      "s_per_mb": costs, "ms_per_model": {k: v * 4e-6 * _dim(scenario) * 1e3 for k, v in costs.items()},
+                      **({"s_per_message": message_costs()} if args.messages else {})}, indent=2))
     return 0
 
 

@@ -43,12 +43,14 @@ Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
    ``network.send_window_bytes``, every node's ``decode_s_per_mb`` as measured here
    for a geo payload of this model) and the roles' CPU outside the gradient
    (``compute.default.cpu``: every op's rate measured here by tools.geo_cpu_costs,
-   one thread) on ``compute.shared_cores`` = this machine's cores, which every rank
-   shares for real;
-2. the same replay, the CPU ops on cores of each node's own (no sharing);
-3. the same replay without the CPU ops (transport only: the prediction before them);
-4. the same replay with emu's defaults (payload bytes only, no decoding, no CPU ops);
-5. ``emu run`` with everything of 1 and each worker's mean measured
+   one thread) and a message's own CPU (``send_s_per_message``, ``recv_s_per_message``:
+   measured over DDS on loopback, geo_cpu_costs.message_costs), on
+   ``compute.shared_cores`` = this machine's cores, which every rank shares for real;
+2. the same replay, that CPU on cores of each node's own (no sharing);
+3. the same replay with the CPU ops but not the messages' own CPU;
+4. the same replay without either (transport only: the prediction before them);
+5. the same replay with emu's defaults (payload bytes only, no decoding, no CPU ops);
+6. ``emu run`` with everything of 1 and each worker's mean measured
    ``train_s_per_sample``.
 
 Round time = the root PS's (global or flat) ``geo_round`` close to the next one,
@@ -321,6 +323,8 @@ def markdown(result: dict) -> str:
              f"{cfg['decode_s_per_mb'] * 1e3:.3f} ms/MB (a dense geo payload of the model, measured here)"
              + (("; the roles' CPU outside the gradient, ms per MB of the fp32 model (measured here, one thread): "
                  + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in cfg["cpu_s_per_mb"].items())
+                 + (f"; a message's own CPU: send {cfg['s_per_message']['send'] * 1e6:.0f} us, receive "
+                    f"{cfg['s_per_message']['recv'] * 1e6:.0f} us" if cfg.get("s_per_message") else "")
                  + f"; on {cfg['shared_cores']} shared cores") if cfg.get("cpu_s_per_mb") else "") + ".",
              "", "model_sha256: " + ", ".join(f"{k} `{(v or '')[:12]}`" for k, v in result["sha256"].items())
              + (" (all equal)" if len(set(result["sha256"].values())) == 1 else " (**differ**)"),
@@ -333,9 +337,12 @@ def markdown(result: dict) -> str:
                   "sent (the initial model included): "
                   + ", ".join(f"{k} {v['qdisc_bytes'] / 1e6:.3f} MB for {v['payload_bytes'] / 1e6:.3f} MB "
                               f"(+{v['overhead_pct']:.1f}%)" for k, v in result["wan_overhead"].items()) + "."]
-    for key, title in (("compare_replay", "emu with the transport model and the roles' CPU on the shared cores, "
-                                          "every worker's measured compute_s replayed round by round:"),
+    for key, title in (("compare_replay", "emu with the transport model, the roles' CPU and the messages' own CPU "
+                                          "on the shared cores, every worker's measured compute_s replayed round "
+                                          "by round:"),
                        ("compare_replay_own_cores", "the same replay, the roles' CPU on cores of each node's own:"),
+                       ("compare_replay_ops", "the same replay with the roles' CPU ops (shared cores) but not the "
+                                              "messages' own CPU:"),
                        ("compare_replay_transport", "the same replay without the roles' CPU (the transport model "
                                                     "alone):"),
                        ("compare_replay_payload", "the same replay with emu's defaults (payload bytes only, "
@@ -367,7 +374,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
     from dtemu.host.scenario_file import load_scenario
-    from tools.geo_cpu_costs import cpu_sets, geo_cpu_costs
+    from tools.geo_cpu_costs import cpu_sets, geo_cpu_costs, message_costs
     from tools.transport_costs import transport_sets
 
     out = Path(out or ROOT / "runs" / f"netns-geo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
@@ -427,9 +434,9 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     transport = transport_sets({n: decode for n in scen.node_names})
     # The roles' CPU outside the gradient, measured here now (one thread), and the cores every rank
     # shares for real (the ranks are processes of this one machine).
-    cpu = geo_cpu_costs(scen)
+    cpu, messages = geo_cpu_costs(scen), message_costs()
     cores = os.cpu_count() or 1
-    full = transport + cpu_sets(cpu, cores)
+    full = transport + cpu_sets(cpu, cores, messages)
     result = {"config": {"scenario": scen.name, "model": scen.model, "architecture": scen.geo.architecture,
                          "sync": scen.geo.sync, "compression": scen.geo.compression, "sites": sites,
                          "central": central_site(scen.network.sites, scen.network.central),
@@ -438,14 +445,16 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
                          "rtt_ms": rtt, "lan_rtt_ms": lan["rtt_ms"], "lan_mbps": lan["mbps"],
                          "emu_lan_mbps": lan_mbps, "emu_lan_latency_ms": lan_latency,
                          "emu_wan_latency_ms": wan_latency, "decode_s_per_mb": decode, "transport_sets": transport,
-                         "cpu_s_per_mb": cpu, "shared_cores": cores,
+                         "cpu_s_per_mb": cpu, "s_per_message": messages, "shared_cores": cores,
                          "sets": sets, "args": args, "placement": dict(zip(scen.node_names, [sites[i] for i in placement]))},
               **bed_info}
     result["wan_overhead"] = wan_overhead(result.get("qdisc", {}), real_events, scen.site_of, sites,
                                           result.get("namespaces") or result["config"].get("namespaces", []))
     sha = {"real": result["real_summary"].get("model_sha256")}
     for key, folder, extra in (("compare_replay", "emu-replay", full),
-                               ("compare_replay_own_cores", "emu-replay-own-cores", transport + cpu_sets(cpu)),
+                               ("compare_replay_own_cores", "emu-replay-own-cores",
+                                transport + cpu_sets(cpu, 0, messages)),
+                               ("compare_replay_ops", "emu-replay-ops", transport + cpu_sets(cpu, cores)),
                                ("compare_replay_transport", "emu-replay-transport", transport),
                                ("compare_replay_payload", "emu-replay-payload", [])):
         t0 = time.monotonic()

@@ -49,6 +49,9 @@ class ComputeTimer:
         self.seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
         # Emu: CPU seconds per MB of a received message before the role gets it (0: none).
         self.decode_s_per_mb = getattr(spec, "decode_s_per_mb", 0.0) or 0.0
+        # Emu: CPU seconds per message sent and received, whatever its size (0: none).
+        self.send_s_per_message = getattr(spec, "send_s_per_message", 0.0) or 0.0
+        self.recv_s_per_message = getattr(spec, "recv_s_per_message", 0.0) or 0.0
         # Emu: CPU seconds per MB of each op outside training (CPU_OPS; 0: free).
         cpu = getattr(spec, "cpu", None)
         self.cpu_s_per_mb = {op: getattr(cpu, f"{op}_s_per_mb", 0.0) if cpu is not None else 0.0
