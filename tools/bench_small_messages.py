@@ -5,8 +5,10 @@ state server's round trip (docs/results.md, "The state server's answer time").
 
 One writer (this process) sends ``--messages`` messages of ``--bytes`` bytes to one reader
 process, one every ``--gap-ms`` (so that each travels alone, as a query or an answer does),
-twice: the reader's receive thread taking them and handing them to the thread in ``recv``
-(as every topic but ``CALLER_TAKES``), then that thread taking them itself (``caller_takes``).
+three times: the reader's receive thread taking them and handing them to the thread in
+``recv`` (as every topic but ``CALLER_TAKES``); that thread taking them itself
+(``caller_takes``); and, the floor of any Python reader of this binding, a loop that only
+waits on the reader's WaitSet and takes the samples (no decoding, checks or queues).
 Prints, per message:
 
 - writer: CPU of ``DdsTransport.send`` and of its ``dds_write`` alone (the thread's time,
@@ -35,21 +37,40 @@ def _rusage() -> tuple:
     return (r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
 
 
-def read(domain: int, n: int, caller_takes: bool) -> None:
+def read(domain: int, n: int, mode: str) -> None:
     from dtemu.real.transport import DdsTransport
 
-    kw = {"caller_takes": (TRAIN_CMD,)} if caller_takes else {}
+    kw = {"caller_takes": (TRAIN_CMD,)} if mode != "thread" else {}
     with DdsTransport("rx", profile="loopback", domain_id=domain, subscribe=[TRAIN_CMD], **kw) as t:
         print("ready", flush=True)
-        if t.recv([TRAIN_CMD], timeout_s=60) is None:  # the first one starts the clocks
+        recv = _bare_recv(t) if mode == "bare" else (lambda: t.recv([TRAIN_CMD], timeout_s=10))
+        if recv() is None:  # the first one starts the clocks
             raise RuntimeError("no message")
         cpu, ru, got = time.process_time(), _rusage(), 0
-        while got < n - 1 and t.recv([TRAIN_CMD], timeout_s=10) is not None:
+        while got < n - 1 and recv() is not None:
             got += 1
         cpu, ru = time.process_time() - cpu, [b - a for a, b in zip(ru, _rusage())]
     print(json.dumps({"messages": got, "process_us": round(1e6 * cpu / got, 1),
                       "caller_user_us": round(1e6 * ru[0] / got, 1), "caller_sys_us": round(1e6 * ru[1] / got, 1),
                       "caller_switches": round((ru[2] + ru[3]) / got, 2)}), flush=True)
+
+
+def _bare_recv(t):
+    """Wait on the caller's WaitSet and take one sample: what is left without the transport's work."""
+    from cyclonedds.util import duration
+
+    from dtemu.real.transport import _ANY_STATE, _ddspy_take
+
+    refs, held = [r._ref for _, r in t._caller_readers], []
+
+    def recv():
+        while not held:
+            if not t._caller_ws.wait(duration(seconds=10)):
+                return None
+            for ref in refs:
+                held.extend(_ddspy_take(ref, _ANY_STATE, 4096))
+        return held.pop()
+    return recv
 
 
 def write(domain: int, n: int, size: int, gap_s: float) -> dict:
@@ -83,13 +104,14 @@ def main() -> int:
     p.add_argument("--bytes", type=int, default=48)
     p.add_argument("--gap-ms", type=float, default=0.3)
     p.add_argument("--domain", type=int, default=170 + os.getpid() % 30)
-    p.add_argument("--read", choices=("thread", "caller"), help=argparse.SUPPRESS)
+    p.add_argument("--read", choices=("thread", "caller", "bare"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.read:
-        read(args.domain, args.messages, args.read == "caller")
+        read(args.domain, args.messages, args.read)
         return 0
     rows = {}
-    for mode in ("thread", "caller"):
+    labels = {"thread": "receive thread", "caller": "caller takes", "bare": "bare wait+take"}
+    for mode in labels:
         rx = subprocess.Popen([sys.executable, "-m", "tools.bench_small_messages", "--read", mode, "--domain",
                                str(args.domain), "--messages", str(args.messages)], stdout=subprocess.PIPE, text=True)
         try:
@@ -101,7 +123,7 @@ def main() -> int:
             if rx.poll() is None:
                 rx.kill()
         r = rows[mode]
-        print(f"{'receive thread' if mode == 'thread' else 'caller takes':15s} writer: send {r['send_us']} us "
+        print(f"{labels[mode]:15s} writer: send {r['send_us']} us "
               f"(dds_write {r['dds_write_us']}); reader: process {r['process_us']} us, of which the thread in "
               f"recv {r['caller_user_us']} user + {r['caller_sys_us']} system, {r['caller_switches']} context "
               f"switches ({r['messages']} messages of {args.bytes} B, {args.gap_ms} ms apart)")
