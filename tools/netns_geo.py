@@ -280,10 +280,10 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_node: dic
             steps = per_node.get(names[seed[1]], {})
             self.queue = [steps[r] for r in sorted(steps)]
 
-        def duration(self, samples, kind="train", now=0.0):
+        def duration(self, samples, kind="train", now=0.0, nbytes=0):
             if kind == "train" and samples > 0 and self.queue:
                 return self.queue.pop(0)
-            return super().duration(samples, kind, now=now)
+            return super().duration(samples, kind, now=now, nbytes=nbytes)
 
     er.ComputeTimer = ReplayTimer
     try:
