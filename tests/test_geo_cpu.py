@@ -105,6 +105,9 @@ def test_the_tool_measures_every_op_and_emu_takes_its_keys():
     priced = parse_scenario(s.to_dict(), cpu_sets(costs, shared_cores=2))
     assert priced.compute.shared_cores == 2
     assert priced.compute_for("a-ps").cpu.sparsify_s_per_mb == pytest.approx(costs["sparsify"], rel=1e-5)
+    # Small rates too (YAML takes 9e-05 for a string): the --set values are numbers.
+    small = parse_scenario(s.to_dict(), cpu_sets({op: 7.7e-5 for op in CPU_OPS}, 0, {"send": 9e-5, "recv": 9e-5}))
+    assert small.compute.default.cpu.sum_s_per_mb == 7.7e-5 and small.compute.default.send_s_per_message == 9e-5
 
 
 @pytest.mark.parametrize("key, per_round", [

@@ -120,9 +120,10 @@ def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> 
 def cpu_sets(costs: dict[str, float], shared_cores: int = 0, messages: dict[str, float] | None = None) -> list[str]:
     """emu --set overrides: every node's CPU rates (compute.default.cpu), the cost of a message
     (``message_costs``) and the shared cores."""
-    sets = [f"compute.default.cpu.{op}_s_per_mb={costs[op]:.6g}" for op in CPU_OPS]
+    # .6e: YAML reads 9e-05 as a string, 9.000000e-05 as a number
+    sets = [f"compute.default.cpu.{op}_s_per_mb={costs[op]:.6e}" for op in CPU_OPS]
     if messages:
-        sets += [f"compute.default.{side}_s_per_message={messages[side]:.6g}" for side in ("send", "recv")]
+        sets += [f"compute.default.{side}_s_per_message={messages[side]:.6e}" for side in ("send", "recv")]
     if shared_cores:
         sets.append(f"compute.shared_cores={shared_cores}")
     return sets
