@@ -484,20 +484,22 @@ class DdsTransport(Reassembler):
                     if msg is not None or self._closing:
                         return msg
                 left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
-                if left <= 0:
-                    return None
-                try:  # returns at once if a reader holds samples already (its condition is any sample)
-                    self._caller_ws.wait(duration(seconds=left))
-                except DDSException:  # deleted by close()
-                    if self._closing:
-                        return None
-                    raise
+                if left > 0:
+                    try:  # returns at once if a reader holds samples already (its condition: any sample)
+                        self._caller_ws.wait(duration(seconds=left))
+                    except DDSException:  # deleted by close()
+                        if self._closing:
+                            return None
+                        raise
                 try:
                     self._drain(self._caller_readers)
                 except Exception as exc:  # a take that failed: closing, or counted as the thread does
                     if self._closing:
                         return None
                     self._receive_error(exc)
+                if left <= 0:  # time is up: what the readers held was the last look
+                    with self._cv:
+                        return self._pop(wanted)
         finally:
             self._caller_wants = None
             self._caller_lock.release()

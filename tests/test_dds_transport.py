@@ -512,6 +512,11 @@ def test_a_caller_takes_its_answers_itself_with_the_same_guarantees(domain, seal
         tw.send(SS_REPLY, b"unasked", to=r)
         assert poll(lambda: tr.pending_count() == 1, 3)
         assert tr.recv(SS_REPLY, timeout_s=0).data == b"unasked"
+        # a recv that does not wait still takes what the reader holds (the tick has not come yet)
+        with tr._caller_lock:  # (holding it keeps the receive thread's tick away)
+            tw.send(SS_REPLY, b"held", to=r)
+            assert tw.flush(timeout_s=5)
+        assert tr.recv(SS_REPLY, timeout_s=0).data == b"held"
         # waiting on both: a message of the receive thread's topics wakes the caller at once
         got = []
         th = threading.Thread(target=lambda: got.append(tr.recv([SS_REPLY, TRAIN_CMD], timeout_s=10)))
