@@ -6,7 +6,7 @@
     python -m tools.esync_experiments baselines   # accuracy over time for every algorithm (h_c = 150)
     python -m tools.esync_experiments centralized # centralized SGD (one party, all the data): the accuracy reference
     python -m tools.esync_experiments feddrop     # FedDrop's final test loss against K_hat
-    python -m tools.esync_experiments cnn4 [headline|fedasync|noniid]  # the larger model (4 conv + 1 FC)
+    python -m tools.esync_experiments cnn4 [headline|fedasync|noniid|hc]  # the larger model (4 conv + 1 FC)
 
 Every run starts from scenarios/esync.yaml (12 parties, 6 fast and 6 slow, 1 Gbit/s LAN,
 IID Fashion-MNIST, batch 32, SGD) with the overrides each experiment lists, runs in
@@ -253,19 +253,68 @@ CNN4_RUNS = {
                                       "ps.max_time_s=48", "ps.eval_every=60"],
     },
 }
+# "hc": ESync against SSGD across h_c (h_c = 150 is the headline's pair, reused).  Budgets past 0.8:
+# ESync's rounds shrink as h_c grows (a round holds ~0.8 h_c fast iterations); at h_c = 1 ESync runs
+# as SSGD does, one iteration a party a round.  SSGD's model does not depend on h_c (it passes 0.8
+# near its round 220 at h_c = 150), only its time does, so 400 rounds each.
+CNN4_HC_ESYNC_ROUNDS = {1: 400, 10: 100, 50: 25, 300: 8}
+CNN4_RUNS["hc"] = {}
+for _h, _rounds in CNN4_HC_ESYNC_ROUNDS.items():
+    CNN4_RUNS["hc"][f"esync-cnn4-hc{_h}"] = ["model=cnn4", *speeds(_h), f"ps.rounds={_rounds}",
+                                              *(["ps.eval_every=10"] if _h == 1 else [])]
+    CNN4_RUNS["hc"][f"ssgd-cnn4-hc{_h}"] = ["model=cnn4", *speeds(_h), "ps.algorithm=ssgd", "ps.rounds=400",
+                                             "ps.eval_every=10"]
+
+
+def cnn4_hc_figure(done: dict) -> None:
+    """Time to 0.8 against h_c, cnn4 beside small_cnn (docs/figures/esync/hc.json)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    small = {r["label"]: r for r in _load("headline") + _load("hc")}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for model, rows, style in (("cnn4", done, "-"), ("small_cnn", small, "--")):
+        for algo in ("esync", "ssgd"):
+            pts = []
+            for h in (1, 10, 50, 150, 300):
+                r = rows.get(f"{algo}-cnn4-hc{h}" if model == "cnn4" else f"{algo}-hc{h}")
+                t = r and r["time_to_accuracy"].get("0.8")
+                if t:
+                    pts.append((h, t))
+            ax.plot([h for h, _ in pts], [t for _, t in pts], "o" + style, label=f"{algo}, {model}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("h_c (slow parties' slowdown)")
+    ax.set_ylabel("virtual seconds to 0.8 test accuracy")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(FIGURES / "cnn4_hc.png", dpi=110)
+    plt.close(fig)
 
 
 def cnn4() -> list[dict]:
-    parts = [v for v in sys.argv[2:] if v in CNN4_RUNS] or list(CNN4_RUNS)
+    # The values are parts, or single run labels (one run per call: flock it run by run).
+    labels = {label for runs in CNN4_RUNS.values() for label in runs}
+    only = [v for v in sys.argv[2:] if v in labels]
+    parts = [v for v in sys.argv[2:] if v in CNN4_RUNS] or [p for p, runs in CNN4_RUNS.items()
+                                                             if not only or set(only) & set(runs)]
     done = {r["label"]: r for r in _load("cnn4")}
     for part in parts:
         for label, o in CNN4_RUNS[part].items():
+            if only and label not in only:
+                continue
             cached = done.get(label)
             if not (cached and cached["overrides"] == o):
                 done[label] = run(label, o)
             save("cnn4", list(done.values()))  # as far as it got
     rows = list(done.values())
+    if "hc" in parts:
+        cnn4_hc_figure(done)
     for part, runs in CNN4_RUNS.items():
+        if part == "hc":
+            continue
         shown = [done[label] for label in runs if label in done]
         if shown:
             curves(f"cnn4_{part}", shown, f"cnn4 (4 conv + 1 FC): {part}")
@@ -276,7 +325,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", choices=("headline", "hc", "noniid", "centralized", "baselines", "feddrop", "cnn4"))
     p.add_argument("values", nargs="*", help="feddrop: the K_hat values to (re)run (default 4 6 8 10); "
-                                             "cnn4: the parts to run (headline, fedasync, noniid; default all)")
+                                             "cnn4: the parts to run (headline, fedasync, noniid, hc; default all), or single run labels")
     args = p.parse_args()
     globals()[args.experiment]()
     return 0
