@@ -102,14 +102,20 @@ def _delivery() -> str:
 _UNITS = {"B": 1, "": 1, "kB": 1000, "KiB": 1024, "MB": 1000**2, "MiB": 1024**2, "GB": 1000**3, "GiB": 1024**3}
 
 
+def _whc_high(whc_high: Optional[str] = None) -> str:
+    """``whc_high``, else ``$DTEMU_DDS_WHC_HIGH``, else the default; checked."""
+    whc = whc_high or os.environ.get("DTEMU_DDS_WHC_HIGH", "").strip() or DEFAULT_WHC_HIGH
+    if not _SIZE_RE.match(whc):
+        raise ValueError(f"bad WhcHigh size {whc!r}")
+    return whc
+
+
 def whc_high_bytes(whc_high: Optional[str] = None) -> int:
     """The writer history high-water mark real mode runs with, in bytes: what emu's
     ``network.send_window_bytes`` models (tools/transport_costs.py)."""
-    whc = whc_high or os.environ.get("DTEMU_DDS_WHC_HIGH", "").strip() or DEFAULT_WHC_HIGH
-    m = _SIZE_RE.match(whc)
-    if not m:
-        raise ValueError(f"bad WhcHigh size {whc!r}")
-    return int(whc[: len(whc) - len(m.group(1) or "")]) * _UNITS[m.group(1) or ""]
+    whc = _whc_high(whc_high)
+    unit = _SIZE_RE.match(whc).group(1) or ""
+    return int(whc[: len(whc) - len(unit)]) * _UNITS[unit]
 
 
 def writer_history(mode: str, model_params: int) -> str:
@@ -148,9 +154,7 @@ def config_xml(profile: str = "loopback", peers: Optional[Iterable[str] | str] =
             raise ValueError(f"unknown DDS profile {profile!r}: use one of {PROFILES} or an .xml file")
     text = path.read_text(encoding="utf-8")
 
-    whc = whc_high or os.environ.get("DTEMU_DDS_WHC_HIGH", "").strip() or DEFAULT_WHC_HIGH
-    if not _SIZE_RE.match(whc):
-        raise ValueError(f"bad WhcHigh size {whc!r}")
+    whc = _whc_high(whc_high)
     maxp = int(max_participants or os.environ.get("DTEMU_DDS_MAX_PARTICIPANTS") or DEFAULT_MAX_PARTICIPANTS)
     if not 0 < maxp <= 119:
         raise ValueError("max_participants must be in 1..119")

@@ -274,16 +274,21 @@ def test_two_processes_exchange_small_and_large(domain):
             proc.wait()
 
 
-def test_close_unblocks_recv_and_is_idempotent(domain):
-    t = DdsTransport(name("solo"), domain_id=domain, subscribe=[TRAIN_CMD])
-    result = []
-    th = threading.Thread(target=lambda: result.append(t.recv(TRAIN_CMD, timeout_s=30)))
+def assert_close_unblocks_recv(t, topic, settle_s: float) -> None:
+    """A recv blocked on ``topic`` returns None within 5 s of ``t.close()``."""
+    got = []
+    th = threading.Thread(target=lambda: got.append(t.recv(topic, timeout_s=30)))
     th.start()
-    time.sleep(0.05)
+    time.sleep(settle_s)
     t0 = time.monotonic()
     t.close()
     th.join(timeout=5)
-    assert not th.is_alive() and result == [None] and time.monotonic() - t0 < 5
+    assert not th.is_alive() and got == [None] and time.monotonic() - t0 < 5
+
+
+def test_close_unblocks_recv_and_is_idempotent(domain):
+    t = DdsTransport(name("solo"), domain_id=domain, subscribe=[TRAIN_CMD])
+    assert_close_unblocks_recv(t, TRAIN_CMD, 0.05)
     t.close()
     with pytest.raises(RuntimeError):
         t.send(TRAIN_CMD, b"x")
@@ -537,14 +542,7 @@ def test_a_caller_takes_its_answers_itself_with_the_same_guarantees(domain, seal
             th.join(timeout=15)
         assert sorted(m.data for m in got if m is not None) == [b"one", b"two"]
         # close() unblocks a caller that is taking
-        got = []
-        th = threading.Thread(target=lambda: got.append(tr.recv(SS_REPLY, timeout_s=30)))
-        th.start()
-        time.sleep(0.1)
-        t0 = time.monotonic()
-        tr.close()
-        th.join(timeout=5)
-        assert got == [None] and time.monotonic() - t0 < 5
+        assert_close_unblocks_recv(tr, SS_REPLY, 0.1)
         assert tr.stats["errors"] == 0
 
 
