@@ -15,6 +15,7 @@ from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
 from dtemu.core.runtime.wiring import roles
 from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.host import cpu_arith
 from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
@@ -87,7 +88,8 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
             return _run(scenario, run, init, work, key, wall_start, pool)
     except Exception as err:  # the run folder still says what happened (then the error goes on)
         run.write_json("summary.json", failed_summary(scenario, "emu", err,
-                                                      wall_time_s=time.perf_counter() - wall_start))
+                                                      wall_time_s=time.perf_counter() - wall_start,
+                                                      platform=cpu_arith.describe()))
         raise
     finally:
         run.close()
@@ -149,6 +151,6 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
     if scenario.network.sites:  # what the network model saw cross each site's WAN (payload bytes)
         extra["wan_bytes"] = world.network.wan_bytes
     summary = run_summary(scenario, "emu", records, time_s=end, wall_time_s=time.perf_counter() - wall_start,
-                          extra=extra)
+                          extra=extra, platform=cpu_arith.describe())
     run.write_json("summary.json", summary)
     return summary

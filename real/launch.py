@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from dtemu.host import cpu_arith
 from dtemu.host.rundir import CHECKPOINT, read_events, write_json
 from dtemu.core.scenario import CONTROLLER, Scenario, stretched
 
@@ -323,4 +324,7 @@ def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None
         time_s = records[0].get("time_s")
     extra = {"exit_codes": codes or {}, "transport": (records[0].get("real") or {}).get("transport", {}),
              "time_scale": time_scale}
-    return run_summary(scenario, "real", records, time_s=time_s, wall_time_s=wall, extra=extra)
+    # The ranks' kernels, as rank 0 recorded them (a rank on another host may differ: its own summary says)
+    platform = records[0].get("platform") or cpu_arith.describe()
+    return run_summary(scenario, "real", records, time_s=time_s, wall_time_s=wall, extra=extra,
+                       platform=platform)

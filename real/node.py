@@ -16,6 +16,7 @@ from dtemu.core.runtime.driver import CRASHED, Driver, run_blocking
 from dtemu.core.runtime.summary import node_record
 from dtemu.core.runtime.wiring import readers_of, role_of
 from dtemu.core.scenario import Scenario
+from dtemu.host import cpu_arith
 from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
@@ -83,7 +84,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         stats = dict(transport.stats)
     record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
                          bytes_rejected=prims.bytes_rejected)
-    summary = {**record, "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
+    summary = {**record, "platform": cpu_arith.describe(), "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
                                   "writer_history": whc_high,
                                   "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}
     run.write_json("summary.json", summary)

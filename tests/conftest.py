@@ -1,5 +1,7 @@
 """Say once, visibly, when the tests that need MNIST are skipped and why."""
 
+import dtemu.host  # noqa: F401  before any test loads torch: the CPU arithmetic of every run (host.cpu_arith)
+
 from helpers import DATA, HAVE_MNIST
 
 

@@ -16,6 +16,8 @@ them back.  ``run_summary`` turns the records into the run's summary:
     DDP: compression, workers, steps, bytes_per_step, models_agree, lost_ranks, survivors
     geo: architecture, compression, rounds, models_agree, wan_bytes, wan, comm_s_per_round, lost
         (core.geo.report)
+    platform (the library versions and CPU kernels the run trained with: host.cpu_arith.describe,
+        given by the runtime),
     and what only one runtime knows under its own key: "emu" (wire_bytes, with
     retransmissions) or "real" (exit codes, transport counters).
 """
@@ -81,7 +83,7 @@ def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, byt
 
 
 def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *, time_s: float | None,
-                wall_time_s: float, extra: dict | None = None) -> dict:
+                wall_time_s: float, extra: dict | None = None, platform: dict | None = None) -> dict:
     """The run's summary from every rank's record (None or {} for a rank that left none)."""
     records = [r or {} for r in records]
     trains = set(scenario.training_nodes)  # once: a list rebuilt per node is quadratic at 10,000 clients
@@ -101,6 +103,7 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
         summary.update(ps_summary(scenario, records, time_to_accuracy([], scenario.targets), time_s))
     else:
         summary.update(_ddp(scenario, records) if scenario.mode == "ddp" else _fl(scenario, records[0]))
+    summary["platform"] = platform or {}
     summary[runtime] = extra or {}
     return summary
 
@@ -135,11 +138,11 @@ def _ddp(scenario: Scenario, records: list[dict]) -> dict:
 
 
 def failed_summary(scenario: Scenario, runtime: str, error: BaseException, *, wall_time_s: float,
-                   time_s: float | None = None) -> dict:
+                   time_s: float | None = None, platform: dict | None = None) -> dict:
     """The summary of a run that stopped on an error before it could finish (a bad checkpoint,
     a barrier timeout, missing data): the same schema, nothing measured, ``stop_reason`` the error."""
     summary = run_summary(scenario, runtime, [{}] * len(scenario.node_names), time_s=time_s,
-                          wall_time_s=wall_time_s)
+                          wall_time_s=wall_time_s, platform=platform)
     summary["stop_reason"] = f"{type(error).__name__}: {error}"
     summary["failed"] = True
     return summary
