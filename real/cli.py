@@ -145,6 +145,11 @@ def run_rank(args, scenario) -> int:
     dashboard = Dashboard(scenario, title=f"real · {scenario.name} · {name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if os.environ.get("DTEMU_LAUNCHED"):
+        # `real launch` stops its ranks with SIGINT.  A launcher started in the background of a
+        # script hands its ranks SIGINT ignored (POSIX does so for `cmd &`), and Python then
+        # installs no handler: the ranks would run on until killed, their folders unfinished.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with dashboard:
             summary = run_node(scenario, args.rank, out, init=init, domain_id=args.domain, profile=args.profile,

@@ -219,14 +219,27 @@ def test_run_and_launch_refuse_a_bad_set(tmp_path):
     assert done.returncode == 2 and "fl.init_path" in done.stderr
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_a_rank_cleanly(tmp_path, sig, code):
-    """A controller waiting at its barrier stops on Ctrl-C / SIGTERM with its exit code."""
+def _sigint_as(disposition):
+    """The child starts with SIGINT as given: SIG_DFL as from a terminal, SIG_IGN as every
+    background job of a non-interactive shell (a script's `cmd &`, so CI's own runs may be)."""
+    return lambda: signal.signal(signal.SIGINT, disposition)
+
+
+@pytest.mark.parametrize("sig, code, launched", [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, False),
+                                                 (signal.SIGINT, 130, True)],
+                         ids=["SIGINT", "SIGTERM", "SIGINT-launched-from-background"])
+def test_a_signal_stops_a_rank_cleanly(tmp_path, sig, code, launched):
+    """A controller waiting at its barrier stops on Ctrl-C / SIGTERM with its exit code.
+
+    ``real launch`` stops its ranks with SIGINT, so a launched rank hears it even when it
+    inherited SIGINT ignored (a launcher started in the background of a script)."""
     scenario = scenario_file(tmp_path, FL)
     out = tmp_path / "r"
+    extra = {"DTEMU_LAUNCHED": "1"} if launched else {}
     proc = subprocess.Popen([sys.executable, "-m", "dtemu.real.cli", "run", scenario, "--rank", "0", "--no-tui",
-                             "--out", str(out), "--domain", str(new_domain())], cwd=ROOT, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                             "--out", str(out), "--domain", str(new_domain())], cwd=ROOT, env={**env(), **extra},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_sigint_as(signal.SIG_IGN if launched else signal.SIG_DFL))
     try:
         events = out / "events.jsonl"
         for _ in range(300):  # until it is up and waiting for its clients (bounded: 30 s)
