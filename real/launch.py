@@ -10,7 +10,9 @@ It also carries out the scenario's crashes: a rank that crashed at a protocol
 point (exit code 100+i, see real/runtime.py) is restarted after the fault's
 ``restart_after_s`` (the controller with ``fl.init_path`` = its checkpoint), and
 ``faults.offline`` windows are enforced by SIGKILL at ``start_s`` and a restart
-at ``end_s``.  A restarted rank appends to its events.jsonl.
+at ``end_s``; a rank down from the start (a window from 0) is started with the
+others and held until ``end_s`` (real.start_line).  A restarted rank appends to
+its events.jsonl.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dtemu.core.scenario import CONTROLLER, Scenario, stretched
 from dtemu.core import events as ev
 from dtemu.core.runtime.summary import run_summary
 from dtemu.real.primitives import CRASH_EXIT
-from dtemu.real.start_line import START_FILE, is_ready, write_start
+from dtemu.real.start_line import HOLD, START_FILE, is_ready, write_start
 
 GRACE_S = 15.0  # how long clients may take to exit after the controller did
 
@@ -97,7 +99,7 @@ def launch(args, scenario: Scenario) -> int:
         env["DTEMU_KEY_FILE"] = str(Path(args.key_file).resolve())
     fired: dict[int, list[int]] = {r: [] for r in range(ranks)}
 
-    def start(rank: int, restart: bool = False) -> subprocess.Popen:
+    def start(rank: int, restart: bool = False, hold: float | None = None) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "dtemu.real.cli", "run", args.scenario, "--rank", str(rank),
                "--out", str(out / f"rank{rank}"), "--no-tui", "--domain", str(domain),
                "--threads", str(threads), "--profile", args.profile, "--time-scale", repr(scale)]
@@ -109,10 +111,12 @@ def launch(args, scenario: Scenario) -> int:
             if scenario.node_names[rank] == CONTROLLER and ckpt.exists():
                 cmd += ["--set", f"fl.init_path={ckpt}"]
         log = open(out / f"rank{rank}.log", "ab" if restart else "wb")
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=env if hold is None else {**env, HOLD: repr(hold)})
 
     schedule = _Schedule(scenario)
-    procs: list[subprocess.Popen | None] = [None if schedule.down_at_start(r) else start(r) for r in range(ranks)]
+    procs: list[subprocess.Popen | None] = [None if schedule.down_at_start(r) else start(r, hold=schedule.held.get(r))
+                                            for r in range(ranks)]
     epoch: float | None = None  # set when every rank is ready
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
@@ -123,14 +127,14 @@ def launch(args, scenario: Scenario) -> int:
         with dashboard:
             leader_done_at = None
             for rank, p in enumerate(procs):
-                if p is not None:
+                if p is not None and rank not in schedule.held:
                     dashboard.observe({"t": 0.0, "node": scenario.node_names[rank], "kind": ev.NODE_STARTING})
             while len(codes) < ranks:
                 for f in followers:
                     for event in f.poll():
                         dashboard.observe(event)
-                if epoch is None and all(p is None or p.poll() is not None or is_ready(out / f"rank{r}")
-                                         for r, p in enumerate(procs)):
+                if epoch is None and all(p is None or r in schedule.held or p.poll() is not None
+                                         or is_ready(out / f"rank{r}") for r, p in enumerate(procs)):
                     epoch = time.time()
                     write_start(start_file, epoch)
                     schedule.begin(epoch)
@@ -230,14 +234,18 @@ class _Schedule:
     """When ranks are killed and (re)started, in wall-clock seconds since the Unix epoch.
 
     The offline windows count from the run's origin (``begin``: every rank is up); crash
-    restarts are added as they happen."""
+    restarts are added as they happen.  A rank down from the start that comes up later
+    (a window from 0 to ``end_s``) is ``held``: started at once, held until ``end_s``
+    after the origin by itself (real.start_line), so it is neither killed nor started here."""
 
     def __init__(self, scenario: Scenario):
         self.names = scenario.node_names
         self.offline = scenario.faults.offline
         self.kills: list[tuple[float, int]] = []
         self.starts: list[tuple[float, int]] = []
-        self._killed = {self.names.index(w.node) for w in self.offline if w.start_s == 0}
+        first = [w for w in self.offline if w.start_s == 0]
+        self.held = {self.names.index(w.node): w.end_s for w in first if w.end_s is not None}
+        self._killed = {self.names.index(w.node) for w in first} - set(self.held)
         self._first_down = set(self._killed)
         self.begun = False
 
@@ -247,7 +255,7 @@ class _Schedule:
             rank = self.names.index(w.node)
             if w.start_s > 0:
                 self.kills.append((epoch + w.start_s, rank))
-            if w.end_s is not None:
+            if w.end_s is not None and not (w.start_s == 0 and rank in self.held):
                 self.starts.append((epoch + w.end_s, rank))
 
     def down_at_start(self, rank: int) -> bool:

@@ -23,7 +23,7 @@ from dtemu.host.traces import load_population
 
 from .config import writer_history
 from .primitives import RealPrimitives
-from .start_line import wait_for_start
+from .start_line import hold_until_window_end, wait_for_start
 from .transport import DdsTransport
 
 
@@ -67,6 +67,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
     whc_high = writer_history(scenario.mode, work.dim)
+    hold_until_window_end()   # a rank down from the start comes up at its window's end, not before
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
                       key=key, whc_high=whc_high) as transport:
         # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).

@@ -15,6 +15,14 @@ never sees.  So the launcher and its ranks meet at a start line:
 
 The role's own barrier (the controller waiting for its clients to match) comes
 right after, as it does in emu at time 0.
+
+A rank down from the start (a ``faults.offline`` window from 0 to ``end_s``) is
+started with the others all the same, and *held* (``hold_until_window_end``)
+before its transport exists: it does its seconds of start-up while it is
+"down", no one can reach it, and it comes up at ``end_s`` after the origin, as
+emu's node does, rather than ``end_s`` plus its start-up (which on a loaded
+machine was 20 s: a site meant to join a geo run came up after the run ended).
+The launcher does not wait for a held rank at the start line.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import time
 from pathlib import Path
 
 START_FILE = "DTEMU_START_FILE"  # the environment variable that names the start file
+HOLD = "DTEMU_HOLD_S"  # a rank down from the start: seconds after the origin it comes up at
 READY = "ready"
 WAIT_S = 600.0  # a rank gives up on the start line after this (the launcher is gone)
 
@@ -45,6 +54,21 @@ def wait_for_start(rank_folder: Path) -> float | None:
             return origin
         time.sleep(0.02)
     return None
+
+
+def hold_until_window_end() -> None:
+    """A held rank (``HOLD`` set): wait for the origin, then until ``HOLD`` seconds after it.
+    Without a start file after ``WAIT_S`` (the launcher is gone), it goes on at once."""
+    hold, path = os.environ.get(HOLD), os.environ.get(START_FILE)
+    if not hold or not path:
+        return
+    deadline = time.monotonic() + WAIT_S
+    origin = read_start(Path(path))
+    while origin is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        origin = read_start(Path(path))
+    if origin is not None:
+        time.sleep(max(0.0, origin + float(hold) - time.time()))
 
 
 def read_start(path: Path) -> float | None:

@@ -29,9 +29,31 @@ def test_offline_windows_count_from_the_origin():
                         "faults": {"offline": [{"node": "client1", "start_s": 5, "end_s": 9},
                                                {"node": "client2", "start_s": 0, "end_s": 3}]}})
     sched = _Schedule(s)
-    assert sched.down_at_start(2) and not sched.down_at_start(1)
-    assert sched.pending(2)  # still to come back, though the origin is not known yet
+    # client2, down from the start, is started with the others and held until 3 s after the origin
+    assert not sched.down_at_start(2) and not sched.down_at_start(1) and sched.held == {2: 3}
     assert sched.due_kills(1e12) == [] and sched.due_starts(1e12) == []  # nothing before the origin
     sched.begin(1000.0)
     assert sched.due_kills(1004.9) == [] and sched.due_kills(1005.0) == [1]
-    assert sched.due_starts(1003.0) == [2] and sched.due_starts(1009.0) == [1]
+    assert sched.due_starts(1003.0) == [] and sched.due_starts(1009.0) == [1]
+    assert not sched.killed(2)   # its exit is its own, not an offline window's
+
+
+def test_a_rank_that_never_comes_is_not_started():
+    s = parse_scenario({"name": "t", "fl": {"clients": 2}, "faults": {"offline": [{"node": "client2", "start_s": 0}]}})
+    sched = _Schedule(s)
+    assert sched.down_at_start(2) and sched.held == {} and sched.killed(2)
+
+
+def test_a_held_rank_waits_for_the_origin_and_its_window_end(tmp_path, monkeypatch):
+    import time
+    path = tmp_path / "start.json"
+    monkeypatch.setenv(start_line.START_FILE, str(path))
+    monkeypatch.setenv(start_line.HOLD, "0.3")
+    start_line.write_start(path, time.time())
+    t0 = time.monotonic()
+    start_line.hold_until_window_end()
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    monkeypatch.delenv(start_line.HOLD)
+    t0 = time.monotonic()
+    start_line.hold_until_window_end()   # not held: at once
+    assert time.monotonic() - t0 < 0.1

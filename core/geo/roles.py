@@ -44,7 +44,7 @@ from dtemu.core.geo.payload import (decode, encode_beat, encode_blocks, encode_d
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.geo.sums import applied, mixed_apply, root_sum, site_share
 from dtemu.core.ml.params import sha256_of
-from dtemu.core.runtime.requests import Compute, Send
+from dtemu.core.runtime.requests import Compute, Send, WaitPeers
 
 
 # (pushes, pull): how many round timeouts each role waits.  The waits nest, so that a level
@@ -205,6 +205,9 @@ def local_ps(ctx, scenario, work, name: str):
     if g.heartbeat_s is not None:   # while it waits, the global PS hears that the site is alive
         pushes.beat = pulls.beat = Beat(lambda: b.send(GEO_PUSH, encode_beat(b.dim), GLOBAL_PS), g.heartbeat_s)
     if g.joining:   # its first message says it is up (core.geo.join): counted from the start, or let in later
+        # Over DDS a rank that comes up late must first see the global PS's reader, or its JOIN
+        # is written to no one; emu's global PS is up and this takes no time.
+        yield WaitPeers((GLOBAL_PS,), b.pull_deadline())
         yield from b.send(GEO_PUSH, encode_join(b.dim), GLOBAL_PS, init=True)
     pulls.state_ok = g.joining
     got = yield from pulls.collect([GLOBAL_PS], 0, b.pull_deadline() if g.joining else b.deadline(),

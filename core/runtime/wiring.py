@@ -87,7 +87,14 @@ def ps_role(scenario: Scenario, rank: int, name: str, work: Workload) -> RoleSpe
 
 def readers_of(scenario: Scenario) -> dict[str, frozenset[str]] | None:
     """Which nodes read each topic, where not every peer reads every topic a node publishes
-    (mode ps: the state server reads none of the models); None: they all do."""
+    (mode ps: the state server reads none of the models; geo: the root PS reads no pull, workers
+    and the master no push); None: they all do."""
+    if scenario.mode == "geo":
+        by_topic: dict[str, set[str]] = {GEO_PUSH: set(), GEO_PULL: set()}
+        for rank, name in enumerate(scenario.node_names):
+            for topic in geo_role(scenario, rank, name, None).subscribes:
+                by_topic[topic].add(name)
+        return {t: frozenset(names) for t, names in by_topic.items()}
     if scenario.mode != "ps":
         return None
     workers = frozenset(scenario.ps.worker_names)
