@@ -125,6 +125,9 @@ GEO_ROUND = _kind("geo_round", "round role wait_s wan_s bytes_up bytes_down",
 GEO_LOST = _kind("geo_lost", "round missing reason", doc="a geo role gave up waiting for these nodes")
 GEO_JOIN = _kind("geo_join", "round site ps",
                  doc="a site joined a running geo run: it got the global model of this round and counts from the next")
+GEO_REJOIN = _kind("geo_rejoin", "round waited",
+                   doc="a worker whose local PS started again took the model of `round` it forwarded (a STATE) "
+                       "in place of the pull of `waited`, and goes on from the next round")
 GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_sha256 stop_reason")
 
 # --- mode ps: parameter server, state server, workers (core/ps) --------------------

@@ -120,3 +120,85 @@ def test_joining_is_refused_where_it_is_not_built(sets):
     from dtemu.core.errors import ScenarioError
     with pytest.raises(ScenarioError, match="geo.joining"):
         geo_scenario(**{"geo.joining": "true", **sets})
+
+
+# --- a local PS that starts again while its workers stay up ------------------------------------
+def _rejoins(events, k):
+    """Both of b's workers took the model of round k that their restarted PS forwarded."""
+    rejoins = {e["node"]: e for e in events if e["kind"] == "geo_rejoin"}
+    assert sorted(rejoins) == ["b-w0", "b-w1"] and {e["round"] for e in rejoins.values()} == {k}
+    (waited,) = {e["waited"] for e in rejoins.values()}
+    return rejoins, waited
+
+
+@pytest.mark.parametrize("variant", ["none", "bisparse_fp16"])
+def test_a_local_ps_that_starts_again_brings_its_waiting_workers_back(tmp_path, variant):
+    # b's PS alone is down from 0.2 to 0.5 s (its workers stay up, waiting for their pull);
+    # the global PS waits 2 x 5 s for b's push, so b is back well inside that wait
+    s, events = _run(tmp_path, variant, **{"faults.offline": _late(["b-ps"], 0.2, 0.5),
+                                           "geo.compression": variant, "geo.dense_below": 100})
+    assert s["stop_reason"] == "done" and s["rounds"] == 24 and s["lost"] == []
+    assert s["models_agree"] and s["survivors"] == 4 and s["time_s"] < 2   # no timeout waited out
+    gps = [e for e in events if e["node"] == "global-ps"]
+    assert not [e for e in events if e["kind"] == "geo_lost"]
+    # the PS's new JOIN ends the global PS's wait for its push: the round closes with site a and
+    # b is let in at that instant with the model of that round
+    (joined,) = [e for e in gps if e["kind"] == "geo_join"]
+    k, closes = joined["round"], {e["round"]: e for e in gps if e["kind"] == "geo_round"}
+    assert joined["ps"] == "b-ps" and joined["t"] == closes[k]["t"] and 0.5 + 0.010 <= joined["t"] < 0.6
+    assert closes[k]["bytes_up"] * 2 == closes[k - 1]["bytes_up"] == closes[k + 1]["bytes_up"] if variant == "none" \
+        else closes[k]["bytes_up"] < closes[k + 1]["bytes_up"]
+    # b's workers, still waiting for the pull of the round their PS died in (it had pushed that
+    # round's sum, so the global PS closed it with b and waited for b in the next), take the STATE
+    # their PS forwards when the global PS's STATE has crossed both WANs, and step from k + 1
+    rejoins, waited = _rejoins(events, k)
+    assert waited == k - 1 and all(closes[k]["t"] + 0.010 < e["t"] < closes[k + 1]["t"] for e in rejoins.values())
+    down = next(e["t"] for e in events if e["kind"] == "node_down")
+    assert closes[waited]["t"] < down == 0.2 < closes[k]["t"]
+    steps = [e["round"] for e in events if e["kind"] == "geo_step" and e["node"] == "b-w0"]
+    assert steps == list(range(1, waited)) + list(range(k + 1, 25))
+
+
+def test_a_dead_local_ps_is_found_by_heartbeats_reported_and_let_back_in(tmp_path):
+    # with heartbeats every 0.1 s the global PS gives b up 0.3 s after its last beat and goes on
+    # with a; b's PS is back at 0.6 s, joins anew, and its workers (waiting 5 x 5 s for a pull) with it
+    s, events = _run(tmp_path, "beats", **{"faults.offline": _late(["b-ps"], 0.2, 0.6), "geo.heartbeat_s": 0.1})
+    assert s["stop_reason"] == "done" and s["rounds"] == 24 and s["lost"] == []
+    assert s["models_agree"] and s["survivors"] == 4
+    gps = [e for e in events if e["node"] == "global-ps"]
+    (lost,) = [e for e in gps if e["kind"] == "geo_lost"]
+    assert lost["missing"] == ["b-ps"] and lost["reason"] == "heartbeat, going on without"
+    # three beats (0.3 s) after the global PS last heard b's PS: its push just before it died at 0.2
+    heard = max(e["t"] for e in events if e["kind"] == "deliver" and e["node"] == "global-ps"
+                and e["src"] == "b-ps" and e["t"] < 0.2)
+    assert lost["t"] == pytest.approx(heard + 0.3, abs=1e-9)
+    (joined,) = [e for e in gps if e["kind"] == "geo_join"]
+    assert 0.6 < joined["t"] < 0.7 and joined["round"] > lost["round"]
+    rejoins, waited = _rejoins(events, joined["round"])
+    assert waited <= lost["round"] < joined["round"]   # they waited for a round b's PS died in
+
+
+def test_a_restarted_ps_without_joining_leaves_its_workers_waiting_as_before(tmp_path):
+    s, events = _run(tmp_path, "off", **{"faults.offline": _late(["b-ps"], 0.2, 0.5), "geo.joining": "false",
+                                         "geo.rounds": 8})
+    # the global PS gives b up after 2 x 5 s; b's new PS waits for an initial model that never comes
+    assert s["lost"] and "b-ps" in s["lost"] and s["survivors"] == 2
+    assert not [e for e in events if e["kind"] in ("geo_join", "geo_rejoin")]
+
+
+def test_a_state_in_the_middle_of_a_round_is_taken_only_from_the_restarted_ps_and_never_older():
+    from dtemu.core.geo.common import GeoResult, Inbox
+    from dtemu.core.runtime.requests import Message, RecordingContext
+    ctx = RecordingContext(node="a-w0")
+    inbox = Inbox(ctx, "geo/pull", 10, {"a-ps": "a", "a-w0": "a", "global-ps": "c"}, "a",
+                  GeoResult(role="worker", site="a"))
+    inbox.restarts = "a-ps"
+    gen = inbox.collect(["a-ps"], 3, deadline=5.0)
+    next(gen)
+    gen.send(Message("geo/pull", "a-ps", encode_state(2, np.ones(10, np.float32))))      # an older model
+    gen.send(Message("geo/pull", "global-ps", encode_state(3, np.ones(10, np.float32))))  # not its PS
+    assert [e["reason"] for e in ctx.events] == ["unexpected_state", "unknown_sender"]
+    with pytest.raises(StopIteration) as done:
+        gen.send(Message("geo/pull", "a-ps", encode_state(4, np.ones(10, np.float32))))
+    payload, _ = done.value.value["a-ps"]
+    assert payload.kind == STATE and payload.round == 4

@@ -143,10 +143,13 @@ class Inbox:
         # Joining (core.geo.join): ``joinable``: nodes not in a round's senders whose JOIN (or beat)
         # is welcome; ``joins``: who said JOIN after the start (a newcomer, or a member that started
         # again: it is not waited for any more); ``state_ok``: a STATE (the model of a running run)
-        # answers a wait for the initial model.
+        # answers a wait for the initial model; ``restarts``: the one sender (a worker's local PS)
+        # whose STATE also answers a wait for a round's pull: it started again and was let in anew
+        # (the STATE is the model of that round or a later one, never of an earlier one).
         self.joinable: set[str] = set()
         self.joins: list[str] = []
         self.state_ok = False
+        self.restarts: str | None = None
 
     def _wake(self, deadline: float | None, waiting: list[str]) -> float | None:
         """When to look up from the inbox: the deadline, the next beat to send, the next silence."""
@@ -216,8 +219,8 @@ class Inbox:
                 if self.site_of.get(msg.src) != self.site:
                     self.result.wan_received += len(msg.data)
                 continue
-            if payload.kind == STATE:   # the model of a run already going: only for a newcomer
-                if self.state_ok:
+            if payload.kind == STATE:   # the model of a run already going: for a newcomer, or from a restarted PS
+                if self.state_ok or (msg.src == self.restarts and payload.round >= round_):
                     got[msg.src] = (payload, msg.data)
                 else:
                     self._refuse(msg, "unexpected_state")

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from dtemu.core import events as ev
-from dtemu.core.geo.common import GEO_PULL, Applier, get_vector, params_of, site_downlink, worker_optimizer_momentum
+from dtemu.core.geo.common import (GEO_PULL, Applier, get_vector, params_of, set_vector, site_downlink,
+                                   worker_optimizer_momentum)
 from dtemu.core.geo.payload import decode, encode_state
 
 
@@ -56,6 +57,18 @@ def set_momentum(applier: Applier, momentum: np.ndarray) -> None:
     for p in params_of(applier.model):
         applier.opt.state[p]["momentum_buffer"] = src[off:off + p.numel()].view_as(p).clone()
         off += p.numel()
+
+
+def resume(b, applier, state, waited: int) -> int:
+    """A worker whose local PS started again (and was let in anew) takes the STATE it forwarded in
+    place of the pull of ``waited``: the model after ``state.round``; returns that round, the
+    worker goes on from the next.  Its push of ``waited`` died with the PS's old life."""
+    set_vector(b.model, state.dense())
+    if state.momentum is not None:
+        set_momentum(applier, state.momentum)
+    b.result.rounds = state.round
+    b.ctx.emit(ev.GEO_REJOIN, round=state.round, waited=waited)
+    return state.round
 
 
 def state_of(b, round_: int, follower: Follower | None) -> bytes:

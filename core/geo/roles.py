@@ -39,7 +39,7 @@ from dtemu.core.geo import hfa, join
 from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
 from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, Beat, GeoResult, Inbox, get_vector, grad_vector,
                                    round_batch, sent_across, set_vector, site_downlink, worker_optimizer_momentum)
-from dtemu.core.geo.payload import (decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
+from dtemu.core.geo.payload import (STATE, decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
                                     sum_sparse)
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.geo.sums import applied, mixed_apply, root_sum, site_share
@@ -175,7 +175,9 @@ def worker(ctx, scenario, work, name: str):
     applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.weights_down)
     if first.momentum is not None:
         join.set_momentum(applier, first.momentum)
-    for r in range(first.round + 1, g.rounds + 1):
+    pulls.restarts = up if g.joining else None   # its PS may start again and forward the run's model
+    r = first.round
+    while (r := r + 1) <= g.rounds:
         batch = round_batch(work, scenario, index, r)
         t0 = ctx.now()
         loss = yield Compute(lambda: work.gradients(b.model, batch, index, r), samples=len(batch))
@@ -186,6 +188,9 @@ def worker(ctx, scenario, work, name: str):
         if not got:
             b.gave_up(r, [up])
             break
+        if got[up][0].kind == STATE:   # its PS started again: the run's model replaces this round's pull
+            r = join.resume(b, applier, got[up][0], r)
+            continue
         yield from b.cpu("apply", b.vec_bytes, lambda: applier.apply(got[up][0].dense()))
         t2 = ctx.now()
         b.result.rounds = r
