@@ -3,7 +3,9 @@ rank, CycloneDDS on loopback, --time-scale 1), the same scenario as emu.  Slow: 
 
 When a late site's JOIN reaches the global PS depends on the machine, so the round it joins at
 does too.  What does not: it joins, it counts from the next round, every model agrees, and the
-model is emu's for the same scenario once emu's site comes up within that same round.
+model is emu's for the same scenario once emu's site comes up within that same round.  Likewise
+for a local PS killed and started again while its worker stays up: which round it dies in is the
+machine's, and emu, with its PS killed at the same point of the protocol, ends with the same model.
 """
 
 import subprocess
@@ -92,3 +94,35 @@ def test_a_late_site_joins_for_real_and_ends_with_emus_model(tmp_path):
     assert [e["round"] for e in emu_events if e["kind"] == "geo_join"] == [k]
     assert emu["models_agree"] and real["model_sha256"] == emu["model_sha256"]
     assert real["final_accuracy"] == emu["final_accuracy"] and real["wan_bytes"] == emu["wan_bytes"]
+
+
+def test_a_killed_local_ps_restarts_for_real_and_brings_its_workers_back(tmp_path):
+    # real launch SIGKILLs b's PS at 1.5 s and starts it again at 2 s (a fresh process: seconds of
+    # start-up); its worker stays up, waiting for a pull.  Without heartbeats the global PS waits
+    # (2 x 30 s) for b's push, so the JOIN of b's new life closes that round: the run stalls, it
+    # does not lose b, whatever the start-up takes.
+    raw = {**LATE, "faults": {"offline": _offline(["b-ps"], 1.5, 2.0)}}
+    real, events = _launch(tmp_path, raw, timeout=200)
+    assert real["stop_reason"] == "done" and real["rounds"] == ROUNDS and real["lost"] == []
+    assert real["models_agree"] and real["survivors"] == 2
+    assert not [e for e in events if e["kind"] == "geo_lost"]
+    (killed,) = [e for e in events if e["node"] == "b-ps" and e.get("fault") == "killed"]
+    (joined,) = [e for e in events if e["kind"] == "geo_join"]
+    (rejoin,) = [e for e in events if e["kind"] == "geo_rejoin"]
+    k, w = joined["round"], rejoin["waited"]
+    assert rejoin["node"] == "b-w0" and rejoin["round"] == k and w in (k - 1, k) and killed["t"] < joined["t"]
+    steps = [e["round"] for e in events if e["kind"] == "geo_step" and e["node"] == "b-w0"]
+    assert steps == list(range(1, w)) + list(range(k + 1, ROUNDS + 1))
+
+    # emu, with b's PS killed at the same point of the protocol: its rounds without a fault say when
+    _, whole = _emu(tmp_path, "whole", LATE)
+    if k == w:   # killed before it pushed round k: just after it handed out the pull of k - 1
+        kill = _closes(whole, "b-ps")[k - 1]["t"]
+    else:        # killed with its push of w at the global PS, before the pull of w came back
+        kill = [e["t"] for e in whole if e["kind"] == "deliver" and e["node"] == "global-ps"
+                and e["src"] == "b-ps" and e["bytes"] > 20][w - 1]
+    restart = {**LATE, "faults": {"offline": _offline(["b-ps"], kill + 1e-6, kill + 0.5)}}
+    emu, emu_events = _emu(tmp_path, "emu", restart)
+    assert [(e["round"], e["waited"]) for e in emu_events if e["kind"] == "geo_rejoin"] == [(k, w)]
+    assert emu["models_agree"] and real["model_sha256"] == emu["model_sha256"]
+    assert real["final_accuracy"] == emu["final_accuracy"]
