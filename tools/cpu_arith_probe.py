@@ -1,0 +1,71 @@
+"""Which of torch's CPU kernel choices move a trained model: one short training per setting.
+
+    python -m tools.cpu_arith_probe
+
+Each line trains the 1.2M CNN and the small CNN for one epoch of 2,048 random
+images (batch 64, 2 threads, fixed seeds) in a fresh interpreter under one
+setting, and prints the models' hashes.  "native" is what the libraries choose
+on this host; each other line caps one library (or all three, as dtemu does by
+default: host.cpu_arith).  A hash that differs from "native" means that choice
+changes the arithmetic, so a host whose widest vector unit differs (AVX-512
+against AVX2) would train another model unless the choice is fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from dtemu.host import cpu_arith
+
+TRAIN = r"""
+import sys
+import numpy as np
+import torch
+from dtemu.core.ml.models import build_model
+from dtemu.core.ml.params import flatten, sha256_of
+from dtemu.core.ml.train import train_local
+
+torch.set_num_threads(int(sys.argv[1]))
+g = torch.Generator().manual_seed(0)
+x = torch.randn(2048, 1, 28, 28, generator=g)
+y = torch.randint(0, 10, (2048,), generator=g)
+hashes = []
+for spec in ("mnist_cnn", "small_cnn"):
+    model = build_model(spec, 1)
+    train_local(model, x, y, np.arange(2048), epochs=1, batch_size=64, lr=0.05, seed=3)
+    hashes.append(sha256_of(flatten(model))[:12])
+print(torch.backends.cpu.get_cpu_capability(), *hashes)
+"""
+
+SETTINGS = [
+    ("native (the libraries choose)", {}),
+    ("ATen: ATEN_CPU_CAPABILITY=default", {"ATEN_CPU_CAPABILITY": "default"}),
+    ("oneDNN: ONEDNN_MAX_CPU_ISA=AVX", {"ONEDNN_MAX_CPU_ISA": "AVX"}),
+    ("oneDNN: ONEDNN_MAX_CPU_ISA=SSE41", {"ONEDNN_MAX_CPU_ISA": "SSE41"}),
+    ("MKL: MKL_CBWR=COMPATIBLE", {"MKL_CBWR": "COMPATIBLE"}),
+    ("MKL: MKL_CBWR=AVX2", {"MKL_CBWR": "AVX2"}),
+    ("dtemu's default (all three at AVX2)", dict(cpu_arith.PORTABLE)),
+]
+
+
+def run(env: dict, threads: int = 2) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in (*cpu_arith.PORTABLE, cpu_arith.SWITCH)}
+    done = subprocess.run([sys.executable, "-c", TRAIN, str(threads)], capture_output=True, text=True,
+                          env={**clean, cpu_arith.SWITCH: "native", **env}, timeout=600)
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+def main() -> int:
+    print("| setting | ATen capability | mnist_cnn | small_cnn |\n|---|---|---|---|")
+    for name, env in SETTINGS:
+        cap, *hashes = (run(env).split() + ["?", "?", "?"])[:3]
+        print(f"| {name} | {cap} | `{hashes[0]}` | `{hashes[1]}` |", flush=True)
+    cap, *hashes = (run({}, threads=1).split() + ["?", "?", "?"])[:3]
+    print(f"| native, 1 thread | {cap} | `{hashes[0]}` | `{hashes[1]}` |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
