@@ -57,7 +57,7 @@ def fix() -> dict:
         return _state
     mode = os.environ.get(SWITCH, "portable").strip().lower() or "portable"
     if mode not in ("portable", "native"):
-        mode = "portable"  # a typo must not silently give host-tied results; describe() names the value
+        mode = "portable"  # a typo must not silently give host-tied results: it counts as the default
     loaded = "torch" in sys.modules
     applies = mode == "portable" and platform.machine().lower() in _X86 and _has_avx2() is not False
     if applies and not loaded:
