@@ -477,3 +477,44 @@ def test_an_fl_run_across_sites_pays_the_wan(tmp_path):
     wan = s["emu"]["wan_bytes"]
     # only client2's traffic crosses: the model and commands down to it, its updates up
     assert wan["far"]["up"] > 0 and wan["far"]["down"] > 0 and wan["hq"]["up"] == wan["far"]["down"]
+
+
+def test_a_step_schedule_cuts_the_learning_rate_after_each_milestone():
+    g = geo_scenario(**{"geo.lr_milestones": "[2, 4]", "geo.lr_gamma": 0.5}).geo
+    assert [g.lr_at(r) for r in range(1, 7)] == [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+    assert geo_scenario().geo.lr_at(10_000) == 0.1   # no schedule: geo.lr, bit for bit
+
+
+@pytest.mark.parametrize("key, value", [("geo.lr_milestones", "[4, 2]"), ("geo.lr_milestones", "[3, 3]"),
+                                        ("geo.lr_milestones", "[0]"), ("geo.lr_gamma", 0),
+                                        ("geo.lr_gamma", 1.5)])
+def test_a_schedule_that_makes_no_sense_is_refused(key, value):
+    from dtemu.core.errors import ScenarioError
+    with pytest.raises(ScenarioError, match=key.replace(".", r"\.")):
+        geo_scenario(**{key: value})
+
+
+def test_the_applier_steps_at_its_rounds_rate():
+    from dtemu.core.geo.common import Applier, get_vector
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    g = geo_scenario(**{"geo.lr_milestones": "[1]", "geo.lr_gamma": 0.5}).geo
+    applier = Applier(model, g.lr_at, 0.0, False)
+    ones = np.ones(2, np.float32)
+    applier.apply(ones, 1)
+    assert get_vector(model).tolist() == pytest.approx([-0.1, -0.1])
+    applier.apply(ones, 2)
+    assert get_vector(model).tolist() == pytest.approx([-0.15, -0.15])
+
+
+@pytest.mark.parametrize("variant", [{}, {"geo.compression": "bisparse_fp16"}, {"geo.global_optimizer": "true"},
+                                     {"geo.sync": "mixed"}, {"geo.sync": "hfa", "geo.rounds": 4},
+                                     {"geo.architecture": "flat"}])
+def test_a_schedule_moves_the_run_only_after_its_milestone(tmp_path, variant):
+    rounds = int(variant.get("geo.rounds", 12))
+    base = _run(tmp_path, "base", **variant)
+    after_the_end = _run(tmp_path, "late", **variant, **{"geo.lr_milestones": f"[{rounds}]"})
+    assert after_the_end["model_sha256"] == base["model_sha256"]
+    early = _run(tmp_path, "early", **variant, **{"geo.lr_milestones": f"[{rounds // 2}]", "geo.lr_gamma": 0.5})
+    assert early["stop_reason"] == "done" and early["models_agree"] == base["models_agree"]   # mixed: never
+    assert early["model_sha256"] != base["model_sha256"]

@@ -67,9 +67,9 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
         "encode": _median_s(lambda: encode_dense(1, grad_vector(model), g.fp16), reps) / mb,
         "sum": _median_s(lambda: site_share(pushes, list(pushes), dim, 2 * n, n, g.sync), reps) / mb / n,
     }
-    applier = Applier(model, g.lr, worker_optimizer_momentum(g), False)
+    applier = Applier(model, g.lr_at, worker_optimizer_momentum(g), False)
     update = vec() * np.float32(1e-3)
-    costs["apply"] = _median_s(lambda: applier.apply(update), reps) / mb
+    costs["apply"] = _median_s(lambda: applier.apply(update, 1), reps) / mb
 
     # BiSparse: each site's sparsifier after a few rounds (its residual is what it would be), the
     # sites' payloads as the global PS gets them, their merged aggregate as a local PS gets it.

@@ -4,6 +4,7 @@ payloads, and the tally of bytes that crossed the WAN."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -61,13 +62,15 @@ def set_vector(model, vec: np.ndarray) -> None:
 
 class Applier:
     """Turns what comes down (an aggregated gradient, or weights) into the model; the same
-    on every worker and on the master, so their models stay bit-identical."""
+    on every worker and on the master, so their models stay bit-identical.  ``lr_at`` gives a
+    round's learning rate (``GeoSpec.lr_at``): a step schedule changes it between rounds, and
+    torch's SGD keeps its momentum buffer in gradient units, so the new rate applies at once."""
 
-    def __init__(self, model, lr: float, momentum: float, weights_mode: bool):
-        self.model, self.weights_mode = model, weights_mode
-        self.opt = torch.optim.SGD(params_of(model), lr=lr, momentum=momentum)
+    def __init__(self, model, lr_at: Callable[[int], float], momentum: float, weights_mode: bool):
+        self.model, self.weights_mode, self.lr_at = model, weights_mode, lr_at
+        self.opt = torch.optim.SGD(params_of(model), lr=lr_at(1), momentum=momentum)
 
-    def apply(self, vec: np.ndarray) -> None:
+    def apply(self, vec: np.ndarray, round_: int) -> None:
         if self.weights_mode:
             set_vector(self.model, vec)
             return
@@ -76,6 +79,8 @@ class Applier:
         for p in params_of(self.model):
             p.grad = src[off:off + p.numel()].view_as(p).clone()
             off += p.numel()
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr_at(round_)
         self.opt.step()
 
 

@@ -27,6 +27,8 @@ def worker(b, index: int, up: str, pulls):
     opt = torch.optim.SGD(b.model.parameters(), lr=g.lr, momentum=g.momentum)
     step = 0
     for r in range(1, g.rounds + 1):
+        for group in opt.param_groups:   # a step schedule counts global rounds
+            group["lr"] = g.lr_at(r)
         for j in range(1, g.k2 + 1):
             sync = (r - 1) * g.k2 + j
             t0 = ctx.now()

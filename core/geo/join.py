@@ -36,12 +36,12 @@ class Follower:
 
     def __init__(self, model, geo):
         self.geo = geo
-        self.applier = Applier(model, geo.lr, worker_optimizer_momentum(geo), False)
+        self.applier = Applier(model, geo.lr_at, worker_optimizer_momentum(geo), False)
 
-    def follow(self, out: bytes, dim: int) -> None:
-        """Apply this round's pull as a local PS would hand it to its workers."""
+    def follow(self, out: bytes, dim: int, round_: int) -> None:
+        """Apply round ``round_``'s pull as a local PS would hand it to its workers."""
         pull = decode(out, dim)
-        self.applier.apply(decode(site_downlink(pull, out, self.geo.fp16), dim).dense())
+        self.applier.apply(decode(site_downlink(pull, out, self.geo.fp16), dim).dense(), round_)
 
     def momentum(self) -> np.ndarray | None:
         bufs = [self.applier.opt.state.get(p, {}).get("momentum_buffer") for p in params_of(self.applier.model)]

@@ -123,7 +123,7 @@ def master(ctx, scenario, work, name: str = MASTER):
     g = b.g
     weights = get_vector(b.model)
     yield from b.send(GEO_PUSH, encode_dense(0, weights), b.root, init=True)
-    applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.weights_down)
+    applier = Applier(b.model, g.lr_at, worker_optimizer_momentum(g), g.weights_down)
     pulls = b.inbox(GEO_PULL)
     # MixedSync: one pull per global update, every site's rounds in turn.
     last = g.rounds * (len(worker_sites(scenario.network.sites, scenario.network.central)) if g.sync == "mixed" else 1)
@@ -137,7 +137,7 @@ def master(ctx, scenario, work, name: str = MASTER):
         if b.hips and not g.weights_down:  # what a local PS hands its workers, so that the master's model is theirs
             payload = yield from b.cpu("densify", b.vec_bytes if payload.sparse else 0,
                                        lambda: decode(site_downlink(payload, raw, g.fp16), b.dim))
-        yield from b.cpu("apply", b.vec_bytes, lambda: applier.apply(payload.dense()))
+        yield from b.cpu("apply", b.vec_bytes, lambda: applier.apply(payload.dense(), r))
         b.result.rounds = r
         if r % g.eval_every == 0 or r == last:
             yield from _evaluate(b, r)
@@ -172,7 +172,7 @@ def worker(ctx, scenario, work, name: str):
     if g.sync == "hfa":
         yield from hfa.worker(b, index, up, pulls)
         return b.finish(get_vector(b.model))
-    applier = Applier(b.model, g.lr, worker_optimizer_momentum(g), g.weights_down)
+    applier = Applier(b.model, g.lr_at, worker_optimizer_momentum(g), g.weights_down)
     if first.momentum is not None:
         join.set_momentum(applier, first.momentum)
     pulls.restarts = up if g.joining else None   # its PS may start again and forward the run's model
@@ -191,7 +191,7 @@ def worker(ctx, scenario, work, name: str):
         if got[up][0].kind == STATE:   # its PS started again: the run's model replaces this round's pull
             r = join.resume(b, applier, got[up][0], r)
             continue
-        yield from b.cpu("apply", b.vec_bytes, lambda: applier.apply(got[up][0].dense()))
+        yield from b.cpu("apply", b.vec_bytes, lambda: applier.apply(got[up][0].dense(), r))
         t2 = ctx.now()
         b.result.rounds = r
         b.result.comm_s.append(t2 - t1)
@@ -293,7 +293,7 @@ def root_ps(ctx, scenario, work, name: str):
     set_vector(b.model, init_payload.dense())
     for child in children:
         yield from b.send(GEO_PULL, init_raw, child, init=True)
-    applier = Applier(b.model, g.lr, g.momentum, False) if g.weights_down else None
+    applier = Applier(b.model, g.lr_at, g.momentum, False) if g.weights_down else None
     follower = join.Follower(b.model, g) if joining and applier is None and g.sync == "fsa" else None
     if g.sync == "mixed":
         return (yield from _mixed_global(b, children, pushes, applier))
@@ -321,7 +321,7 @@ def root_ps(ctx, scenario, work, name: str):
             total = yield from b.cpu("sum", b.vec_bytes * len(children),
                                      lambda: root_sum(got, children, b.dim, b.hips, present, b.workers_total))
             if applier is not None:
-                total = yield from b.cpu("apply", b.vec_bytes, lambda: applied(applier, b.model, total))
+                total = yield from b.cpu("apply", b.vec_bytes, lambda: applied(applier, b.model, total, r))
             out = yield from b.cpu("encode", b.vec_bytes, lambda: encode_dense(r, total, g.fp16))
         for dst in [*children, MASTER]:
             yield from b.send(GEO_PULL, out, dst)
@@ -329,7 +329,7 @@ def root_ps(ctx, scenario, work, name: str):
         ctx.emit(ev.GEO_ROUND, round=r, role=b.result.role, wait_s=round(t1 - t0, 9),
                  wan_s=round(ctx.now() - t1, 9), bytes_up=sum(len(raw) for _, raw in got.values()), bytes_down=len(out))
         if follower is not None:
-            follower.follow(out, b.dim)
+            follower.follow(out, b.dim, r)
         if joining and pushes.joins:   # the round closed: a site that said JOIN gets its model
             children = yield from join.admit(b, every_child, children, pushes, r, follower)
     return b.finish(get_vector(b.model) if applier is not None else None)
@@ -359,7 +359,8 @@ def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier):
         child, payload, raw = got
         t0 = ctx.now()
         w = yield from b.cpu("apply", b.vec_bytes, lambda: mixed_apply(applier, b.model, payload.dense(),
-                                                                        pulled[child], g.dcasgd_lambda))
+                                                                        pulled[child], g.dcasgd_lambda,
+                                                                        payload.round))
         version += 1
         # the site's round, and the master's version
         out, to_master = yield from b.cpu("encode", 2 * b.vec_bytes, lambda: (

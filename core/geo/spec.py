@@ -25,6 +25,12 @@ VARIANTS = ("none", "fp16", "bisparse", "bisparse_fp16")
 WARMUP_DENSITIES = (0.25, 0.0625, 0.015625)   # DGC's warm-up stages (its last, 0.4%, is below k = 1%)
 
 
+def increasing_rounds(rounds: list[int]) -> str | None:
+    if any(r < 1 for r in rounds) or any(b <= a for a, b in zip(rounds, rounds[1:])):
+        return "expected rounds >= 1 in increasing order"
+    return None
+
+
 @dataclass(frozen=True)
 class LanSpec:
     bandwidth_mbps: float = field(default=1000.0, metadata=check(positive))
@@ -64,6 +70,12 @@ class GeoSpec:
     rounds: int = field(default=100, metadata=check(between(1, U32, "a round is 32 bits on the wire")))
     batch_size: int = field(default=64, metadata=check(positive))
     lr: float = field(default=0.05, metadata=check(positive))
+    # A step schedule, as torch's MultiStepLR counts epochs: after each of these rounds the learning
+    # rate is multiplied by lr_gamma, on every node that applies an update.  Empty: geo.lr throughout.
+    # Comparing variants by their final accuracy needs both trained to a standstill; with a
+    # constant rate the last evaluations still swing by tenths of a point (docs/results.md, GeoMX part 6).
+    lr_milestones: list[int] = field(default_factory=list, metadata=check(increasing_rounds))
+    lr_gamma: float = field(default=0.1, metadata=check(fraction))
     # SGD momentum at the workers (dense variants); BiSparse keeps it in its residuals instead.
     momentum: float = field(default=0.9, metadata=check(non_negative))
     # none / fp16 (every dense transfer in half precision) / bisparse (PS <-> PS sparse both ways) / both.
@@ -96,6 +108,10 @@ class GeoSpec:
     # the start is given up at round 0 like a lost one (and the run's bytes and times are as before).
     joining: bool = False
     start_wait_s: float | None = field(default=None, metadata=check(non_negative))
+
+    def lr_at(self, round_: int) -> float:
+        """The learning rate that round ``round_`` (1-based) applies."""
+        return self.lr * self.lr_gamma ** sum(round_ > m for m in self.lr_milestones)
 
     @property
     def sparse(self) -> bool:

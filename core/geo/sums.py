@@ -35,16 +35,17 @@ def root_sum(got: dict, children: list[str], dim: int, hips: bool, present: int,
     return total
 
 
-def applied(applier: Applier, model, update: np.ndarray) -> np.ndarray:
-    """The global PS's model after ``update`` (geo.global_optimizer: weights go down)."""
-    applier.apply(update)
+def applied(applier: Applier, model, update: np.ndarray, round_: int) -> np.ndarray:
+    """The global PS's model after round ``round_``'s ``update`` (geo.global_optimizer: weights go down)."""
+    applier.apply(update, round_)
     return get_vector(model)
 
 
-def mixed_apply(applier: Applier, model, grad: np.ndarray, pulled: np.ndarray, dcasgd_lambda: float) -> np.ndarray:
-    """MixedSync's global step: a site's gradient (DC-ASGD: g + lambda g*g*(w_now - w_when_pulled))
-    applied; the weights after it."""
+def mixed_apply(applier: Applier, model, grad: np.ndarray, pulled: np.ndarray, dcasgd_lambda: float,
+                round_: int) -> np.ndarray:
+    """MixedSync's global step: a site's gradient of its round ``round_`` (DC-ASGD: g + lambda
+    g*g*(w_now - w_when_pulled)) applied at that round's learning rate; the weights after it."""
     if dcasgd_lambda > 0:
         grad = grad + np.float32(dcasgd_lambda) * grad * grad * (get_vector(model) - pulled)
-    applier.apply(grad)
+    applier.apply(grad, round_)
     return get_vector(model)
