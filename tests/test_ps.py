@@ -206,6 +206,26 @@ def test_esync_beats_ssgd_in_time_and_blocks_less(tmp_path):
     assert fast_wait(esync) < fast_wait(ssgd)
 
 
+def test_a_cap_on_local_iterations_bounds_the_fast_workers_and_asks_less(tmp_path):
+    free, _ = run(tmp_path, scenario(algorithm="esync"), "free")
+    capped, _ = run(tmp_path, scenario(algorithm="esync", max_local_iterations=3), "capped")
+    assert free["iterations_per_round"]["worker1"] > 3       # h_c = 10: more would fit
+    it = capped["iterations_per_round"]
+    assert 1 < it["worker1"] <= 3 and 1 < it["worker2"] <= 3 and it["worker3"] == it["worker4"] == 1.0
+    assert capped["rounds"] == 4 and capped["stop_reason"] == "done"
+    # the cap is the worker's own: at i = 3 it syncs without a query
+    assert capped["state_server"]["queries"] < free["state_server"]["queries"]
+
+
+@pytest.mark.parametrize("ps", [{"algorithm": "ssgd", "max_local_iterations": 3},
+                                {"algorithm": "esync", "fixed_iterations": 2, "max_local_iterations": 3},
+                                {"algorithm": "esync", "max_local_iterations": 0}])
+def test_a_cap_without_esyncs_adaptive_rule_is_refused(ps):
+    from dtemu.core.errors import ScenarioError
+    with pytest.raises(ScenarioError, match="ps.max_local_iterations"):
+        scenario(**ps)
+
+
 def test_fixed_iterations_are_a_deterministic_schedule(tmp_path):
     summary, events = run(tmp_path, scenario(algorithm="esync", fixed_iterations=3))
     assert summary["local_iterations"] == {f"worker{k}": 12 for k in range(1, 5)}

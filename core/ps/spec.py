@@ -49,6 +49,10 @@ class PSSpec:
     # Every worker runs exactly this many local iterations per round (esync: instead of asking the
     # state server): a deterministic schedule, the same model in emu and real.
     fixed_iterations: int | None = field(default=None, metadata=check(positive))
+    # esync: the most local iterations a worker runs in a round; there it SYNCs without asking.  On
+    # non-IID data a fast party's many iterations on its few labels drift from the others' before
+    # each average (docs/results.md, "ESync on non-IID data").  None: the state server alone decides.
+    max_local_iterations: int | None = field(default=None, metadata=check(positive))
     # fedavg, feddrop, tifl, fedasync: local epochs over the worker's data per round.
     local_epochs: int = field(default=1, metadata=check(between(1, U16)))
     eval_every: int = field(default=1, metadata=check(positive))  # global versions between evaluations
@@ -94,6 +98,9 @@ def validate_ps(ps: PSSpec) -> None:
         raise ScenarioError("ps.min_workers", f"{ps.min_workers} is more than ps.workers ({ps.workers})")
     if ps.feddrop_k_hat >= ps.workers:
         raise ScenarioError("ps.feddrop_k_hat", f"must leave at least one of the {ps.workers} workers")
+    if ps.max_local_iterations is not None and not ps.uses_state_server:
+        raise ScenarioError("ps.max_local_iterations", "bounds ESync's adaptive rounds only "
+                                                       "(ps.algorithm: esync without ps.fixed_iterations)")
     if ps.tifl_tiers > ps.workers:
         raise ScenarioError("ps.tifl_tiers", f"{ps.tifl_tiers} tiers for {ps.workers} workers")
     for key, values in (("tifl_tier_probs", ps.tifl_tier_probs), ("tifl_credits", ps.tifl_credits)):

@@ -164,7 +164,12 @@ def ps_worker(ctx, scenario, work, rank: int):
         overtaken = False
         while True:
             if adaptive:
-                action = pm.TRAIN if i == 0 else (yield from w.ask(i, version))
+                if i == 0:
+                    action = pm.TRAIN
+                elif w.ps.max_local_iterations is not None and i >= w.ps.max_local_iterations:
+                    action = pm.SYNC   # the cap: no question to ask
+                else:
+                    action = yield from w.ask(i, version)
             else:
                 action = pm.TRAIN if i < w.plan else pm.SYNC
             if action == pm.SYNC:
