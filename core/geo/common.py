@@ -79,9 +79,13 @@ class Applier:
         for p in params_of(self.model):
             p.grad = src[off:off + p.numel()].view_as(p).clone()
             off += p.numel()
-        for group in self.opt.param_groups:
-            group["lr"] = self.lr_at(round_)
+        set_lr(self.opt, self.lr_at(round_))
         self.opt.step()
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
 
 
 def site_downlink(pull: Payload, raw: bytes, fp16: bool) -> bytes:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dtemu.core import events as ev
-from dtemu.core.geo.common import GEO_PULL, GEO_PUSH, get_vector, round_batch, set_vector
+from dtemu.core.geo.common import GEO_PULL, GEO_PUSH, get_vector, round_batch, set_lr, set_vector
 from dtemu.core.geo.payload import encode_dense
 from dtemu.core.geo.spec import GLOBAL_PS, MASTER
 from dtemu.core.runtime.requests import Compute
@@ -27,8 +27,7 @@ def worker(b, index: int, up: str, pulls):
     opt = torch.optim.SGD(b.model.parameters(), lr=g.lr, momentum=g.momentum)
     step = 0
     for r in range(1, g.rounds + 1):
-        for group in opt.param_groups:   # a step schedule counts global rounds
-            group["lr"] = g.lr_at(r)
+        set_lr(opt, g.lr_at(r))   # a step schedule counts global rounds
         for j in range(1, g.k2 + 1):
             sync = (r - 1) * g.k2 + j
             t0 = ctx.now()

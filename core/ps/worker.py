@@ -163,15 +163,14 @@ def ps_worker(ctx, scenario, work, rank: int):
             yield w.state(pm.REPORT, 0, version)
         overtaken = False
         while True:
-            if adaptive:
-                if i == 0:
-                    action = pm.TRAIN
-                elif w.ps.max_local_iterations is not None and i >= w.ps.max_local_iterations:
-                    action = pm.SYNC   # the cap: no question to ask
-                else:
-                    action = yield from w.ask(i, version)
-            else:
+            if not adaptive:
                 action = pm.TRAIN if i < w.plan else pm.SYNC
+            elif i == 0:
+                action = pm.TRAIN
+            elif w.ps.max_local_iterations is not None and i >= w.ps.max_local_iterations:
+                action = pm.SYNC   # the cap: no question to ask
+            else:
+                action = yield from w.ask(i, version)
             if action == pm.SYNC:
                 break
             batch = w.stream.next()
