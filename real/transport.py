@@ -109,7 +109,7 @@ from dtemu.real.config import config_xml
 from dtemu.core.wire import topics as wire_topics
 from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, _release_domain, _SampleContainer, \
     _wait_for_acks
-from dtemu.real import frame_auth
+from dtemu.real import frame_auth, shm
 from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, REASSEMBLY_STATS, Message, Reassembler
 from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame, encode_parts
 
@@ -177,7 +177,8 @@ class DdsTransport(Reassembler):
         self.write_timeout_s = float(write_timeout_s)
         self._reader_max_samples = int(reader_max_samples)
         self.stats: dict[str, int] = dict.fromkeys(
-            ("sent_msgs", "sent_bytes", "sent_frames", "recv_frames") + REASSEMBLY_STATS, 0)
+            ("sent_msgs", "sent_bytes", "sent_frames", "recv_frames", "shm_sent_frames", "shm_recv_frames",
+             "shm_fallbacks") + REASSEMBLY_STATS, 0)
         Reassembler.__init__(self, node, max_message_bytes=max_message_bytes,
                              max_pending_messages=max_pending_messages, max_pending_bytes=max_pending_bytes,
                              pending_timeout_s=pending_timeout_s, stats=self.stats, on_reject=on_reject, key=key)
@@ -208,6 +209,13 @@ class DdsTransport(Reassembler):
         self._caller_wants: Optional[frozenset] = None  # what the caller in recv waits for (None: no one)
         self._caller_poked = False  # _caller_guard was set
         self._guard_set = False  # _guard was set by subscribe
+        # Same-host payloads through shared memory (real.shm): rings per (DDS writer, destination)
+        # on the way out, the senders' rings mapped on the way in.
+        self._shm = shm.enabled(profile, key is not None)
+        self._rings: dict[tuple[str, str], shm.Ring] = {}
+        self._shm_in = shm.Rings(node)
+        self._shm_slot = shm.ring_bytes() // 2   # the largest frame a ring takes in one slot
+        self._shm_readers: dict[str, tuple[int, Optional[list[str]]]] = {}  # writer -> (matched, nodes)
 
         xml = config_xml(profile, peers, whc_high=whc_high)  # None: $DTEMU_DDS_WHC_HIGH or 2 MiB
         _acquire_domain(self.domain_id, xml)
@@ -389,15 +397,23 @@ class DdsTransport(Reassembler):
         w = self._writer(wname)
         sealed = self.frame_key is not None
         fb = self.frame_bytes - (frame_auth.TAG_BYTES if sealed else 0)  # a frame stays within frame_bytes
-        parts = max(1, -(-total // fb))
         dst, label = to or "", tag or topic
         with self._send_locks[wname]:
             msg_id = next(self._msg_ids)
+            dests = self._shm_dests(w, wname, to) if self._shm and total >= shm.MIN_BYTES else None
+            if dests and only_frames is None:  # through a ring, a frame need not fit a DDS sample
+                fb = max(fb, min(total, self._shm_slot))
+            parts = max(1, -(-total // fb))
             for i in range(parts if only_frames is None else min(parts, only_frames)):
                 chunk = mv[i * fb:(i + 1) * fb]
                 if sealed:  # the tag first: the receiver checks it before the frame counts (real.frame_auth)
                     chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
                                                  total, chunk) + chunk
+                ref = self._shm_put(wname, dests, chunk) if dests and len(chunk) >= shm.MIN_BYTES else None
+                if ref is not None:  # the bytes went through shared memory; DDS carries the reference
+                    self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts | shm.SHM_FLAG, total,
+                                                ref, pad4=True))
+                    continue
                 self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts, total, chunk, pad4=True))
             self.stats["sent_frames"] += parts
             self.stats["sent_msgs"] += 1
@@ -405,6 +421,42 @@ class DdsTransport(Reassembler):
             if ack_timeout_s is not None:
                 return _wait_for_acks(w, ack_timeout_s)
         return True
+
+    def _shm_dests(self, w: DataWriter, wname: str, to: Optional[str]) -> Optional[list[str]]:
+        """The nodes whose rings a frame of ``wname`` goes through: the addressee, or every
+        reader matched with the writer (None if one of them has not said hello yet: inline)."""
+        if wname in wire_topics.DURABLE_TOPICS:
+            return None   # a late joiner gets the writer's history: a reference names no ring of its own
+        if to:
+            return [to]
+        matched = w.get_publication_matched_status().current_count
+        cached = self._shm_readers.get(wname)
+        if cached is None or cached[0] != matched:
+            names = self.matched_peers([wname]).get(wname, {}).get("readers", [])
+            ok = len(names) == matched and not any(n.startswith("?") for n in names)
+            cached = self._shm_readers[wname] = (matched, names if ok else None)
+        return cached[1]
+
+    def _shm_put(self, wname: str, dests: list[str], chunk) -> Optional[bytes]:
+        """Copy ``chunk`` into each destination's ring; the reference, or None to send inline
+        (a ring full for longer than a moment: real.shm)."""
+        entries = []
+        try:
+            for d in dests:
+                ring = self._rings.get((wname, d))
+                if ring is None:
+                    if len(self._rings) >= MAX_ADDRESSED_WRITERS:
+                        return None
+                    ring = self._rings[(wname, d)] = shm.Ring(self.node, d)
+                entries.append((d, ring.name, *ring.put(chunk, wait_s=min(1.0, self.write_timeout_s))))
+        except (shm.RingFull, OSError) as exc:
+            self.stats["shm_fallbacks"] += 1
+            log.debug("%s: %s on %s, frame sent inline", self.node, exc, wname)
+            return None
+        for d in dests:
+            self._rings[(wname, d)].referenced()
+        self.stats["shm_sent_frames"] += 1
+        return shm.encode_ref(entries)
 
     def matched_count(self, topic: str) -> int:
         """How many readers our writer of ``topic`` is matched with (cheap)."""
@@ -587,6 +639,8 @@ class DdsTransport(Reassembler):
             if len(frames) > 1:
                 frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
             for f, ts in frames:
+                if f.parts & shm.SHM_FLAG and not self._from_ring(f):
+                    continue
                 try:
                     self._on_frame(topic, f, ts)
                 except Exception as exc:  # a bug, not bad input: count, keep going
@@ -595,6 +649,24 @@ class DdsTransport(Reassembler):
                     log.exception("dds receiver of %s: frame on %s", self.node, topic)
             if len(batch) < self._reader_max_samples:
                 break
+
+    def _from_ring(self, f: Frame) -> bool:
+        """Replace a reference's payload by the bytes it points at (real.shm); False if it was
+        refused (counted as malformed).  One writer's references come in the order written."""
+        if f.dst and f.dst != self.node or f.src == self.node:
+            f.parts ^= shm.SHM_FLAG
+            return True   # not ours: _on_frame drops it without looking at the payload
+        if not self._shm:
+            self._malformed(f"a shared-memory reference from {f.src!r}, which this transport does not take")
+            return False
+        try:
+            f.payload = self._shm_in.resolve(f.src, f.payload)
+        except ValueError as exc:
+            self._malformed(f"from {f.src!r}: {exc}")
+            return False
+        f.parts ^= shm.SHM_FLAG
+        self.stats["shm_recv_frames"] += 1
+        return True
 
     def _deliver(self, topic, src, dst, tag, msg_id, data: bytes, source_ts: int) -> None:
         topic = self._logical.get(topic, topic)  # a per-node DDS topic delivers as its topic
@@ -761,6 +833,7 @@ class DdsTransport(Reassembler):
 
     def _teardown(self) -> None:
         self._closing = True
+        self._close_rings()
         with self._cv:
             self._closed = True
             self._cv.notify_all()
@@ -781,6 +854,20 @@ class DdsTransport(Reassembler):
         if not getattr(self, "_domain_released", False):
             self._domain_released = True
             _release_domain(self.domain_id)
+
+    def _close_rings(self, wait_s: float = 2.0) -> None:
+        """Unlink this node's rings, after their readers took what is in them (a reference still
+        on its way names a file that must exist when it is first opened), and unmap the others'."""
+        deadline = time.monotonic() + wait_s
+        for ring in list(getattr(self, "_rings", {}).values()):
+            while not ring.drained() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            ring.close()
+        self._rings = {}
+        rings_in = getattr(self, "_shm_in", None)
+        if rings_in is not None:
+            with self._drain_lock:
+                rings_in.close()
 
     def __enter__(self) -> "DdsTransport":
         return self

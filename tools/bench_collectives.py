@@ -16,6 +16,9 @@ threads 1 each) on this machine:
           and ``allgather`` (every rank's 4·n-byte vector); ``--ops`` picks some.  Exactly what a DDP worker does per step, event
           log included (``real.node.real_driver`` writes one ``deliver`` event per message
           to its run folder, here a temporary one).
+          Payloads of 64 KiB and more travel through shared-memory rings beside DDS
+          (``real.shm``, the loopback profile's default); ``--no-shm`` sends them
+          inside the DDS samples, over loopback UDP, as before.
 ``gloo``  ``torch.distributed`` with the gloo backend
           (``init_method=tcp://127.0.0.1:PORT``): ``all_reduce`` (+ divide by W:
           the mean, as DDS computes) and ``all_gather``.
@@ -158,7 +161,7 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         if profile_dir and rank == 0:
             import cProfile
 
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.thread_time)  # CPU, not wall: preemption on 2 cores is not the code
             drain_cpu = [0.0, 0]
             orig = DdsTransport._drain
 
@@ -381,7 +384,11 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="per world and backend, seconds")
     p.add_argument("--profile", default=None, metavar="DIR", help="profile DDS rank 0 into DIR")
     p.add_argument("--out", default=None, help="also write the Markdown table here")
+    p.add_argument("--no-shm", action="store_true",
+                   help="DDS carries the payloads too (DTEMU_DDS_SHM=0): no shared-memory rings (real.shm)")
     args = p.parse_args(argv)
+    if args.no_shm:
+        os.environ["DTEMU_DDS_SHM"] = "0"   # the ranks are spawned with this environment
     worlds = [int(w) for w in args.worlds.split(",") if w]
     sizes = [int(s) for s in args.sizes.split(",") if s]
     backends = [b for b in args.backends.split(",") if b]
@@ -407,7 +414,9 @@ def main(argv=None) -> int:
                 extra = res[0][1]
                 st = extra["stats"]
                 notes.append(f"DDS W={w}: rank 0 sent {st['sent_frames']} DDS samples / {st['sent_msgs']} messages, "
-                             f"received {st['recv_frames']} / {st['recv_msgs']} ({st['own_frames']} of them its own); process CPU {extra['cpu_s']:.1f} s "
+                             f"received {st['recv_frames']} / {st['recv_msgs']} ({st['own_frames']} of them its own); "
+                             f"payloads through shared memory: {st['shm_sent_frames']} sent, {st['shm_recv_frames']} "
+                             f"received, {st['shm_fallbacks']} sent inline for want of room; process CPU {extra['cpu_s']:.1f} s "
                              f"over {extra['wall_s']:.1f} s wall")
                 if "drain_cpu_s" in extra:
                     mc = sum(extra["main_cpu_s"].values())
@@ -430,6 +439,7 @@ def main(argv=None) -> int:
     header = (f"Collectives on loopback, {args.repeats} repetitions after {args.warmup} warm-up, "
               f"slowest rank per repetition; {os.cpu_count()} cores; "
               f"Collective frame_bytes={args.frame_bytes or 'default'}, piece_bytes={args.piece_bytes or 'default'}; "
+              f"DDS payloads {'inline (--no-shm)' if args.no_shm else 'through shared-memory rings (real.shm)'}; "
               f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
               f"(other work on the box inflates wall times; the CPU columns much less); "
               f"total {time.perf_counter() - started:.0f} s.\n")
