@@ -34,7 +34,7 @@ from dtemu.core import events as ev
 from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import CPU_OPS, ComputeTimer
 from dtemu.core.runtime.driver import CRASHED, Driver
-from dtemu.core.runtime.requests import Message
+from dtemu.core.runtime.requests import Message, joined
 from dtemu.core.scenario import FaultSpec
 from dtemu.core.wire.topics import DURABLE_TOPICS
 
@@ -94,6 +94,7 @@ class EmuNode:
         return self.world.save_checkpoint(data)
 
     def send(self, topic: str, data: bytes, to: str | None):
+        data = joined(data)
         targets = self.world.receivers(self.node, topic, to)
         if topic in DURABLE_TOPICS:
             self.world.durable[(self.node, topic)] = data
@@ -109,6 +110,7 @@ class EmuNode:
         return len(targets)
 
     def send_half(self, topic: str, data: bytes, to: str | None):
+        data = joined(data)
         for dst in self.world.receivers(self.node, topic, to):
             self.world.transmit(self.node, dst, topic, data)
         # Half of the bytes at the uplink's full rate: the flows are still going (the crash cuts them).

@@ -16,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
+
 from dtemu.core import events as ev
 from dtemu.real import frame_auth
 from dtemu.real.wire import Frame
@@ -184,7 +186,10 @@ class Reassembler:
                 if n != f.total:
                     self._malformed("single-frame message with the wrong size")
                     return
-                self._deliver(topic, f.src, f.dst, f.topic, f.msg_id, bytes(payload), source_ts)
+                # a slot of a shared-memory ring lent as an array (real.shm) is delivered as a
+                # read-only memoryview of it, not copied; anything else as bytes
+                data = memoryview(payload) if isinstance(payload, np.ndarray) else bytes(payload)
+                self._deliver(topic, f.src, f.dst, f.topic, f.msg_id, data, source_ts)
                 return
             p = _Pending(topic, f.src, f.msg_id, f.parts, f.total, f.topic, f.dst, source_ts,
                          [payload], n, 1, time.monotonic())

@@ -13,7 +13,7 @@
         t.send(TRAIN_CMD, cmd_bytes, to="client1")     # addressed
         msg = t.recv([CLIENT_UPDATE], timeout_s=60)    # Message or None on timeout
 
-(About 780 lines: ``DdsTransport`` is one object that owns every DDS entity
+(About 880 lines: ``DdsTransport`` is one object that owns every DDS entity
 of a node and the thread that reads them; writing, presence, matching, the
 receive loop and teardown share its state and lock.  The pieces that are
 not DDS are apart: ``real.reassembly``, ``real.dds_support``, ``real.wire``.)
@@ -78,6 +78,14 @@ Design
   another node are ignored (``dst`` is filtered at the receiver: DDS ships
   them to every reader of the topic).
 
+* Same-host payloads go beside DDS (``real.shm``; the ``loopback`` profile,
+  unsealed runs, not on durable topics): a frame of 64 KiB or more is copied
+  into a slot of a shared-memory pool per (writer, destination) and DDS carries
+  the frame with a reference to it instead of its bytes; the receive thread
+  copies it out (or, on ``POOL_VIEWS`` topics, lends a read-only view) and the
+  frame goes on through the same checks.  A message given as ``Buffers``
+  (a collective frame's header and body) goes into its slot piece by piece.
+
 Caveats: messages are ordered per (sender, topic), not across topics;
 complete messages wait in memory until ``recv``; a send to a reader whose
 process died can block until the peer's lease expires (10 s by default),
@@ -106,6 +114,7 @@ from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
 from dtemu.real.config import config_xml
+from dtemu.core.runtime.requests import Buffers
 from dtemu.core.wire import topics as wire_topics
 from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, _release_domain, _SampleContainer, \
     _wait_for_acks
@@ -139,6 +148,11 @@ ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.P
 # state server's own input (it only ever reads ps/state; no one else subscribes to it).  The
 # state server's round trip, docs/results.md.
 CALLER_TAKES = (wire_topics.SS_REPLY, wire_topics.SS_STATE)
+# Topics whose messages that came through shared memory may be delivered as read-only views of a
+# slot of the sender's pool (a memoryview), not copies: collective frames, whose consumer sums them
+# or copies them into place within the operation (real.shm; core.ddp.collectives copies what it
+# keeps for longer).
+POOL_VIEWS = frozenset({wire_topics.COLL_FRAMES})
 _TICK_S = 0.2  # the receive thread also takes the callers' topics this often, so nothing waits there
 MAX_ADDRESSED_WRITERS = 4096  # per-node DDS topics a transport sets up; beyond, the shared topic
 
@@ -209,12 +223,11 @@ class DdsTransport(Reassembler):
         self._caller_wants: Optional[frozenset] = None  # what the caller in recv waits for (None: no one)
         self._caller_poked = False  # _caller_guard was set
         self._guard_set = False  # _guard was set by subscribe
-        # Same-host payloads through shared memory (real.shm): rings per (DDS writer, destination)
-        # on the way out, the senders' rings mapped on the way in.
+        # Same-host payloads through shared memory (real.shm): a pool of slots per (DDS writer,
+        # destination) on the way out, the senders' pools mapped on the way in.
         self._shm = shm.enabled(profile, key is not None)
-        self._rings: dict[tuple[str, str], shm.Ring] = {}
-        self._shm_in = shm.Rings(node)
-        self._shm_slot = shm.ring_bytes() // 2   # the largest frame a ring takes in one slot
+        self._pools: dict[tuple[str, str], shm.Pool] = {}
+        self._shm_in = shm.Slots(node)
         self._shm_readers: dict[str, tuple[int, Optional[list[str]]]] = {}  # writer -> (matched, nodes)
 
         xml = config_xml(profile, peers, whc_high=whc_high)  # None: $DTEMU_DDS_WHC_HIGH or 2 MiB
@@ -369,10 +382,14 @@ class DdsTransport(Reassembler):
         message (a sender dying mid-upload, for fault injection)."""
         if self._closing:
             raise RuntimeError("transport is closed")
-        mv = memoryview(data)
-        if mv.ndim != 1 or mv.itemsize != 1 or not mv.contiguous:
-            mv = mv.cast("B") if mv.contiguous else memoryview(mv.tobytes())
-        total = len(mv)
+        pieces = None   # a message of one frame given as pieces goes into its slot piece by piece
+        if isinstance(data, Buffers):
+            pieces, mv, total = data.parts, None, len(data)
+        else:
+            mv = memoryview(data)
+            if mv.ndim != 1 or mv.itemsize != 1 or not mv.contiguous:
+                mv = mv.cast("B") if mv.contiguous else memoryview(mv.tobytes())
+            total = len(mv)
         if total > self.max_message_bytes:
             raise ValueError(f"message of {total} bytes exceeds max_message_bytes={self.max_message_bytes}")
         wname = topic
@@ -401,10 +418,16 @@ class DdsTransport(Reassembler):
         with self._send_locks[wname]:
             msg_id = next(self._msg_ids)
             dests = self._shm_dests(w, wname, to) if self._shm and total >= shm.MIN_BYTES else None
-            if dests and only_frames is None:  # through a ring, a frame need not fit a DDS sample
-                fb = max(fb, min(total, self._shm_slot))
             parts = max(1, -(-total // fb))
             for i in range(parts if only_frames is None else min(parts, only_frames)):
+                if mv is None:
+                    if parts == 1 and dests:
+                        ref = self._shm_put(wname, dests, pieces)
+                        if ref is not None:
+                            self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts | shm.SHM_FLAG,
+                                                        total, ref, pad4=True))
+                            continue
+                    mv = memoryview(bytes(data))
                 chunk = mv[i * fb:(i + 1) * fb]
                 if sealed:  # the tag first: the receiver checks it before the frame counts (real.frame_auth)
                     chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
@@ -426,7 +449,7 @@ class DdsTransport(Reassembler):
         """The nodes whose rings a frame of ``wname`` goes through: the addressee, or every
         reader matched with the writer (None if one of them has not said hello yet: inline)."""
         if wname in wire_topics.DURABLE_TOPICS:
-            return None   # a late joiner gets the writer's history: a reference names no ring of its own
+            return None   # a late joiner gets the writer's history: a reference names no slot of its own
         if to:
             return [to]
         matched = w.get_publication_matched_status().current_count
@@ -438,23 +461,22 @@ class DdsTransport(Reassembler):
         return cached[1]
 
     def _shm_put(self, wname: str, dests: list[str], chunk) -> Optional[bytes]:
-        """Copy ``chunk`` into each destination's ring; the reference, or None to send inline
-        (a ring full for longer than a moment: real.shm)."""
+        """Copy ``chunk`` into a slot of each destination's pool; the reference, or None to send
+        inline (no slot free for longer than a moment: real.shm).  A slot filled for a frame
+        that goes inline after all stays taken: the pools are unlinked when the sender closes."""
         entries = []
         try:
             for d in dests:
-                ring = self._rings.get((wname, d))
-                if ring is None:
-                    if len(self._rings) >= MAX_ADDRESSED_WRITERS:
+                pool = self._pools.get((wname, d))
+                if pool is None:
+                    if len(self._pools) >= MAX_ADDRESSED_WRITERS:
                         return None
-                    ring = self._rings[(wname, d)] = shm.Ring(self.node, d)
-                entries.append((d, ring.name, *ring.put(chunk, wait_s=min(1.0, self.write_timeout_s))))
-        except (shm.RingFull, OSError) as exc:
+                    pool = self._pools[(wname, d)] = shm.Pool(self.node, d, slot_bytes=self.frame_bytes)
+                entries.append((d, pool.name, *pool.put(chunk, wait_s=min(0.2, self.write_timeout_s))))
+        except (shm.PoolFull, OSError) as exc:
             self.stats["shm_fallbacks"] += 1
             log.debug("%s: %s on %s, frame sent inline", self.node, exc, wname)
             return None
-        for d in dests:
-            self._rings[(wname, d)].referenced()
         self.stats["shm_sent_frames"] += 1
         return shm.encode_ref(entries)
 
@@ -639,7 +661,7 @@ class DdsTransport(Reassembler):
             if len(frames) > 1:
                 frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
             for f, ts in frames:
-                if f.parts & shm.SHM_FLAG and not self._from_ring(f):
+                if f.parts & shm.SHM_FLAG and not self._from_pool(topic, f):
                     continue
                 try:
                     self._on_frame(topic, f, ts)
@@ -650,9 +672,10 @@ class DdsTransport(Reassembler):
             if len(batch) < self._reader_max_samples:
                 break
 
-    def _from_ring(self, f: Frame) -> bool:
-        """Replace a reference's payload by the bytes it points at (real.shm); False if it was
-        refused (counted as malformed).  One writer's references come in the order written."""
+    def _from_pool(self, topic: str, f: Frame) -> bool:
+        """Replace a reference's payload by the bytes it points at (real.shm): a copy, or on the
+        topics of ``POOL_VIEWS`` a view of the slot; False if it was refused (counted as
+        malformed)."""
         if f.dst and f.dst != self.node or f.src == self.node:
             f.parts ^= shm.SHM_FLAG
             return True   # not ours: _on_frame drops it without looking at the payload
@@ -660,7 +683,7 @@ class DdsTransport(Reassembler):
             self._malformed(f"a shared-memory reference from {f.src!r}, which this transport does not take")
             return False
         try:
-            f.payload = self._shm_in.resolve(f.src, f.payload)
+            f.payload = self._shm_in.resolve(f.src, f.payload, view=self._logical.get(topic, topic) in POOL_VIEWS)
         except ValueError as exc:
             self._malformed(f"from {f.src!r}: {exc}")
             return False
@@ -833,7 +856,7 @@ class DdsTransport(Reassembler):
 
     def _teardown(self) -> None:
         self._closing = True
-        self._close_rings()
+        self._close_pools()
         with self._cv:
             self._closed = True
             self._cv.notify_all()
@@ -855,15 +878,15 @@ class DdsTransport(Reassembler):
             self._domain_released = True
             _release_domain(self.domain_id)
 
-    def _close_rings(self, wait_s: float = 2.0) -> None:
-        """Unlink this node's rings, after their readers took what is in them (a reference still
+    def _close_pools(self, wait_s: float = 2.0) -> None:
+        """Unlink this node's pools, after their readers took what is in them (a reference still
         on its way names a file that must exist when it is first opened), and unmap the others'."""
         deadline = time.monotonic() + wait_s
-        for ring in list(getattr(self, "_rings", {}).values()):
-            while not ring.drained() and time.monotonic() < deadline:
+        for pool in list(getattr(self, "_pools", {}).values()):
+            while not pool.drained() and time.monotonic() < deadline:
                 time.sleep(0.005)
-            ring.close()
-        self._rings = {}
+            pool.close()
+        self._pools = {}
         rings_in = getattr(self, "_shm_in", None)
         if rings_in is not None:
             with self._drain_lock:

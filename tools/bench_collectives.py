@@ -143,6 +143,23 @@ def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stam
     return out
 
 
+def _time_gc() -> dict:
+    """The time the cyclic garbage collector takes, by generation (filled in as it runs)."""
+    import gc
+
+    spent = {0: 0.0, 1: 0.0, 2: 0.0}
+    started = [0.0]
+
+    def timer(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[info["generation"]] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(timer)
+    return spent
+
+
 def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, ops, piece_bytes, queue):
     try:
         _one_thread()
@@ -175,6 +192,7 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
 
             DdsTransport._drain = timed_drain
         stamps: list = []
+        gc_s = _time_gc()
         with tempfile.TemporaryDirectory(prefix="bench-coll-") as tmp:
             run = RunDir(tmp)
             try:
@@ -194,7 +212,7 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
                     stats = dict(transport.stats)
             finally:
                 run.close()
-        extra = {"stats": stats, "cpu_s": cpu, "wall_s": wall}
+        extra = {"stats": stats, "cpu_s": cpu, "wall_s": wall, "gc_s": gc_s}
         if prof is not None:
             path = Path(profile_dir) / f"dds-w{world}-rank0.prof"
             prof.dump_stats(str(path))
@@ -416,7 +434,9 @@ def main(argv=None) -> int:
                 notes.append(f"DDS W={w}: rank 0 sent {st['sent_frames']} DDS samples / {st['sent_msgs']} messages, "
                              f"received {st['recv_frames']} / {st['recv_msgs']} ({st['own_frames']} of them its own); "
                              f"payloads through shared memory: {st['shm_sent_frames']} sent, {st['shm_recv_frames']} "
-                             f"received, {st['shm_fallbacks']} sent inline for want of room; process CPU {extra['cpu_s']:.1f} s "
+                             f"received, {st['shm_fallbacks']} sent inline for want of room; garbage collector "
+                             f"{1e3 * sum(extra['gc_s'].values()):.0f} ms (generation 2: {1e3 * extra['gc_s'][2]:.0f}); "
+                             f"process CPU {extra['cpu_s']:.1f} s "
                              f"over {extra['wall_s']:.1f} s wall")
                 if "drain_cpu_s" in extra:
                     mc = sum(extra["main_cpu_s"].values())

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dtemu.core.errors import DtemuError, FrameError
-from dtemu.core.runtime.requests import Recv, Send, WaitPeers
+from dtemu.core.runtime.requests import Buffers, Recv, Send, WaitPeers
 from dtemu.core.wire.topics import COLL_FRAMES
 from dtemu.core.ddp.pipelined import pipelined_allreduce_mean
 from dtemu.core import events as ev
@@ -62,6 +62,9 @@ FRAME_BYTES = (1 << 20) - 1024
 # in real mode a frame costs ~0.17 ms of CPU besides its bytes (~0.3 ms per MB), so
 # 256 KiB pieces spent more on frames than they won by overlapping (docs/results.md).
 PIECE_BYTES = FRAME_BYTES
+# Frames with bodies from this size on are sent as their pieces (encode_frame): the join is a copy
+# of the body that real mode's shared-memory path would make twice.
+PIECES_FROM = 64 << 10
 _HEADER = struct.Struct("<4sBBHIHHIIIQB")
 MAX_NAME = 32
 
@@ -103,10 +106,15 @@ class Frame:
     data: bytes | memoryview
 
 
-def encode_frame(f: Frame) -> bytes:
+def encode_frame(f: Frame, pieces: bool = False) -> bytes | Buffers:
+    """The frame's bytes; with ``pieces`` as its header and its body (``Buffers``), which the
+    runtime copies once where it copies anyway instead of joining them here (a frame of a
+    large payload)."""
     name = f.name.encode()
     header = _HEADER.pack(MAGIC, VERSION, 0, f.group, f.round, f.rank, f.world, f.part,
                           f.seq, f.seq_count, f.total, len(name))
+    if pieces:
+        return Buffers(header + name, f.data)
     return b"".join((header, name, f.data))
 
 
@@ -176,7 +184,11 @@ class _Assembly:
         if self.size + len(f.data) > self.total:
             raise FrameError("frames add up to more than their payload's size")
         self.size += len(f.data)
-        self.parts[f.seq] = f.data
+        # A view of an immutable message is kept as it is (the payload joins them once); a view of
+        # a buffer the transport lends (real mode's shared-memory ring) is copied, so that it is
+        # not held until the whole payload is in.
+        owner = f.data.obj if isinstance(f.data, memoryview) else f.data
+        self.parts[f.seq] = f.data if isinstance(owner, bytes) else bytes(f.data)
 
     @property
     def complete(self) -> bool:
@@ -280,7 +292,7 @@ class Collective:
         sent = 0
         for seq, chunk in enumerate(chunks):
             frame = encode_frame(Frame(group, round_, name, part, self.rank, self.world,
-                                       seq, len(chunks), len(payload), chunk))
+                                       seq, len(chunks), len(payload), chunk), pieces=len(chunk) >= PIECES_FROM)
             receivers = yield Send(COLL_FRAMES, frame, to=to)
             sent += len(frame) * receivers
         return sent
