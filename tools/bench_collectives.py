@@ -16,7 +16,7 @@ threads 1 each) on this machine:
           and ``allgather`` (every rank's 4·n-byte vector); ``--ops`` picks some.  Exactly what a DDP worker does per step, event
           log included (``real.node.real_driver`` writes one ``deliver`` event per message
           to its run folder, here a temporary one).
-          Payloads of 64 KiB and more travel through shared-memory rings beside DDS
+          Payloads of 64 KiB and more travel through shared-memory pools beside DDS
           (``real.shm``, the loopback profile's default); ``--no-shm`` sends them
           inside the DDS samples, over loopback UDP, as before.
 ``gloo``  ``torch.distributed`` with the gloo backend
@@ -403,7 +403,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default=None, metavar="DIR", help="profile DDS rank 0 into DIR")
     p.add_argument("--out", default=None, help="also write the Markdown table here")
     p.add_argument("--no-shm", action="store_true",
-                   help="DDS carries the payloads too (DTEMU_DDS_SHM=0): no shared-memory rings (real.shm)")
+                   help="DDS carries the payloads too (DTEMU_DDS_SHM=0): no shared-memory pools (real.shm)")
     args = p.parse_args(argv)
     if args.no_shm:
         os.environ["DTEMU_DDS_SHM"] = "0"   # the ranks are spawned with this environment
@@ -459,7 +459,7 @@ def main(argv=None) -> int:
     header = (f"Collectives on loopback, {args.repeats} repetitions after {args.warmup} warm-up, "
               f"slowest rank per repetition; {os.cpu_count()} cores; "
               f"Collective frame_bytes={args.frame_bytes or 'default'}, piece_bytes={args.piece_bytes or 'default'}; "
-              f"DDS payloads {'inline (--no-shm)' if args.no_shm else 'through shared-memory rings (real.shm)'}; "
+              f"DDS payloads {'inline (--no-shm)' if args.no_shm else 'through shared-memory pools (real.shm)'}; "
               f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
               f"(other work on the box inflates wall times; the CPU columns much less); "
               f"total {time.perf_counter() - started:.0f} s.\n")
