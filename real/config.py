@@ -28,7 +28,9 @@ that are not editable need them as package data (``real = ["config/*.xml"]``).
 Environment (all optional): ``DTEMU_DDS_DELIVERY`` (lan: ``unicast``, the default, or
 ``multicast``: one copy per link to the readers on a segment), ``DTEMU_DDS_MAX_PARTICIPANTS`` (max participant
 index, default 100), ``DTEMU_DDS_WHC_HIGH`` (writer history high-water mark;
-default ``writer_history``'s per-mode choice), ``DTEMU_DDS_TRACE`` (trace file), ``DTEMU_DDS_TRACE_VERBOSITY``.
+default ``writer_history``'s per-mode choice), ``DTEMU_DDS_TRACE`` (trace file), ``DTEMU_DDS_TRACE_VERBOSITY``,
+``DTEMU_DDS_SHM`` (``0``: no shared-memory pools beside DDS under ``loopback``, ``real.shm``),
+``DTEMU_DDS_SHM_SLOTS`` (slots of 1 MiB per pool, default 4).
 """
 
 import ipaddress
