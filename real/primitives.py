@@ -56,7 +56,6 @@ class RealPrimitives:
         self.timer = timer
         start = time.time()
         self.t0 = time.monotonic() - (start - epoch if epoch is not None else 0.0)
-        self._readers: dict[str, tuple[int, int]] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
         self.bytes_rejected = 0  # of messages its role refused (the driver counts them here)
@@ -98,14 +97,8 @@ class RealPrimitives:
         self.transport.send(topic, data, to=to, only_frames=max(0, frames // 2))
 
     def _readers_of(self, topic: str) -> int:
-        """Peers reading ``topic``; recounted by name only when the match count moves
-        (``matched_peers`` costs ~1 ms, too much for every collective frame)."""
-        count = self.transport.matched_count(topic)
-        cached = self._readers.get(topic)
-        if cached is None or cached[0] != count:
-            readers = self.transport.matched_peers([topic]).get(topic, {}).get("readers", [])
-            cached = self._readers[topic] = (count, len({r for r in readers if r != self.node}))
-        return cached[1]
+        """Peers reading ``topic`` (by name, cached by the transport)."""
+        return len({r for r in self.transport.reader_names(topic) if r != self.node})
 
     @blocking
     def recv(self, topics: tuple[str, ...], deadline: float | None) -> Message | None:

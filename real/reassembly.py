@@ -186,7 +186,7 @@ class Reassembler:
                 if n != f.total:
                     self._malformed("single-frame message with the wrong size")
                     return
-                # a slot of a shared-memory ring lent as an array (real.shm) is delivered as a
+                # a slot of a shared-memory pool lent as an array (real.shm) is delivered as a
                 # read-only memoryview of it, not copied; anything else as bytes
                 data = memoryview(payload) if isinstance(payload, np.ndarray) else bytes(payload)
                 self._deliver(topic, f.src, f.dst, f.topic, f.msg_id, data, source_ts)

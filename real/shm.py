@@ -54,6 +54,8 @@ from typing import Optional
 
 import numpy as np
 
+from dtemu.core.runtime.requests import Buffers
+
 SHM_DIR = "/dev/shm"
 PREFIX = "dtemu-shm-"
 _NAME_RE = re.compile(r"^dtemu-shm-(\d+)-(\d+)-([0-9a-f]{16})$")   # uid, pid, random
@@ -137,11 +139,11 @@ class Pool:
                 self._mm[off:off + self.slot_bytes] = zero
 
     def put(self, payload, wait_s: float) -> tuple[int, int, int]:
-        """Copy ``payload`` (bytes-like, or a tuple of byte memoryviews sent one after the other)
-        into a free slot; (slot, length, token) for the reference.  Raises PoolFull if none came
-        free within ``wait_s`` (at once after a wait that ran out, until one is free again)."""
-        pieces = payload if isinstance(payload, tuple) else (payload,)
-        n = sum(len(p) for p in pieces)
+        """Copy ``payload`` (bytes-like, or ``Buffers`` copied piece by piece) into a free slot;
+        (slot, length, token) for the reference.  Raises PoolFull if none came free within
+        ``wait_s`` (at once after a wait that ran out, until one is free again)."""
+        pieces = payload.parts if isinstance(payload, Buffers) else (payload,)
+        n = len(payload)
         if n > self.slot_bytes:
             raise PoolFull(f"{n} bytes do not fit a slot of {self.slot_bytes}")
         slot = self._free_slot(wait_s)

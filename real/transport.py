@@ -228,7 +228,7 @@ class DdsTransport(Reassembler):
         self._shm = shm.enabled(profile, key is not None)
         self._pools: dict[tuple[str, str], shm.Pool] = {}
         self._shm_in = shm.Slots(node)
-        self._shm_readers: dict[str, tuple[int, Optional[list[str]]]] = {}  # writer -> (matched, nodes)
+        self._reader_names: dict[str, tuple[int, list[str]]] = {}  # topic -> (matched count, nodes)
 
         xml = config_xml(profile, peers, whc_high=whc_high)  # None: $DTEMU_DDS_WHC_HIGH or 2 MiB
         _acquire_domain(self.domain_id, xml)
@@ -382,9 +382,8 @@ class DdsTransport(Reassembler):
         message (a sender dying mid-upload, for fault injection)."""
         if self._closing:
             raise RuntimeError("transport is closed")
-        pieces = None   # a message of one frame given as pieces goes into its slot piece by piece
-        if isinstance(data, Buffers):
-            pieces, mv, total = data.parts, None, len(data)
+        if isinstance(data, Buffers):   # one frame's pieces go into its slot one by one, unjoined
+            mv, total = None, len(data)
         else:
             mv = memoryview(data)
             if mv.ndim != 1 or mv.itemsize != 1 or not mv.contiguous:
@@ -417,18 +416,12 @@ class DdsTransport(Reassembler):
         dst, label = to or "", tag or topic
         with self._send_locks[wname]:
             msg_id = next(self._msg_ids)
-            dests = self._shm_dests(w, wname, to) if self._shm and total >= shm.MIN_BYTES else None
+            dests = self._shm_dests(wname, to) if self._shm and total >= shm.MIN_BYTES else None
             parts = max(1, -(-total // fb))
+            if mv is None and not (parts == 1 and dests):
+                mv = memoryview(bytes(data))
             for i in range(parts if only_frames is None else min(parts, only_frames)):
-                if mv is None:
-                    if parts == 1 and dests:
-                        ref = self._shm_put(wname, dests, pieces)
-                        if ref is not None:
-                            self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts | shm.SHM_FLAG,
-                                                        total, ref, pad4=True))
-                            continue
-                    mv = memoryview(bytes(data))
-                chunk = mv[i * fb:(i + 1) * fb]
+                chunk = data if mv is None else mv[i * fb:(i + 1) * fb]
                 if sealed:  # the tag first: the receiver checks it before the frame counts (real.frame_auth)
                     chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
                                                  total, chunk) + chunk
@@ -437,6 +430,8 @@ class DdsTransport(Reassembler):
                     self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts | shm.SHM_FLAG, total,
                                                 ref, pad4=True))
                     continue
+                if mv is None:   # no slot came free: the pieces go inline, joined
+                    chunk = mv = memoryview(bytes(data))
                 self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts, total, chunk, pad4=True))
             self.stats["sent_frames"] += parts
             self.stats["sent_msgs"] += 1
@@ -445,20 +440,29 @@ class DdsTransport(Reassembler):
                 return _wait_for_acks(w, ack_timeout_s)
         return True
 
-    def _shm_dests(self, w: DataWriter, wname: str, to: Optional[str]) -> Optional[list[str]]:
-        """The nodes whose rings a frame of ``wname`` goes through: the addressee, or every
+    def _shm_dests(self, wname: str, to: Optional[str]) -> Optional[list[str]]:
+        """The nodes whose pools a frame of ``wname`` goes through: the addressee, or every
         reader matched with the writer (None if one of them has not said hello yet: inline)."""
         if wname in wire_topics.DURABLE_TOPICS:
             return None   # a late joiner gets the writer's history: a reference names no slot of its own
         if to:
             return [to]
-        matched = w.get_publication_matched_status().current_count
-        cached = self._shm_readers.get(wname)
+        matched, names = self._matched_readers(wname)
+        return names if len(names) == matched and not any(n.startswith("?") for n in names) else None
+
+    def reader_names(self, topic: str) -> list[str]:
+        """The nodes whose readers our writer of ``topic`` is matched with ("?<guid>" for one
+        that has not said hello yet), as ``matched_peers`` gives them; looked up again only
+        when the match count moves (``matched_peers`` costs ~1 ms, too much for every frame)."""
+        return self._matched_readers(topic)[1]
+
+    def _matched_readers(self, topic: str) -> tuple[int, list[str]]:
+        matched = self._writer(topic).get_publication_matched_status().current_count
+        cached = self._reader_names.get(topic)
         if cached is None or cached[0] != matched:
-            names = self.matched_peers([wname]).get(wname, {}).get("readers", [])
-            ok = len(names) == matched and not any(n.startswith("?") for n in names)
-            cached = self._shm_readers[wname] = (matched, names if ok else None)
-        return cached[1]
+            names = self.matched_peers([topic]).get(topic, {}).get("readers", [])
+            cached = self._reader_names[topic] = (matched, names)
+        return cached
 
     def _shm_put(self, wname: str, dests: list[str], chunk) -> Optional[bytes]:
         """Copy ``chunk`` into a slot of each destination's pool; the reference, or None to send
@@ -887,10 +891,10 @@ class DdsTransport(Reassembler):
                 time.sleep(0.005)
             pool.close()
         self._pools = {}
-        rings_in = getattr(self, "_shm_in", None)
-        if rings_in is not None:
+        slots_in = getattr(self, "_shm_in", None)
+        if slots_in is not None:
             with self._drain_lock:
-                rings_in.close()
+                slots_in.close()
 
     def __enter__(self) -> "DdsTransport":
         return self

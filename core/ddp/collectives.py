@@ -185,7 +185,7 @@ class _Assembly:
             raise FrameError("frames add up to more than their payload's size")
         self.size += len(f.data)
         # A view of an immutable message is kept as it is (the payload joins them once); a view of
-        # a buffer the transport lends (real mode's shared-memory ring) is copied, so that it is
+        # a buffer the transport lends (real mode's shared-memory pool) is copied, so that it is
         # not held until the whole payload is in.
         owner = f.data.obj if isinstance(f.data, memoryview) else f.data
         self.parts[f.seq] = f.data if isinstance(owner, bytes) else bytes(f.data)
