@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtemu.core.errors import GeoPayloadError
+from dtemu.core.wire.half import from_half, to_half
 
 MAGIC = b"GEO1"
 HEADER = struct.Struct("<4sBBHIII")
@@ -68,7 +69,7 @@ class Payload:
 
 
 def encode_dense(round_: int, vec: np.ndarray, fp16: bool = False) -> bytes:
-    vec = np.ascontiguousarray(vec, dtype=np.float16 if fp16 else np.float32)
+    vec = to_half(vec) if fp16 else np.ascontiguousarray(vec, dtype=np.float32)
     return HEADER.pack(MAGIC, DENSE16 if fp16 else DENSE32, 0, 0, round_, vec.size, vec.size) + vec.tobytes()
 
 
@@ -99,7 +100,7 @@ def encode_blocks(round_: int, dim: int, blocks: list[tuple[int, int]], indices:
     table = np.asarray(blocks, dtype="<u4").reshape(-1)
     head = HEADER.pack(MAGIC, BLOCKS, 1 if fp16 else 0, 0, round_, dim, int(pairs.sum()))
     return (head + BLOCKS_HEADER.pack(len(blocks), dense.size) + table.tobytes()
-            + dense.astype("<f2" if fp16 else "<f4").tobytes()
+            + (to_half(dense) if fp16 else dense.astype("<f4")).tobytes()
             + idx[pairs].astype("<u4").tobytes() + vals[pairs].astype("<f4").tobytes())
 
 
@@ -133,7 +134,7 @@ def decode(data: bytes, dim: int) -> Payload:
             raise GeoPayloadError(f"dense payload of {count} values for dimension {dim}")
         if len(body) != count * width:
             raise GeoPayloadError(f"dense body of {len(body)} bytes, the header says {count * width}")
-        values = np.frombuffer(body, "<f4" if width == 4 else "<f2").astype(np.float32)
+        values = np.frombuffer(body, "<f4").astype(np.float32) if width == 4 else from_half(body)
         indices = None
     elif kind == SPARSE:
         if count > dim:
@@ -194,7 +195,8 @@ def _decode_blocks(body: memoryview, dim: int, flag: int, count: int) -> tuple[n
     if int(lengths.sum()) != total:
         raise GeoPayloadError(f"blocks of {int(lengths.sum())} entries, the header says {total}")
     off += 8 * nblocks
-    dense = np.frombuffer(body[off:off + width * total], "<f2" if flag else "<f4").astype(np.float32)
+    chunk = body[off:off + width * total]
+    dense = from_half(chunk) if flag else np.frombuffer(chunk, "<f4").astype(np.float32)
     off += width * total
     idx = np.frombuffer(body[off:off + 4 * count], "<u4").astype(np.int64)
     vals = np.frombuffer(body[off + 4 * count:], "<f4").astype(np.float32)
