@@ -115,7 +115,7 @@ def test_a_state_is_refused_by_a_member_in_the_middle_of_its_run():
     assert [e["reason"] for e in ctx.events] == ["unexpected_state"]
 
 
-@pytest.mark.parametrize("sets", [{"geo.architecture": "flat"}, {"geo.sync": "mixed"}, {"geo.sync": "hfa"}])
+@pytest.mark.parametrize("sets", [{"geo.architecture": "flat"}, {"geo.sync": "mixed"}])
 def test_joining_is_refused_where_it_is_not_built(sets):
     from dtemu.core.errors import ScenarioError
     with pytest.raises(ScenarioError, match="geo.joining"):
@@ -202,3 +202,64 @@ def test_a_state_in_the_middle_of_a_round_is_taken_only_from_the_restarted_ps_an
         gen.send(Message("geo/pull", "a-ps", encode_state(4, np.ones(10, np.float32))))
     payload, _ = done.value.value["a-ps"]
     assert payload.kind == STATE and payload.round == 4
+
+
+# --- HFA (K1 local steps, K2 local syncs, then a global one) -------------------------------------
+HFA = {"geo.sync": "hfa", "geo.k1": 2, "geo.k2": 3, "geo.rounds": 16}   # a global round: ~36 ms
+
+
+def _hfa_closes(events):
+    return {e["round"]: e for e in events if e["kind"] == "geo_round" and e["node"] == "global-ps"}
+
+
+def test_a_late_site_joins_an_hfa_run_at_a_global_round(tmp_path):
+    s, events = _run(tmp_path, "hfa", **HFA, **{"faults.offline": _late(SITE_B, 0, 0.3), "geo.start_wait_s": 0.2})
+    assert s["stop_reason"] == "done" and s["rounds"] == 16 and s["lost"] == []
+    # every worker ends a round with the global average: b's too, from the round after it joined
+    assert s["models_agree"] and s["survivors"] == 4
+    gps = [e for e in events if e["node"] == "global-ps"]
+    (lost,) = [e for e in gps if e["kind"] == "geo_lost"]
+    assert lost["round"] == 0 and lost["missing"] == ["b-ps"] and lost["t"] == 0.2
+    (joined,) = [e for e in gps if e["kind"] == "geo_join"]
+    k, closes = joined["round"], _hfa_closes(events)
+    assert joined["ps"] == "b-ps" and joined["t"] == closes[k]["t"]
+    # let in at the close of the round whose wait for pushes took its JOIN (20 bytes, up at 0.3)
+    (hello,) = [e["t"] for e in events if e["kind"] == "deliver" and e["node"] == "global-ps" and e["src"] == "b-ps"
+                and e["bytes"] == HEADER.size]
+    collected = {r: c["t"] - c["wan_s"] for r, c in closes.items()}   # when each round's pushes were in
+    assert 0.3 + 0.010 < hello and collected[k - 1] < hello <= collected[k]
+    # from round k + 1 the global PS averages both sites
+    assert closes[k + 1]["bytes_up"] == 2 * closes[k]["bytes_up"]
+    # b's workers start at the first local sync of round k + 1 (syncs are (r - 1) * k2 + j)
+    syncs = [e["round"] for e in events if e["kind"] == "geo_step" and e["node"] == "b-w0"]
+    assert syncs == list(range(k * 3 + 1, 16 * 3 + 1))
+    ends = {e["node"]: e for e in events if e["kind"] == "geo_end"}
+    assert ends["b-w0"]["rounds"] == ends["a-w0"]["rounds"] == 16
+    net = s["emu"]["wan_bytes"]
+    assert s["wan_bytes"] == sum(v["up"] for v in net.values()) == sum(v["down"] for v in net.values())
+
+
+def test_sites_joining_an_hfa_run_later_join_later_and_change_the_model(tmp_path):
+    s1, e1 = _run(tmp_path, "early", **HFA, **{"faults.offline": _late(SITE_B, 0, 0.25), "geo.start_wait_s": 0.2})
+    s2, e2 = _run(tmp_path, "late", **HFA, **{"faults.offline": _late(SITE_B, 0, 0.4), "geo.start_wait_s": 0.2})
+    (j1,) = [e["round"] for e in e1 if e["kind"] == "geo_join"]
+    (j2,) = [e["round"] for e in e2 if e["kind"] == "geo_join"]
+    assert j1 < j2 and s1["models_agree"] and s2["models_agree"] and s1["model_sha256"] != s2["model_sha256"]
+
+
+def test_an_hfa_local_ps_that_starts_again_brings_its_waiting_workers_back(tmp_path):
+    s, events = _run(tmp_path, "hfa", **HFA, **{"faults.offline": _late(["b-ps"], 0.25, 0.35)})
+    assert s["stop_reason"] == "done" and s["rounds"] == 16 and s["lost"] == []
+    assert s["models_agree"] and s["survivors"] == 4 and s["time_s"] < 3   # no timeout waited out
+    assert not [e for e in events if e["kind"] == "geo_lost"]
+    (joined,) = [e for e in events if e["kind"] == "geo_join"]
+    k = joined["round"]
+    rejoins = {e["node"]: e for e in events if e["kind"] == "geo_rejoin"}
+    # the STATE carries the sync id of round k's global sync; the workers waited for a sync of the
+    # round their PS died in (k - 1 if it had pushed that round's average up, as in FSA; else k)
+    # and go on from round k + 1
+    assert sorted(rejoins) == ["b-w0", "b-w1"] and {e["round"] for e in rejoins.values()} == {k * 3}
+    (waited,) = {e["waited"] for e in rejoins.values()}
+    assert (k - 2) * 3 < waited <= k * 3
+    syncs = [e["round"] for e in events if e["kind"] == "geo_step" and e["node"] == "b-w0"]
+    assert syncs == list(range(1, waited)) + list(range(k * 3 + 1, 16 * 3 + 1))

@@ -7,7 +7,9 @@ result down (and to the master).  So a worker computes k1·k2 batches per round,
 k2 averages per round and the WAN one.  Every worker ends a round with the global average, so the
 models agree after the last round.  Sync ids: local sync j of round r is (r-1)·k2 + j; the
 global sync of round r is r·k2.  Losses are handled as in FSA (a PS goes on without a silent
-child; a worker whose PS is gone stops).
+child; a worker whose PS is gone stops), and so is joining (``geo.joining``, core.geo.join): a
+site is let in when a global round closes, with that round's average, and starts the next one;
+a worker whose PS started again takes the average it forwards and goes on from the next round.
 """
 
 from __future__ import annotations
@@ -16,18 +18,26 @@ import numpy as np
 import torch
 
 from dtemu.core import events as ev
+from dtemu.core.geo import join
 from dtemu.core.geo.common import GEO_PULL, GEO_PUSH, get_vector, round_batch, set_lr, set_vector
-from dtemu.core.geo.payload import encode_dense
+from dtemu.core.geo.payload import STATE, encode_dense
 from dtemu.core.geo.spec import GLOBAL_PS, MASTER
 from dtemu.core.runtime.requests import Compute
 
 
-def worker(b, index: int, up: str, pulls):
+def first_round(state_round: int, g) -> int:
+    """The global round a worker or local PS starts with, given the pull it started from: the
+    initial model (sync 0), or the STATE of a running run after sync ``round`` × ``k2``."""
+    return state_round // g.k2 + 1
+
+
+def worker(b, index: int, up: str, pulls, start: int = 1):
     g, ctx, work = b.g, b.ctx, b.work
     opt = torch.optim.SGD(b.model.parameters(), lr=g.lr, momentum=g.momentum)
-    step = 0
-    for r in range(1, g.rounds + 1):
+    r = start - 1
+    while (r := r + 1) <= g.rounds:
         set_lr(opt, g.lr_at(r))   # a step schedule counts global rounds
+        step = (r - 1) * g.k1 * g.k2   # the batches of a worker that was there from the start
         for j in range(1, g.k2 + 1):
             sync = (r - 1) * g.k2 + j
             t0 = ctx.now()
@@ -44,17 +54,24 @@ def worker(b, index: int, up: str, pulls):
             if not got:
                 b.gave_up(sync, [up])
                 return
+            if got[up][0].kind == STATE:   # its PS started again and joined anew: the run's model
+                set_vector(b.model, got[up][0].dense())
+                ctx.emit(ev.GEO_REJOIN, round=got[up][0].round, waited=sync)
+                r = first_round(got[up][0].round, g) - 1
+                b.result.rounds = r
+                break
             set_vector(b.model, got[up][0].dense())
             t2 = ctx.now()
             b.result.comm_s.append(t2 - t1)
             ctx.emit(ev.GEO_STEP, round=sync, loss=round(loss, 6), compute_s=round(t1 - t0, 9),
                      comm_s=round(t2 - t1, 9), bytes_sent=len(data))
-        b.result.rounds = r
+        else:
+            b.result.rounds = r
 
 
-def local_ps(b, workers: list[str], pushes, pulls):
+def local_ps(b, workers: list[str], pushes, pulls, start: int = 1):
     g, ctx = b.g, b.ctx
-    for r in range(1, g.rounds + 1):
+    for r in range(start, g.rounds + 1):
         for j in range(1, g.k2 + 1):
             sync = (r - 1) * g.k2 + j
             t0 = ctx.now()
@@ -85,14 +102,18 @@ def local_ps(b, workers: list[str], pushes, pulls):
         b.result.rounds = r
 
 
-def global_ps(b, children: list[str], pushes):
+def global_ps(b, children: list[str], pushes, every_child: list[str] | None = None):
+    """``every_child``: with ``geo.joining``, the sites that may join (core.geo.join): a JOIN is let
+    in when the round closes, with the average just sent as its STATE."""
     g, ctx = b.g, b.ctx
     for r in range(1, g.rounds + 1):
         sync = r * g.k2
         t0 = ctx.now()
         got = yield from pushes.collect(children, sync, b.deadline())
         if len(got) < len(children):
-            b.gave_up(r, [c for c in children if c not in got], going_on=bool(got), reason=pushes.loss_reason)
+            # a member whose JOIN came started again: not lost, it is let in anew below
+            if lost := [c for c in children if c not in got and c not in pushes.joins]:
+                b.gave_up(r, lost, going_on=bool(got), reason=pushes.loss_reason)
             if not got:
                 return
             children = [c for c in children if c in got]
@@ -107,3 +128,5 @@ def global_ps(b, children: list[str], pushes):
         b.result.rounds = r
         ctx.emit(ev.GEO_ROUND, round=r, role="global_ps", wait_s=round(t1 - t0, 9), wan_s=round(ctx.now() - t1, 9),
                  bytes_up=sum(len(got[c][1]) for c in children), bytes_down=len(out))
+        if every_child is not None and pushes.joins:
+            children = yield from join.admit(b, every_child, children, pushes, r, None, state_round=sync)

@@ -1,4 +1,4 @@
-"""Sites joining a running geo run (HiPS, FSA): the global PS's side of it.
+"""Sites joining a running geo run (HiPS, FSA or HFA): the global PS's side of it.
 
 Design 004's global scheduler keeps the sites that come and go.  Here the global
 PS does it, with three messages:
@@ -15,7 +15,11 @@ PS does it, with three messages:
   steps exactly as the others), emits ``geo_join``, and counts the site in the
   next round's quorum.
 
-The global PS sends gradients, not weights (``geo.global_optimizer`` off), so it
+HFA's global PS keeps the average it sends down, and a STATE is those weights (the
+workers' own momentum stays theirs: a newcomer's starts at zero), numbered by HFA's
+sync ids (``round`` × ``geo.k2``) as its pulls are.
+
+With FSA the global PS sends gradients, not weights (``geo.global_optimizer`` off), so it
 keeps a ``Follower``: a copy of the model that applies each round's aggregate
 exactly as the workers do (no modelled time), from which a STATE is taken.
 """
@@ -79,14 +83,16 @@ def state_of(b, round_: int, follower: Follower | None) -> bytes:
     return encode_state(round_, get_vector(follower.applier.model), follower.momentum())
 
 
-def admit(b, every_child: list[str], children: list[str], inbox, round_: int, follower: Follower | None):
+def admit(b, every_child: list[str], children: list[str], inbox, round_: int, follower: Follower | None,
+          state_round: int | None = None):
     """Let in the sites whose JOIN came (the model of ``round_``, then ``geo_join``); returns the
-    members of the next round, in scenario order (the sums' order, so no bit moves)."""
+    members of the next round, in scenario order (the sums' order, so no bit moves).  The STATE
+    says ``state_round`` (default ``round_``): HFA numbers its pulls by sync, not by round."""
     joining = [c for c in inbox.joins if c in every_child]
     inbox.joins.clear()
     if not joining:
         return children
-    state = state_of(b, round_, follower)
+    state = state_of(b, round_ if state_round is None else state_round, follower)
     for c in joining:
         b.ctx.emit(ev.GEO_JOIN, round=round_, site=b.site_of[c], ps=c)
         b.result.lost = [n for n in b.result.lost if n != c]

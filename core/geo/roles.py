@@ -169,13 +169,13 @@ def worker(ctx, scenario, work, name: str):
         return b.finish(get_vector(b.model))
     first = got[up][0]
     set_vector(b.model, first.dense())
+    pulls.restarts = up if g.joining else None   # its PS may start again and forward the run's model
     if g.sync == "hfa":
-        yield from hfa.worker(b, index, up, pulls)
+        yield from hfa.worker(b, index, up, pulls, hfa.first_round(first.round, g))
         return b.finish(get_vector(b.model))
     applier = Applier(b.model, g.lr_at, worker_optimizer_momentum(g), g.weights_down)
     if first.momentum is not None:
         join.set_momentum(applier, first.momentum)
-    pulls.restarts = up if g.joining else None   # its PS may start again and forward the run's model
     r = first.round
     while (r := r + 1) <= g.rounds:
         batch = round_batch(work, scenario, index, r)
@@ -225,7 +225,7 @@ def local_ps(ctx, scenario, work, name: str):
     for w in workers:
         yield from b.send(GEO_PULL, got[GLOBAL_PS][1], w, init=True)
     if g.sync == "hfa":
-        yield from hfa.local_ps(b, workers, pushes, pulls)
+        yield from hfa.local_ps(b, workers, pushes, pulls, hfa.first_round(got[GLOBAL_PS][0].round, g))
         return b.finish()
     sparsifier = None
     if g.sparse:
@@ -275,7 +275,8 @@ def root_ps(ctx, scenario, work, name: str):
     children = [site_ps(s) for s in sites] if b.hips else list(scenario.training_nodes)
     every_child = list(children)
     pushes = b.inbox(GEO_PUSH)
-    # geo.joining: the master's model and every site's JOIN (core.geo.join); a site not up by then may join later.
+    # geo.joining (FSA, HFA): the master's model and every site's JOIN (core.geo.join); a site not up by
+    # then may join later.
     joining = b.hips and g.joining
     start = b.deadline() if g.start_wait_s is None or not joining else ctx.now() + g.start_wait_s
     got = yield from pushes.collect([MASTER, *children] if joining else [MASTER], 0, start, count_wan=False)
@@ -288,7 +289,7 @@ def root_ps(ctx, scenario, work, name: str):
         if late := [c for c in children if c not in got]:
             b.gave_up(0, late, going_on=True, reason="not up at the start")
         children = [c for c in children if c in got]
-        pushes.joinable = set(every_child) if g.sync == "fsa" else set()
+        pushes.joinable = set(every_child)
     init_payload, init_raw = got[MASTER]
     set_vector(b.model, init_payload.dense())
     for child in children:
@@ -298,7 +299,7 @@ def root_ps(ctx, scenario, work, name: str):
     if g.sync == "mixed":
         return (yield from _mixed_global(b, children, pushes, applier))
     if g.sync == "hfa":
-        yield from hfa.global_ps(b, children, pushes)
+        yield from hfa.global_ps(b, children, pushes, every_child if joining else None)
         return b.finish(get_vector(b.model))
     weight = {c: (g.workers_per_site if b.hips else 1) for c in every_child}   # workers behind each child
     for r in range(1, g.rounds + 1):
