@@ -625,8 +625,8 @@ def _validate_sites(s: Scenario) -> None:
         if s.geo.sparse and s.geo.global_optimizer:
             raise ScenarioError("geo.global_optimizer", "BiSparse returns a sparse gradient, not weights: "
                                 "set global_optimizer false with bisparse")
-        if s.geo.joining and (s.geo.architecture != "hips" or s.geo.sync == "mixed"):
-            raise ScenarioError("geo.joining", "sites join a HiPS run with FSA or HFA only")
+        if s.geo.joining and s.geo.architecture != "hips":
+            raise ScenarioError("geo.joining", "sites join a HiPS run (a site's local PS joins the global PS)")
         if s.geo.residual_momentum >= 1:
             raise ScenarioError("geo.residual_momentum", f"expected a value in [0, 1), got {s.geo.residual_momentum}")
         if s.faults.crashes or s.faults.corrupt:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from dtemu.core.geo.payload import HEADER, JOIN, STATE, decode, encode_join, encode_state
+from dtemu.core.geo.payload import END, HEADER, JOIN, STATE, decode, encode_end, encode_join, encode_state
 from dtemu.core.errors import GeoPayloadError
 from dtemu.emu.run import run_emulation
 from test_geo import StandIn, geo_scenario
@@ -96,9 +96,12 @@ def test_join_and_state_payloads_are_checked():
     st = decode(encode_state(7, w, m), 10)
     assert st.kind == STATE and st.round == 7 and np.array_equal(st.dense(), w) and np.array_equal(st.momentum, m)
     assert decode(encode_state(7, w), 10).momentum is None
+    end = decode(encode_end(10, 41), 10)
+    assert end.kind == END and end.round == 41 and end.values.size == 0
     for raw, why in [(HEADER.pack(b"GEO1", JOIN, 0, 0, 0, 10, 1) + b"\0" * 8, "join with 1 entries"),
                      (encode_state(1, w, m)[:-4], "state body"),
                      (HEADER.pack(b"GEO1", STATE, 3, 0, 1, 10, 10) + b"\0" * 120, "3 vectors"),
+                     (encode_end(10, 3) + b"\0" * 8, "end with 0 entries and 8 body"),
                      (encode_state(1, np.full(10, np.inf, np.float32)), "not finite")]:
         with pytest.raises(GeoPayloadError, match=why):
             decode(raw, 10)
@@ -115,11 +118,10 @@ def test_a_state_is_refused_by_a_member_in_the_middle_of_its_run():
     assert [e["reason"] for e in ctx.events] == ["unexpected_state"]
 
 
-@pytest.mark.parametrize("sets", [{"geo.architecture": "flat"}, {"geo.sync": "mixed"}])
-def test_joining_is_refused_where_it_is_not_built(sets):
+def test_joining_is_refused_with_the_flat_ps():
     from dtemu.core.errors import ScenarioError
     with pytest.raises(ScenarioError, match="geo.joining"):
-        geo_scenario(**{"geo.joining": "true", **sets})
+        geo_scenario(**{"geo.joining": "true", "geo.architecture": "flat"})
 
 
 # --- a local PS that starts again while its workers stay up ------------------------------------
@@ -263,3 +265,55 @@ def test_an_hfa_local_ps_that_starts_again_brings_its_waiting_workers_back(tmp_p
     assert (k - 2) * 3 < waited <= k * 3
     syncs = [e["round"] for e in events if e["kind"] == "geo_step" and e["node"] == "b-w0"]
     assert syncs == list(range(1, waited)) + list(range(k * 3 + 1, 16 * 3 + 1))
+
+
+# --- MixedSync (synchronous in a site, asynchronous between sites) ------------------------------
+MIXED = {"geo.sync": "mixed", "geo.rounds": 24}
+
+
+def test_a_late_site_joins_a_mixedsync_run_at_once_and_runs_the_rounds_left(tmp_path):
+    s, events = _run(tmp_path, "mixed", **MIXED, **{"faults.offline": _late(SITE_B, 0, 0.3), "geo.start_wait_s": 0.2})
+    assert s["stop_reason"] == "done" and s["lost"] == [] and s["survivors"] == 4
+    gps = [e for e in events if e["node"] == "global-ps"]
+    (joined,) = [e for e in gps if e["kind"] == "geo_join"]
+    (hello,) = [e["t"] for e in events if e["kind"] == "deliver" and e["node"] == "global-ps" and e["src"] == "b-ps"
+                and e["bytes"] == HEADER.size]
+    assert joined["ps"] == "b-ps" and joined["t"] == hello   # asynchronous: no round to wait for
+    # b runs the rounds site a had left when it joined (a's next round, on), so both end together
+    a_rounds = [e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "a-ps"]
+    b_rounds = [e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "b-ps"]
+    a_done_before = max(e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "a-ps"
+                        and e["t"] <= hello)
+    assert a_rounds == list(range(1, 25)) and b_rounds[0] in (a_done_before + 1, a_done_before + 2)
+    assert b_rounds == list(range(b_rounds[0], 25))
+    # the global PS made one update per push, and the master followed every one, then was told the end
+    ends = {e["node"]: e for e in events if e["kind"] == "geo_end"}
+    assert ends["global-ps"]["rounds"] == 24 + len(b_rounds) == ends["master"]["rounds"] < 48
+    assert not [e for e in events if e["kind"] == "geo_lost" and e["node"] == "master"]
+    net = s["emu"]["wan_bytes"]
+    assert s["wan_bytes"] == sum(v["up"] for v in net.values()) == sum(v["down"] for v in net.values())
+
+
+def test_a_mixedsync_local_ps_that_starts_again_skips_the_round_it_died_in(tmp_path):
+    s, events = _run(tmp_path, "mixed", **MIXED, **{"faults.offline": _late(["b-ps"], 0.2, 0.5)})
+    assert s["stop_reason"] == "done" and s["lost"] == [] and s["survivors"] == 4
+    (joined,) = [e for e in events if e["kind"] == "geo_join"]
+    rejoins = {e["node"]: e for e in events if e["kind"] == "geo_rejoin"}
+    assert sorted(rejoins) == ["b-w0", "b-w1"]
+    (k,) = {e["round"] for e in rejoins.values()}
+    (waited,) = {e["waited"] for e in rejoins.values()}
+    # k == waited: its push of that round died with it; k == waited + 1: the global PS had it
+    assert k in (waited, waited + 1)
+    b_rounds = [e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "b-ps"]
+    assert b_rounds == list(range(1, waited)) + list(range(k + 1, 25))
+    ends = {e["node"]: e for e in events if e["kind"] == "geo_end"}
+    assert ends["master"]["rounds"] == ends["global-ps"]["rounds"] == 24 + len(b_rounds) + (k - waited)
+
+
+def test_a_mixedsync_master_is_told_the_end_when_a_site_was_lost(tmp_path):
+    s, events = _run(tmp_path, "lost", **{"geo.sync": "mixed", "faults.offline": _late(["b-ps"], 0.05)})
+    assert s["stop_reason"] == "done" and "b-ps" in s["lost"] and "global-ps" not in s["lost"]
+    master = [e for e in events if e["node"] == "master"]
+    assert not [e for e in master if e["kind"] == "geo_lost"]
+    gps_end = next(e["t"] for e in events if e["kind"] == "geo_end" and e["node"] == "global-ps")
+    assert next(e["t"] for e in master if e["kind"] == "geo_end") < gps_end + 1   # not 3 round timeouts later

@@ -11,7 +11,7 @@ import torch
 
 from dtemu.core import events as ev
 from dtemu.core.errors import GeoPayloadError
-from dtemu.core.geo.payload import BEAT, JOIN, STATE, Payload, decode, encode_dense
+from dtemu.core.geo.payload import BEAT, END, JOIN, STATE, Payload, decode, encode_dense
 from dtemu.core.ml import data as datasets
 from dtemu.core.runtime.requests import Recv
 from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH  # noqa: F401 (the roles' topics)
@@ -159,6 +159,9 @@ class Inbox:
         self.joins: list[str] = []
         self.state_ok = False
         self.restarts: str | None = None
+        # MixedSync's END (core.geo.payload): the last update the run sent; a wait for a later one
+        # returns at once, without it.
+        self.end: int | None = None
 
     def _wake(self, deadline: float | None, waiting: list[str]) -> float | None:
         """When to look up from the inbox: the deadline, the next beat to send, the next silence."""
@@ -189,6 +192,8 @@ class Inbox:
     def collect(self, senders: list[str], round_: int, deadline: float | None, count_wan: bool = True):
         """{sender: (payload, raw bytes)} of ``round_``; fewer than ``senders`` when the deadline passed."""
         got = {s: self.early.pop((round_, s)) for s in senders if (round_, s) in self.early}
+        if self.end is not None and round_ > self.end:
+            return got
         now = self.ctx.now()
         for s in senders:
             self.heard.setdefault(s, now)
@@ -224,9 +229,13 @@ class Inbox:
             if outsider:
                 self._refuse(msg, "unknown_sender")   # not a member (yet): its pushes are not used
                 continue
-            if payload.kind == BEAT:
+            if payload.kind in (BEAT, END):
                 if self.site_of.get(msg.src) != self.site:
                     self.result.wan_received += len(msg.data)
+                if payload.kind == END:
+                    self.end = payload.round if self.end is None else min(self.end, payload.round)
+                    if round_ > self.end:
+                        break
                 continue
             if payload.kind == STATE:   # the model of a run already going: for a newcomer, or from a restarted PS
                 if self.state_ok or (msg.src == self.restarts and payload.round >= round_):
@@ -247,7 +256,8 @@ class Inbox:
 
     def collect_next(self, expected: dict[str, int], deadline: float | None):
         """(sender, payload, raw) of the first push of a sender's expected round (MixedSync), or None
-        at the deadline; other rounds are kept (later) or refused (earlier), as in ``collect``."""
+        at the deadline; other rounds are kept (later) or refused (earlier), as in ``collect``.  A
+        JOIN (from a member, or from a ``joinable`` outsider) is returned at once."""
         for src, round_ in expected.items():
             if (round_, src) in self.early:
                 return (src, *self.early.pop((round_, src)))
@@ -255,10 +265,18 @@ class Inbox:
             msg = yield Recv((self.topic,), deadline)
             if msg is None:
                 return None
-            payload = self._decoded(msg, expected)
+            outsider = msg.src not in expected and msg.src in self.joinable
+            payload = self._decoded(msg, self.joinable if outsider else expected)
             if payload is None:
                 continue
             if payload.kind in (BEAT, JOIN):
+                if self.site_of.get(msg.src) != self.site:
+                    self.result.wan_received += len(msg.data)
+                if payload.kind == JOIN and self.joinable:
+                    return msg.src, payload, msg.data
+                continue
+            if outsider:
+                self._refuse(msg, "unknown_sender")   # not a member (yet): its pushes are not used
                 continue
             want = expected[msg.src]
             if payload.round < want or (payload.round, msg.src) in self.early:

@@ -1,4 +1,4 @@
-"""Sites joining a running geo run (HiPS, FSA or HFA): the global PS's side of it.
+"""Sites joining a running geo run (HiPS: FSA, HFA, MixedSync): the global PS's side of it.
 
 Design 004's global scheduler keeps the sites that come and go.  Here the global
 PS does it, with three messages:
@@ -15,7 +15,8 @@ PS does it, with three messages:
   steps exactly as the others), emits ``geo_join``, and counts the site in the
   next round's quorum.
 
-HFA's global PS keeps the average it sends down, and a STATE is those weights (the
+MixedSync lets a JOIN in at once (core.geo.roles._mixed_join): its sites keep no common
+round.  HFA's global PS keeps the average it sends down, and a STATE is those weights (the
 workers' own momentum stays theirs: a newcomer's starts at zero), numbered by HFA's
 sync ids (``round`` × ``geo.k2``) as its pulls are.
 
@@ -94,8 +95,13 @@ def admit(b, every_child: list[str], children: list[str], inbox, round_: int, fo
         return children
     state = state_of(b, round_ if state_round is None else state_round, follower)
     for c in joining:
-        b.ctx.emit(ev.GEO_JOIN, round=round_, site=b.site_of[c], ps=c)
-        b.result.lost = [n for n in b.result.lost if n != c]
-        yield from b.send(GEO_PULL, state, c, init=True)
+        yield from admit_one(b, c, state, round_)
         inbox.heard[c] = b.ctx.now()
     return [c for c in every_child if c in children or c in joining]
+
+
+def admit_one(b, child: str, state: bytes, round_: int):
+    """``child`` is in: ``geo_join`` (at the global PS's ``round_``), no longer lost, sent ``state``."""
+    b.ctx.emit(ev.GEO_JOIN, round=round_, site=b.site_of[child], ps=child)
+    b.result.lost = [n for n in b.result.lost if n != child]
+    yield from b.send(GEO_PULL, state, child, init=True)

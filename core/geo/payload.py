@@ -7,6 +7,9 @@
 - BEAT: a heartbeat (``count`` 0, no body): the sender is alive (``geo.heartbeat_s``);
 - JOIN: a local PS that has just started says so (``count`` 0, no body): the global
   PS counts it from the start, or, once the run is going, lets it join;
+- END: MixedSync's global PS tells the master the run is over (``count`` 0, no body):
+  ``round`` is the last update it sent it, when that is fewer than the run's nominal
+  count (a site lost, or one that joined late and ran fewer rounds);
 - STATE: the global model for a site that joins a running run: ``count == dim``,
   the flag byte says how many float32 vectors follow (1: weights; 2: weights and
   the workers' SGD momentum buffer), ``round`` the round they are the model of;
@@ -40,9 +43,9 @@ from dtemu.core.wire.half import from_half, to_half
 MAGIC = b"GEO1"
 HEADER = struct.Struct("<4sBBHIII")
 BLOCKS_HEADER = struct.Struct("<II")   # nblocks, total dense values
-DENSE32, DENSE16, SPARSE, BEAT, BLOCKS, JOIN, STATE = 1, 2, 3, 4, 5, 6, 7
+DENSE32, DENSE16, SPARSE, BEAT, BLOCKS, JOIN, STATE, END = 1, 2, 3, 4, 5, 6, 7, 8
 KIND_NAMES = {DENSE32: "dense32", DENSE16: "dense16", SPARSE: "sparse", BEAT: "beat", BLOCKS: "blocks",
-              JOIN: "join", STATE: "state"}
+              JOIN: "join", STATE: "state", END: "end"}
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ def encode_join(dim: int) -> bytes:
     return HEADER.pack(MAGIC, JOIN, 0, 0, 0, dim, 0)
 
 
+def encode_end(dim: int, last: int) -> bytes:
+    return HEADER.pack(MAGIC, END, 0, 0, last, dim, 0)
+
+
 def encode_state(round_: int, weights: np.ndarray, momentum: np.ndarray | None = None) -> bytes:
     vecs = [weights] if momentum is None else [weights, momentum]
     body = b"".join(np.ascontiguousarray(v, dtype="<f4").tobytes() for v in vecs)
@@ -150,9 +157,9 @@ def decode(data: bytes, dim: int) -> Payload:
             raise GeoPayloadError("sparse indices repeated or out of order")
     elif kind == BLOCKS:
         indices, values = _decode_blocks(body, dim, flag, count)
-    elif kind in (BEAT, JOIN):
+    elif kind in (BEAT, JOIN, END):
         if count or len(body):
-            raise GeoPayloadError(f"a {'heartbeat' if kind == BEAT else 'join'} with {count} entries "
+            raise GeoPayloadError(f"a {KIND_NAMES[kind] if kind != BEAT else 'heartbeat'} with {count} entries "
                                   f"and {len(body)} body bytes")
         values, indices = np.zeros(0, np.float32), None
     elif kind == STATE:

@@ -39,8 +39,8 @@ from dtemu.core.geo import hfa, join
 from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
 from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, Beat, GeoResult, Inbox, get_vector, grad_vector,
                                    round_batch, sent_across, set_vector, site_downlink, worker_optimizer_momentum)
-from dtemu.core.geo.payload import (STATE, decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
-                                    sum_sparse)
+from dtemu.core.geo.payload import (JOIN, STATE, decode, encode_beat, encode_blocks, encode_dense, encode_end,
+                                    encode_join, encode_sparse, encode_state, sum_sparse)
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.geo.sums import applied, mixed_apply, root_sum, site_share
 from dtemu.core.ml.params import sha256_of
@@ -130,7 +130,8 @@ def master(ctx, scenario, work, name: str = MASTER):
     for r in range(1, last + 1):
         got = yield from pulls.collect([b.root], r * g.k2 if g.sync == "hfa" else r, b.pull_deadline())
         if not got:
-            # MixedSync: the global PS stops sending when it has left a lost site out at the end.
+            if pulls.end is not None:   # MixedSync: fewer updates than nominal (a site lost, or late)
+                break
             b.gave_up(r, [b.root], going_on=g.sync == "mixed" and r > 1)
             break
         payload, raw = got[b.root]
@@ -297,7 +298,7 @@ def root_ps(ctx, scenario, work, name: str):
     applier = Applier(b.model, g.lr_at, g.momentum, False) if g.weights_down else None
     follower = join.Follower(b.model, g) if joining and applier is None and g.sync == "fsa" else None
     if g.sync == "mixed":
-        return (yield from _mixed_global(b, children, pushes, applier))
+        return (yield from _mixed_global(b, children, pushes, applier, every_child if joining else None))
     if g.sync == "hfa":
         yield from hfa.global_ps(b, children, pushes, every_child if joining else None)
         return b.finish(get_vector(b.model))
@@ -344,10 +345,12 @@ def _encode_bisparse(round_: int, dim: int, blocks, idx, vals, fp16: bool) -> by
     return encode_sparse(round_, dim, idx, vals)
 
 
-def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier):
+def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier, every_child: list[str] | None):
     """MixedSync at the global PS: each site's push is applied as it comes (DC-ASGD compensates
     for the weights having moved since that site pulled) and answered with the new weights, and
-    with them the master.  A site silent for ``geo.round_timeout_s`` is reported and left out."""
+    with them the master.  A site silent for ``geo.round_timeout_s`` is reported and left out.
+    With ``geo.joining`` (``every_child``) a JOIN is let in at once (``_mixed_join``).  When the
+    master was sent fewer updates than the nominal rounds × sites, an END tells it so."""
     g, ctx = b.g, b.ctx
     expected = {c: 1 for c in children}          # the next round of each site
     pulled = {c: get_vector(b.model) for c in children}   # what each site last received
@@ -358,6 +361,10 @@ def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier):
             b.gave_up(version, sorted(expected), going_on=True)
             break
         child, payload, raw = got
+        if payload.kind == JOIN:
+            if every_child is not None and child in every_child:
+                yield from _mixed_join(b, child, expected, pulled, version)
+            continue
         t0 = ctx.now()
         w = yield from b.cpu("apply", b.vec_bytes, lambda: mixed_apply(applier, b.model, payload.dense(),
                                                                         pulled[child], g.dcasgd_lambda,
@@ -375,4 +382,23 @@ def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier):
         if expected[child] > g.rounds:
             del expected[child]
     b.result.rounds = version
+    if version < g.rounds * len(worker_sites(b.s.network.sites, b.s.network.central)):
+        yield from b.send(GEO_PULL, encode_end(b.dim, version), MASTER)
     return b.finish(get_vector(b.model))
+
+
+def _mixed_join(b: _Base, child: str, expected: dict[str, int], pulled: dict, version: int):
+    """A site's JOIN in MixedSync, let in at once with the global weights as they are.  A newcomer
+    (or a site back after it was lost) runs the rounds the slowest member has left, so the run
+    ends about when it would have; a member whose local PS started again skips the round its
+    old life was in (its push died with it: an asynchronous run goes on without that update)."""
+    if child in expected:
+        state_round = expected[child]
+    else:
+        state_round = min(expected.values()) - 1 if expected else b.g.rounds
+    expected[child] = state_round + 1
+    if expected[child] > b.g.rounds:
+        del expected[child]
+    w = get_vector(b.model)
+    pulled[child] = w
+    yield from join.admit_one(b, child, encode_state(state_round, w), version)
