@@ -100,3 +100,20 @@ def test_two_rounds_over_namespaced_sites_end_with_emus_model(netns_ok, tmp_path
     # Loose: one round on a shared box (docs/netns.md has the measured numbers).
     assert replay["mean"]["abs_error_pct"] < 40
     assert (tmp_path / "geo" / "netns_geo.md").read_text().count("| mean |") == 6
+
+
+@pytest.mark.slow
+def test_a_late_site_joins_over_namespaced_sites_and_ends_with_emus_model(netns_ok, tmp_path):
+    from tools.netns_geo import run
+
+    # rounds of ~0.1 s at 20 Mbit/s: site b, held until 3 s after the start line, joins mid-run
+    result = run("scenarios/geo_hips.yaml", rounds=60, workers_per_site=1, mbps=20, out=tmp_path / "late",
+                 timeout_s=300, test_samples=300, late_site="b", late_at_s=3.0)
+    assert not _our_namespaces()
+    real, late = result["real_summary"], result["late"]
+    assert real["rounds"] == 60 and real["stop_reason"] == "done" and real["models_agree"] and not real.get("lost")
+    assert 1 <= late["real_join_round"] < 60 and late["real_up_t"] >= 3.0
+    # emu, with b up within the round real let it in at, joins it then and ends with real's model
+    assert late["emu_join_rounds"] == [late["real_join_round"]]
+    assert result["sha256"]["real"] == result["sha256"]["emu-replay"] != late["alone_model"]
+    assert result["wan_bytes"]["real"] == result["wan_bytes"]["emu"]

@@ -314,12 +314,23 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
     they discover each other (over its loopback route).  ``start_line_s``: the ranks meet at real
     mode's start line (real.start_line) as under ``real launch``, and it is given this many
     seconds after the last rank is ready, for DDS discovery over the shaped links to settle
-    before any role sends (geo's roles send without waiting for their peers)."""
+    before any role sends (geo's roles send without waiting for their peers).
+
+    A rank down from the start (a ``faults.offline`` window from 0 to ``end_s``: a geo site that
+    joins late) is started with the others and held until ``end_s`` after the start line, as
+    ``real launch`` does (real.start_line); other offline windows need ``real launch``'s kills and
+    are refused here."""
     from dtemu.host.scenario_file import load_scenario
     from dtemu.real.launch import gather
 
     scenario = load_scenario(scenario_path, sets)
     ranks = len(scenario.node_names)
+    held = {}
+    for w in scenario.faults.offline:
+        if w.start_s != 0 or w.end_s is None or start_line_s is None:
+            raise NetnsError(f"faults.offline {w.node} [{w.start_s}, {w.end_s}]: the netns testbed holds a rank "
+                             "down from 0 to end_s (with a start line); kills are real launch's")
+        held[scenario.node_names.index(w.node)] = w.end_s
     ns_of = list(placement) if placement is not None else list(range(ranks))
     if len(ns_of) != ranks or (placement is None and ranks != bed.nodes) or max(ns_of) >= bed.nodes:
         raise NetnsError(f"{scenario.name} has {ranks} ranks, the testbed {bed.nodes} nodes")
@@ -329,7 +340,7 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
     env.pop("DTEMU_DDS_PEERS", None)
     start_file = out / "start.json"
     if start_line_s is not None:
-        from dtemu.real.start_line import START_FILE, is_ready, write_start
+        from dtemu.real.start_line import HOLD, START_FILE, is_ready, write_start
 
         start_file.unlink(missing_ok=True)
         env[START_FILE] = str(start_file.resolve())
@@ -346,12 +357,13 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
             for s in sets:
                 cmd += ["--set", s]
             log = open(out / f"rank{rank}.log", "wb")
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            rank_env = env if rank not in held else {**env, HOLD: repr(held[rank])}
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=rank_env, stdout=log, stderr=subprocess.STDOUT))
             log.close()
         deadline = started + timeout_s
         while procs[0].poll() is None:
             if start_line_s is not None and not start_file.exists() and all(
-                    p.poll() is not None or is_ready(out / f"rank{r}") for r, p in enumerate(procs)):
+                    p.poll() is not None or r in held or is_ready(out / f"rank{r}") for r, p in enumerate(procs)):
                 time.sleep(start_line_s)
                 write_start(start_file, time.time())
             if time.monotonic() > deadline:

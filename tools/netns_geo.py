@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python -m tools.netns_geo [--scenario scenarios/geo_hips.yaml]
         [--rounds 30] [--workers-per-site 2] [--mbps 20] [--set KEY=VALUE ...]
-        [--out DIR] [--md FILE.md] [--keep] [--reuse-real DIR]
+        [--out DIR] [--md FILE.md] [--keep] [--reuse-real DIR] [--late-site SITE --late-at S]
 
 Needs root (``ip netns``, ``tc``) unless ``--reuse-real``.  The testbed is
 tools/netns_fl.py's, with a namespace per *site* instead of per node::
@@ -52,6 +52,11 @@ Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
 5. the same replay with emu's defaults (payload bytes only, no decoding, no CPU ops);
 6. ``emu run`` with everything of 1 and each worker's mean measured
    ``train_s_per_sample``.
+
+``--late-site SITE``: that site's local PS and workers are held until ``--late-at`` seconds
+after the start line (``faults.offline`` from 0, as ``real launch`` does) and join the running
+run (``geo.joining``, ``geo.start_wait_s`` 2 s); emu is then replayed (1. only) with the site up
+within the round it was let in at for real (tests/test_geo_join_real.py's method on loopback).
 
 Round time = the root PS's (global or flat) ``geo_round`` close to the next one,
 rounds 2.. (round 1 also carries the initial model down the tree); comm = round
@@ -292,6 +297,40 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_node: dic
         er.ComputeTimer = base
 
 
+LATE_START_WAIT_S = 2.0   # --late-site: how long the global PS waits for the sites at the start
+
+
+def _offline_set(nodes: list[str], end_s: float | None) -> str:
+    windows = ", ".join(f"{{node: {n}, start_s: 0" + (f", end_s: {end_s:g}}}" if end_s is not None else "}")
+                        for n in nodes)
+    return f"faults.offline=[{windows}]"
+
+
+def _closes(events: list[dict]) -> dict[int, float]:
+    return {e["round"]: e["t"] for e in events if e["kind"] == "geo_round" and e.get("node") in ROOT_PS}
+
+
+def late_replay(scenario_path: str, sets: list[str], out: Path, real_events: list[dict], late_nodes: list[str],
+                late_at_s: float) -> dict:
+    """The replay of a run that a site joined late.  Which round it joined at (k) depends on when
+    its JOIN reached the global PS for real; emu is given the site up within that same round: a
+    first replay without the site says when round k - 1 closed, the second has the site up just
+    after it (as tests/test_geo_join_real.py does on loopback)."""
+    joins = [e for e in real_events if e["kind"] == "geo_join"]
+    if not joins:
+        raise NetnsError(f"the late site ({', '.join(late_nodes)}, up at {late_at_s:g} s) did not join for real")
+    k = joins[0]["round"]
+    alone = run_emu_replay(scenario_path, sets + [_offline_set(late_nodes, None)], out / "emu-replay-alone",
+                           compute_times(real_events))
+    before = LATE_START_WAIT_S if k == 1 else _closes(read_events_partial(out / "emu-replay-alone")[0])[k - 1]
+    summary = run_emu_replay(scenario_path, sets + [_offline_set(late_nodes, before + 0.001)], out / "emu-replay",
+                             compute_times(real_events))
+    emu_joins = [e["round"] for e in read_events_partial(out / "emu-replay")[0] if e["kind"] == "geo_join"]
+    up = next((e["t"] for e in real_events if e["kind"] == "node_up" and e["node"] == late_nodes[0]), None)
+    return {"real_join_round": k, "real_join_t": joins[0]["t"], "real_up_t": up, "emu_join_rounds": emu_joins,
+            "emu_up_s": before + 0.001, "alone_model": alone.get("model_sha256"), "emu_summary": summary}
+
+
 # ---------------------------------------------------------------------------------------------
 # report
 
@@ -332,6 +371,14 @@ def markdown(result: dict) -> str:
              + "; datagrams the namespaces' kernels dropped during the run: "
              + (", ".join(f"{ns} {c}" for ns, c in result.get("drops", {}).items() if any(c.values())) or "none")
              + "."]
+    if result.get("late"):
+        late = result["late"]
+        up = f"{late['real_up_t']:.3f}" if late.get("real_up_t") is not None else "?"
+        lines += ["", f"A late site (geo.joining): its ranks held until {result['config']['args']['late_at_s']:g} s "
+                  f"after the start line; for real up at {up} s and let in when round {late['real_join_round']} "
+                  f"closed ({late['real_join_t']:.3f} s).  Emu replayed with the site up at {late['emu_up_s']:.3f} s "
+                  f"(just after round {late['real_join_round'] - 1} closed in a replay without it): let in at "
+                  f"round(s) {late['emu_join_rounds']}."]
     if result.get("wan_overhead"):
         lines += ["", "Bytes on each site's shaped WAN uplink (tc), the whole run, against the WAN payload its ranks "
                   "sent (the initial model included): "
@@ -369,7 +416,7 @@ def markdown(result: dict) -> str:
 def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, workers_per_site: int = 2,
         mbps: float | None = 20.0, model: str = "small_cnn", extra_sets: list[str] = (), out: Path | None = None,
         keep: bool = False, timeout_s: float = 600.0, test_samples: int = 500, delay_ms: float = 0.0,
-        reuse: Path | None = None) -> dict:
+        reuse: Path | None = None, late_site: str | None = None, late_at_s: float = 3.0) -> dict:
     from dtemu.core.geo.spec import central_site
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
@@ -380,7 +427,8 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     out = Path(out or ROOT / "runs" / f"netns-geo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     args = {"scenario_path": scenario_path, "rounds": rounds, "workers_per_site": workers_per_site, "mbps": mbps,
-            "model": model, "extra_sets": list(extra_sets), "test_samples": test_samples}
+            "model": model, "extra_sets": list(extra_sets), "test_samples": test_samples, "late_site": late_site,
+            "late_at_s": late_at_s}
     if reuse is not None:   # emu again on that run's own settings, whatever this command line says
         old_args = json.loads((Path(reuse) / "netns_geo.json").read_text())["config"].get("args")
         if old_args:
@@ -388,13 +436,23 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
             scenario_path, rounds, workers_per_site, mbps, model, extra_sets, test_samples = (
                 args[k] for k in ("scenario_path", "rounds", "workers_per_site", "mbps", "model", "extra_sets",
                                   "test_samples"))
+            late_site, late_at_s = args.get("late_site"), args.get("late_at_s", late_at_s)
     sets = [f"model={model}", "threads=1", f"geo.rounds={rounds}", f"geo.eval_every={rounds + 1000}",
             f"geo.workers_per_site={workers_per_site}", f"data.test_samples={test_samples}"]
     sites = list(load_scenario(scenario_path, sets + list(extra_sets)).network.sites)
     if mbps is not None:
         sets += [f"network.sites.{s}.wan.{d}_mbps={mbps:g}" for s in sites for d in ("up", "down")]
     sets += list(extra_sets)
-    scen = load_scenario(scenario_path, sets)
+    late_nodes = []
+    if late_site is not None:   # the site comes up late_at_s after the start line and joins the run
+        first = load_scenario(scenario_path, sets)
+        if late_site not in first.network.sites or late_site == central_site(first.network.sites,
+                                                                             first.network.central):
+            raise NetnsError(f"--late-site {late_site}: not a site with workers of {scenario_path}")
+        late_nodes = [n for n in first.node_names if first.site_of[n] == late_site]
+        sets += ["geo.joining=true", f"geo.start_wait_s={LATE_START_WAIT_S:g}"]
+    real_sets = sets + ([_offline_set(late_nodes, late_at_s)] if late_nodes else [])
+    scen = load_scenario(scenario_path, real_sets)
     if scen.mode != "geo" or not scen.network.sites:
         raise NetnsError(f"{scenario_path} is not a geo scenario with sites")
     wan = [(scen.network.sites[s].wan.up_mbps, scen.network.sites[s].wan.down_mbps) for s in sites]
@@ -415,7 +473,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
             shutil.copytree(Path(reuse) / "real", out / "real", dirs_exist_ok=True)
     else:
         bed = SiteTestbed(sites, wan, delay_ms=delay_ms)
-        bed_info = run_testbed(scenario_path, sets, out, mbps=max(max(w) for w in wan), delay_ms=delay_ms,
+        bed_info = run_testbed(scenario_path, real_sets, out, mbps=max(max(w) for w in wan), delay_ms=delay_ms,
                                keep=keep, timeout_s=timeout_s, bed=bed, placement=placement,
                                start_line_s=START_LINE_S)
         rtt, lan, netem, applied = bed_info["rtt_ms"], bed.lan, bed.netem, bed.applied_delay_ms
@@ -451,6 +509,16 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     result["wan_overhead"] = wan_overhead(result.get("qdisc", {}), real_events, scen.site_of, sites,
                                           result.get("namespaces") or result["config"].get("namespaces", []))
     sha = {"real": result["real_summary"].get("model_sha256")}
+    if late_nodes:   # emu with the site up within the round real let it in at (it depends on the timing)
+        result["late"] = late_replay(scenario_path, sets + net + full, out, real_events, late_nodes, late_at_s)
+        result["compare_replay"] = compare(real_events, read_events_partial(out / "emu-replay")[0])
+        sha["emu-replay"] = result["late"]["emu_summary"].get("model_sha256")
+        result["sha256"] = sha
+        result["wan_bytes"] = {"real": result["real_summary"].get("wan_bytes"),
+                               "emu": result["late"]["emu_summary"].get("wan_bytes")}
+        (out / "netns_geo.json").write_text(json.dumps(result, indent=2, default=str))
+        (out / "netns_geo.md").write_text(markdown(result))
+        return result
     for key, folder, extra in (("compare_replay", "emu-replay", full),
                                ("compare_replay_own_cores", "emu-replay-own-cores",
                                 transport + cpu_sets(cpu, 0, messages)),
@@ -485,11 +553,16 @@ def main(argv=None) -> int:
     p.add_argument("--workers-per-site", type=int, default=2)
     p.add_argument("--model", default="small_cnn")
     p.add_argument("--test-samples", type=int, default=500)
+    p.add_argument("--late-site", default=None, metavar="SITE",
+                   help="this site's ranks come up --late-at seconds after the start line and join the run "
+                        "(geo.joining); emu is replayed with the site up in the round it joined at for real")
+    p.add_argument("--late-at", type=float, default=3.0, metavar="S")
     args = p.parse_args(argv)
     return run_comparison("netns_geo", args, lambda: run(
         args.scenario, rounds=args.rounds, workers_per_site=args.workers_per_site, mbps=args.mbps,
         model=args.model, extra_sets=args.sets, out=args.out, keep=args.keep, timeout_s=args.timeout,
-        test_samples=args.test_samples, delay_ms=args.delay_ms, reuse=args.reuse_real), markdown)
+        test_samples=args.test_samples, delay_ms=args.delay_ms, reuse=args.reuse_real, late_site=args.late_site,
+        late_at_s=args.late_at), markdown)
 
 
 if __name__ == "__main__":
