@@ -126,3 +126,44 @@ def test_a_killed_local_ps_restarts_for_real_and_brings_its_workers_back(tmp_pat
     assert [(e["round"], e["waited"]) for e in emu_events if e["kind"] == "geo_rejoin"] == [(k, w)]
     assert emu["models_agree"] and real["model_sha256"] == emu["model_sha256"]
     assert real["final_accuracy"] == emu["final_accuracy"]
+
+
+def test_a_late_site_joins_an_hfa_run_for_real_and_ends_with_emus_model(tmp_path):
+    # HFA is synchronous at both levels, so deterministic: emu with b up in the same global round
+    # ends with real's model.  k1 2, k2 2: a global round is 4 local steps and two local syncs.
+    site_b = ("b-ps", "b-w0")
+    hfa = {**LATE, "geo": {**LATE["geo"], "sync": "hfa", "k1": 2, "k2": 2, "rounds": 30}}
+    raw = {**hfa, "faults": {"offline": _offline(site_b, 0, 1.5)}}
+    real, events = _launch(tmp_path, raw)
+    assert real["stop_reason"] == "done" and real["rounds"] == 30 and real["lost"] == []
+    assert real["models_agree"] and real["survivors"] == 2
+    (joined,) = [e for e in events if e["node"] == "global-ps" and e["kind"] == "geo_join"]
+    k = joined["round"]
+    assert 1 <= k < 30
+    syncs = [e["round"] for e in events if e["kind"] == "geo_step" and e["node"] == "b-w0"]
+    assert syncs == list(range(2 * k + 1, 2 * 30 + 1))   # from the first local sync of round k + 1
+
+    _, alone = _emu(tmp_path, "alone", {**hfa, "faults": {"offline": _offline(site_b, 0, None)}})
+    before = hfa["geo"]["start_wait_s"] if k == 1 else _closes(alone)[k - 1]["t"]
+    emu, emu_events = _emu(tmp_path, "emu", {**hfa, "faults": {"offline": _offline(site_b, 0, before + 0.001)}})
+    assert [e["round"] for e in emu_events if e["kind"] == "geo_join"] == [k]
+    assert emu["models_agree"] and real["model_sha256"] == emu["model_sha256"]
+    assert real["wan_bytes"] == emu["wan_bytes"]
+
+
+def test_a_late_site_joins_a_mixedsync_run_for_real(tmp_path):
+    # MixedSync is asynchronous between sites: which updates interleave is the machine's, so the
+    # model is not emu's.  What must hold: b is let in at once, runs the rounds a had left, and the
+    # master, sent fewer updates than rounds x sites, is told the end and stops without a loss.
+    site_b = ("b-ps", "b-w0")
+    mixed = {**LATE, "geo": {**LATE["geo"], "sync": "mixed"}}
+    real, events = _launch(tmp_path, {**mixed, "faults": {"offline": _offline(site_b, 0, 1.5)}})
+    assert real["stop_reason"] == "done" and real["lost"] == []
+    assert not [e for e in events if e["kind"] == "geo_lost" and e["round"] > 0]
+    (joined,) = [e for e in events if e["node"] == "global-ps" and e["kind"] == "geo_join"]
+    b_rounds = [e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "b-ps"]
+    a_rounds = [e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "a-ps"]
+    assert a_rounds == list(range(1, ROUNDS + 1)) and b_rounds and b_rounds == list(range(b_rounds[0], ROUNDS + 1))
+    ends = {e["node"]: e for e in events if e["kind"] == "geo_end"}
+    assert ends["master"]["rounds"] == ends["global-ps"]["rounds"] == ROUNDS + len(b_rounds) < 2 * ROUNDS
+    assert joined["t"] > 1.5
