@@ -117,3 +117,44 @@ def test_a_late_site_joins_over_namespaced_sites_and_ends_with_emus_model(netns_
     assert late["emu_join_rounds"] == [late["real_join_round"]]
     assert result["sha256"]["real"] == result["sha256"]["emu-replay"] != late["alone_model"]
     assert result["wan_bytes"]["real"] == result["wan_bytes"]["emu"]
+
+
+def test_the_in_situ_factor_is_the_real_steps_over_the_replays(tmp_path):
+    # no root: two hand-made event files, one local PS and one worker, two rounds; every step
+    # of the "real" run is twice the replay's, so the factor is 2
+    import json
+
+    from tools.netns_geo import in_situ, step_times
+
+    def events(k):
+        out = []
+        t = 0.0
+        for r in (1, 2):
+            t0 = t
+            compute_end = t0 + 0.010
+            push_at_ps = compute_end + k * 0.001                 # push: worker -> its PS
+            sent_up = push_at_ps + k * 0.002                      # sum: the PS's work before its push
+            pull_at_ps = sent_up + 0.005                          # the WAN (not a step)
+            close = pull_at_ps + k * 0.0005                       # pull: decode at the PS
+            pull_at_w = close + k * 0.0007 + 0.0001               # down + the LAN
+            step = pull_at_w + k * 0.0003                         # apply
+            out += [{"t": push_at_ps, "node": "a-ps", "kind": "deliver", "topic": "geo/push", "src": "a-w0"},
+                    {"t": pull_at_ps, "node": "a-ps", "kind": "deliver", "topic": "geo/pull", "src": "global-ps"},
+                    {"t": close, "node": "a-ps", "kind": "geo_round", "role": "local_ps", "round": r,
+                     "wait_s": sent_up - (t0 if r == 1 else prev_close + k * 0.0007), "wan_s": close - sent_up},
+                    {"t": pull_at_w, "node": "a-w0", "kind": "deliver", "topic": "geo/pull", "src": "a-ps"},
+                    {"t": step, "node": "a-w0", "kind": "geo_step", "round": r, "compute_s": 0.010,
+                     "comm_s": step - compute_end}]
+            prev_close = close
+            t = step + k * 0.0004                                  # batch: the next gradient starts
+        return out
+
+    for name, k in (("real", 2), ("emu-replay", 1)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in sorted(
+            events(k), key=lambda e: e["t"])))
+    emu = step_times(json.loads(line) for line in (tmp_path / "emu-replay" / "events.jsonl").read_text().splitlines())
+    assert emu["push"] == pytest.approx(0.001) and emu["sum"] == pytest.approx(0.002)
+    assert emu["pull"] == pytest.approx(0.0005) and emu["apply"] == pytest.approx(0.0003)
+    assert emu["batch"] == pytest.approx(0.0004) and emu["down"] == pytest.approx(0.0007)
+    assert in_situ(tmp_path)["factor"] == pytest.approx(2.0)

@@ -3,6 +3,7 @@
     sudo .venv/bin/python -m tools.netns_geo [--scenario scenarios/geo_hips.yaml]
         [--rounds 30] [--workers-per-site 2] [--mbps 20] [--set KEY=VALUE ...]
         [--out DIR] [--md FILE.md] [--keep] [--reuse-real DIR] [--late-site SITE --late-at S]
+        [--calibrate-from DIR]
 
 Needs root (``ip netns``, ``tc``) unless ``--reuse-real``.  The testbed is
 tools/netns_fl.py's, with a namespace per *site* instead of per node::
@@ -57,6 +58,12 @@ Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
 after the start line (``faults.offline`` from 0, as ``real launch`` does) and join the running
 run (``geo.joining``, ``geo.start_wait_s`` 2 s); emu is then replayed (1. only) with the site up
 within the round it was let in at for real (tests/test_geo_join_real.py's method on loopback).
+
+``--calibrate-from DIR``: every CPU cost of the prediction (the roles' ops, a message's own
+CPU, decoding) is multiplied by the in-situ factor of an earlier run in DIR (``in_situ``: what
+the steps of a round outside the gradient and the WAN took there for real, against what its
+replay charged for them).  The per-op rates are measured one op at a time on an idle
+process; in a run of 8-12 ranks on 2 cores each step costs 2.4-4.3 times as much.
 
 Round time = the root PS's (global or flat) ``geo_round`` close to the next one,
 rounds 2.. (round 1 also carries the initial model down the tree); comm = round
@@ -300,6 +307,77 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_node: dic
 LATE_START_WAIT_S = 2.0   # --late-site: how long the global PS waits for the sites at the start
 
 
+def _load_events(folder: Path) -> list[dict]:
+    return read_events_partial(folder)[0]
+
+
+def step_times(events: list[dict]) -> dict[str, float]:
+    """Medians (s) of the steps of a HiPS round outside the gradient and the WAN, from the events:
+    at a local PS, its last worker's push delivered -> its push to the global PS sent (``sum``:
+    decode, sum, sparsify, encode), the global PS's pull delivered -> the round closed (``pull``),
+    round closed -> next round begins (``down``: densify, the workers' pulls sent); at a worker,
+    its pull delivered -> step done (``apply``), step done -> next gradient (``batch``), gradient
+    done -> its push delivered at its PS (``push``)."""
+    events = list(events)
+    steps: dict[str, list[float]] = {k: [] for k in ("sum", "pull", "down", "apply", "batch", "push")}
+    deliver: dict[tuple[str, str], list[float]] = {}
+    for e in events:
+        if e["kind"] == "deliver":
+            deliver.setdefault((e["node"], e.get("topic", "")), []).append(e["t"])
+    for key in deliver:
+        deliver[key].sort()
+
+    def last_before(times, t, after=float("-inf")):
+        hits = [x for x in times if after - 1e-9 <= x <= t + 1e-9]
+        return max(hits) if hits else None
+
+    closes: dict[str, list[dict]] = {}
+    worker_steps: dict[str, list[dict]] = {}
+    for e in events:
+        if e["kind"] == "geo_round" and e.get("role") == "local_ps":
+            closes.setdefault(e["node"], []).append(e)
+        elif e["kind"] == "geo_step":
+            worker_steps.setdefault(e["node"], []).append(e)
+    for ps, rounds in closes.items():
+        rounds.sort(key=lambda e: e["round"])
+        for a, b in zip([None] + rounds, rounds):
+            t2 = b["t"]
+            t1 = t2 - b["wan_s"]
+            t0 = t1 - b["wait_s"]
+            if (x := last_before(deliver.get((ps, "geo/push"), []), t1, t0)) is not None:
+                steps["sum"].append(t1 - x)
+            if (x := last_before(deliver.get((ps, "geo/pull"), []), t2, t1)) is not None:
+                steps["pull"].append(t2 - x)
+            if a is not None:
+                steps["down"].append(t0 - a["t"])
+    for w, rows in worker_steps.items():
+        rows.sort(key=lambda e: e["round"])
+        ps = next((n for n in closes if n.split("-")[0] == w.split("-")[0]), None)
+        for a, b in zip(rows, rows[1:] + [None]):
+            t1 = a["t"] - a["comm_s"]
+            if (x := last_before(deliver.get((w, "geo/pull"), []), a["t"], t1)) is not None:
+                steps["apply"].append(a["t"] - x)
+            if b is not None and b["round"] == a["round"] + 1:
+                steps["batch"].append(b["t"] - b["comm_s"] - b["compute_s"] - a["t"])
+            pushes = [x for x in deliver.get((ps, "geo/push"), []) if x >= t1 - 1e-9] if ps else []
+            if pushes:
+                steps["push"].append(min(pushes) - t1)
+    return {k: statistics.median(v) for k, v in steps.items() if v}
+
+
+def in_situ(folder: Path) -> dict:
+    """The in-situ factor of an earlier netns_geo run (its ``real`` and ``emu-replay`` folders): the
+    sum of ``step_times`` for real over the same sum in emu's replay.  Emu charges each of these
+    steps at rates measured one op at a time on an idle process; in a run each costs more (a
+    process just woken, the ranks' working sets on the cores).  ``--calibrate-from`` multiplies
+    every CPU cost of a prediction (the roles' ops, a message's own CPU, decoding) by it."""
+    real, emu = step_times(_load_events(Path(folder) / "real")), step_times(_load_events(Path(folder) / "emu-replay"))
+    keys = sorted(set(real) & set(emu))
+    if not keys or sum(emu[k] for k in keys) <= 0:
+        raise NetnsError(f"{folder}: no steps to calibrate from")
+    return {"factor": sum(real[k] for k in keys) / sum(emu[k] for k in keys), "real": real, "emu": emu}
+
+
 def _offline_set(nodes: list[str], end_s: float | None) -> str:
     windows = ", ".join(f"{{node: {n}, start_s: 0" + (f", end_s: {end_s:g}}}" if end_s is not None else "}")
                         for n in nodes)
@@ -416,7 +494,8 @@ def markdown(result: dict) -> str:
 def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, workers_per_site: int = 2,
         mbps: float | None = 20.0, model: str = "small_cnn", extra_sets: list[str] = (), out: Path | None = None,
         keep: bool = False, timeout_s: float = 600.0, test_samples: int = 500, delay_ms: float = 0.0,
-        reuse: Path | None = None, late_site: str | None = None, late_at_s: float = 3.0) -> dict:
+        reuse: Path | None = None, late_site: str | None = None, late_at_s: float = 3.0,
+        calibrate_from: Path | None = None) -> dict:
     from dtemu.core.geo.spec import central_site
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
@@ -488,11 +567,15 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     lan_mbps = lan["mbps"] if lan["mbps"] == lan["mbps"] else 10000.0
     net = [f"network.sites.{s}.lan={{bandwidth_mbps: {lan_mbps:.0f}, latency_ms: {lan_latency:.4f}}}" for s in sites]
     net += [f"network.sites.{s}.wan.latency_ms={wan_latency:.4f}" for s in sites]
-    decode = geo_decode_cost(num_params(build_model(scen.model, scen.seed)), scen.geo.fp16)
+    # --calibrate-from: every CPU cost below times the in-situ factor of another run (in_situ_factor)
+    scale = in_situ(calibrate_from)["factor"] if calibrate_from is not None else 1.0
+    decode = scale * geo_decode_cost(num_params(build_model(scen.model, scen.seed)), scen.geo.fp16)
     transport = transport_sets({n: decode for n in scen.node_names})
     # The roles' CPU outside the gradient, measured here now (one thread), and the cores every rank
     # shares for real (the ranks are processes of this one machine).
     cpu, messages = geo_cpu_costs(scen), message_costs()
+    cpu = {k: v * scale for k, v in cpu.items()}
+    messages = {k: v * scale for k, v in messages.items()}
     cores = os.cpu_count() or 1
     full = transport + cpu_sets(cpu, cores, messages)
     result = {"config": {"scenario": scen.name, "model": scen.model, "architecture": scen.geo.architecture,
@@ -504,7 +587,8 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
                          "emu_lan_mbps": lan_mbps, "emu_lan_latency_ms": lan_latency,
                          "emu_wan_latency_ms": wan_latency, "decode_s_per_mb": decode, "transport_sets": transport,
                          "cpu_s_per_mb": cpu, "s_per_message": messages, "shared_cores": cores,
-                         "sets": sets, "args": args, "placement": dict(zip(scen.node_names, [sites[i] for i in placement]))},
+                         "sets": sets, "args": args, "placement": dict(zip(scen.node_names, [sites[i] for i in placement])),
+                         "cpu_scale": scale, "calibrated_from": str(calibrate_from) if calibrate_from else None},
               **bed_info}
     result["wan_overhead"] = wan_overhead(result.get("qdisc", {}), real_events, scen.site_of, sites,
                                           result.get("namespaces") or result["config"].get("namespaces", []))
@@ -557,12 +641,15 @@ def main(argv=None) -> int:
                    help="this site's ranks come up --late-at seconds after the start line and join the run "
                         "(geo.joining); emu is replayed with the site up in the round it joined at for real")
     p.add_argument("--late-at", type=float, default=3.0, metavar="S")
+    p.add_argument("--calibrate-from", default=None, metavar="DIR",
+                   help="scale every CPU cost of emu's prediction by the in-situ factor of that earlier "
+                        "netns_geo run (its real steps against its replay's; see in_situ)")
     args = p.parse_args(argv)
     return run_comparison("netns_geo", args, lambda: run(
         args.scenario, rounds=args.rounds, workers_per_site=args.workers_per_site, mbps=args.mbps,
         model=args.model, extra_sets=args.sets, out=args.out, keep=args.keep, timeout_s=args.timeout,
         test_samples=args.test_samples, delay_ms=args.delay_ms, reuse=args.reuse_real, late_site=args.late_site,
-        late_at_s=args.late_at), markdown)
+        late_at_s=args.late_at, calibrate_from=args.calibrate_from), markdown)
 
 
 if __name__ == "__main__":
