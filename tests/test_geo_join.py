@@ -317,3 +317,14 @@ def test_a_mixedsync_master_is_told_the_end_when_a_site_was_lost(tmp_path):
     assert not [e for e in master if e["kind"] == "geo_lost"]
     gps_end = next(e["t"] for e in events if e["kind"] == "geo_end" and e["node"] == "global-ps")
     assert next(e["t"] for e in master if e["kind"] == "geo_end") < gps_end + 1   # not 3 round timeouts later
+
+
+def test_a_duplicated_join_does_not_make_a_mixedsync_site_skip_a_round(tmp_path):
+    # every message duplicated: the late site's JOIN arrives twice; it is let in once, and runs
+    # every round it was given (a second admission would skip one and strand its PS)
+    s, events = _run(tmp_path, "dup", **MIXED, **{"faults.offline": _late(SITE_B, 0, 0.3), "geo.start_wait_s": 0.2,
+                                                  "faults.duplicate_p": 1.0})
+    assert s["stop_reason"] == "done" and s["lost"] == []
+    assert len([e for e in events if e["kind"] == "geo_join"]) == 1
+    b_rounds = [e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "b-ps"]
+    assert b_rounds and b_rounds == list(range(b_rounds[0], 25))

@@ -276,8 +276,8 @@ def root_ps(ctx, scenario, work, name: str):
     children = [site_ps(s) for s in sites] if b.hips else list(scenario.training_nodes)
     every_child = list(children)
     pushes = b.inbox(GEO_PUSH)
-    # geo.joining (FSA, HFA): the master's model and every site's JOIN (core.geo.join); a site not up by
-    # then may join later.
+    # geo.joining: the master's model and every site's JOIN (core.geo.join); a site not up by then may
+    # join later.
     joining = b.hips and g.joining
     start = b.deadline() if g.start_wait_s is None or not joining else ctx.now() + g.start_wait_s
     got = yield from pushes.collect([MASTER, *children] if joining else [MASTER], 0, start, count_wan=False)
@@ -354,6 +354,7 @@ def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier, every
     g, ctx = b.g, b.ctx
     expected = {c: 1 for c in children}          # the next round of each site
     pulled = {c: get_vector(b.model) for c in children}   # what each site last received
+    fresh: set[str] = set()   # let in and not heard from since: a JOIN from it again is a duplicate
     version = 0
     while expected:
         got = yield from pushes.collect_next(expected, b.deadline())
@@ -362,9 +363,11 @@ def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier, every
             break
         child, payload, raw = got
         if payload.kind == JOIN:
-            if every_child is not None and child in every_child:
+            if every_child is not None and child in every_child and child not in fresh:
+                fresh.add(child)
                 yield from _mixed_join(b, child, expected, pulled, version)
             continue
+        fresh.discard(child)
         t0 = ctx.now()
         w = yield from b.cpu("apply", b.vec_bytes, lambda: mixed_apply(applier, b.model, payload.dense(),
                                                                         pulled[child], g.dcasgd_lambda,
