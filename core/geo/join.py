@@ -15,7 +15,7 @@ PS does it, with three messages:
   steps exactly as the others), emits ``geo_join``, and counts the site in the
   next round's quorum.
 
-MixedSync lets a JOIN in at once (core.geo.roles._mixed_join): its sites keep no common
+MixedSync lets a JOIN in at once (core.geo.mixed._join): its sites keep no common
 round.  HFA's global PS keeps the average it sends down, and a STATE is those weights (the
 workers' own momentum stays theirs: a newcomer's starts at zero), numbered by HFA's
 sync ids (``round`` × ``geo.k2``) as its pulls are.

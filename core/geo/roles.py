@@ -1,7 +1,7 @@
 """The geo roles (``mode: geo``), written once for both runtimes: master, worker, local PS,
 global PS and the flat-PS baseline.  FSA (synchronous inside and between sites) is here;
-MixedSync (``_mixed_global``: the global PS answers each site as its push comes, DC-ASGD
-optional) too; HFA's loops are in ``core.geo.hfa``.
+MixedSync's global PS (it answers each site as its push comes, DC-ASGD optional) is in
+``core.geo.mixed``, HFA's loops in ``core.geo.hfa``.
 
 One round, HiPS (``geo.architecture: hips``)::
 
@@ -35,14 +35,14 @@ from __future__ import annotations
 import numpy as np
 
 from dtemu.core import events as ev
-from dtemu.core.geo import hfa, join
+from dtemu.core.geo import hfa, join, mixed
 from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
 from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, Beat, GeoResult, Inbox, get_vector, grad_vector,
                                    round_batch, sent_across, set_vector, site_downlink, worker_optimizer_momentum)
-from dtemu.core.geo.payload import (JOIN, STATE, decode, encode_beat, encode_blocks, encode_dense, encode_end,
-                                    encode_join, encode_sparse, encode_state, sum_sparse)
+from dtemu.core.geo.payload import (STATE, decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
+                                    sum_sparse)
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
-from dtemu.core.geo.sums import applied, mixed_apply, root_sum, site_share
+from dtemu.core.geo.sums import applied, root_sum, site_share
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime.requests import Compute, Send, WaitPeers
 
@@ -298,7 +298,7 @@ def root_ps(ctx, scenario, work, name: str):
     applier = Applier(b.model, g.lr_at, g.momentum, False) if g.weights_down else None
     follower = join.Follower(b.model, g) if joining and applier is None and g.sync == "fsa" else None
     if g.sync == "mixed":
-        return (yield from _mixed_global(b, children, pushes, applier, every_child if joining else None))
+        return (yield from mixed.global_ps(b, children, pushes, applier, every_child if joining else None))
     if g.sync == "hfa":
         yield from hfa.global_ps(b, children, pushes, every_child if joining else None)
         return b.finish(get_vector(b.model))
@@ -343,65 +343,3 @@ def _encode_bisparse(round_: int, dim: int, blocks, idx, vals, fp16: bool) -> by
     if blocks:
         return encode_blocks(round_, dim, blocks, idx, vals, fp16)
     return encode_sparse(round_, dim, idx, vals)
-
-
-def _mixed_global(b: _Base, children: list[str], pushes, applier: Applier, every_child: list[str] | None):
-    """MixedSync at the global PS: each site's push is applied as it comes (DC-ASGD compensates
-    for the weights having moved since that site pulled) and answered with the new weights, and
-    with them the master.  A site silent for ``geo.round_timeout_s`` is reported and left out.
-    With ``geo.joining`` (``every_child``) a JOIN is let in at once (``_mixed_join``).  When the
-    master was sent fewer updates than the nominal rounds × sites, an END tells it so."""
-    g, ctx = b.g, b.ctx
-    expected = {c: 1 for c in children}          # the next round of each site
-    pulled = {c: get_vector(b.model) for c in children}   # what each site last received
-    fresh: set[str] = set()   # let in and not heard from since: a JOIN from it again is a duplicate
-    version = 0
-    while expected:
-        got = yield from pushes.collect_next(expected, b.deadline())
-        if got is None:
-            b.gave_up(version, sorted(expected), going_on=True)
-            break
-        child, payload, raw = got
-        if payload.kind == JOIN:
-            if every_child is not None and child in every_child and child not in fresh:
-                fresh.add(child)
-                yield from _mixed_join(b, child, expected, pulled, version)
-            continue
-        fresh.discard(child)
-        t0 = ctx.now()
-        w = yield from b.cpu("apply", b.vec_bytes, lambda: mixed_apply(applier, b.model, payload.dense(),
-                                                                        pulled[child], g.dcasgd_lambda,
-                                                                        payload.round))
-        version += 1
-        # the site's round, and the master's version
-        out, to_master = yield from b.cpu("encode", 2 * b.vec_bytes, lambda: (
-            encode_dense(payload.round, w, g.fp16), encode_dense(version, w, g.fp16)))
-        pulled[child] = decode(out, b.dim).dense()
-        yield from b.send(GEO_PULL, out, child)
-        yield from b.send(GEO_PULL, to_master, MASTER)
-        ctx.emit(ev.GEO_ROUND, round=version, role="global_ps", wait_s=0.0, wan_s=round(ctx.now() - t0, 9),
-                 bytes_up=len(raw), bytes_down=len(out))
-        expected[child] += 1
-        if expected[child] > g.rounds:
-            del expected[child]
-    b.result.rounds = version
-    if version < g.rounds * len(worker_sites(b.s.network.sites, b.s.network.central)):
-        yield from b.send(GEO_PULL, encode_end(b.dim, version), MASTER)
-    return b.finish(get_vector(b.model))
-
-
-def _mixed_join(b: _Base, child: str, expected: dict[str, int], pulled: dict, version: int):
-    """A site's JOIN in MixedSync, let in at once with the global weights as they are.  A newcomer
-    (or a site back after it was lost) runs the rounds the slowest member has left, so the run
-    ends about when it would have; a member whose local PS started again skips the round its
-    old life was in (its push died with it: an asynchronous run goes on without that update)."""
-    if child in expected:
-        state_round = expected[child]
-    else:
-        state_round = min(expected.values()) - 1 if expected else b.g.rounds
-    expected[child] = state_round + 1
-    if expected[child] > b.g.rounds:
-        del expected[child]
-    w = get_vector(b.model)
-    pulled[child] = w
-    yield from join.admit_one(b, child, encode_state(state_round, w), version)
