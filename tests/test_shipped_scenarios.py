@@ -4,7 +4,7 @@ torch is pinned (pyproject.toml) and its CPU kernels are fixed at AVX2 before
 it loads (host.cpu_arith), so a scenario's final model is a stable hash on any
 x86-64 host with AVX2 (summary.json's ``platform`` says what a run used).  A
 change that moves one of these numbers says why in its commit and updates the
-pin here.  Slow: the whole set takes about an hour on 2 cores
+pin here.  Slow: the whole set takes about 1.5 hours on 2 cores (the three geo ones 12-13 minutes each)
 (``pytest -m slow tests/test_shipped_scenarios.py``); ``python -m tools.pin_scenarios``
 prints each result in the form below.
 

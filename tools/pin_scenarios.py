@@ -2,7 +2,7 @@
 
     python -m tools.pin_scenarios [NAME ...] [--out DIR] [--json FILE]
 
-One scenario at a time, in this process (the whole set takes about an hour on 2
+One scenario at a time, in this process (the whole set takes about 1.5 hours on 2
 cores).  Each line says whether the result is the pinned one; ``--json`` writes
 every result with the arithmetic it ran with (``platform``: torch, numpy, CPU
 kernels), so a pin that moved on a new host can be told apart from one that a
