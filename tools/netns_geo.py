@@ -176,7 +176,7 @@ while time.perf_counter() < end:
 
 def round_times(events: list[dict]) -> dict[int, float]:
     """round -> the root PS's geo_round close minus the previous one (rounds 2..)."""
-    close = {e["round"]: e["t"] for e in events if e["kind"] == "geo_round" and e.get("node") in ROOT_PS}
+    close = _closes(events)
     return {r: close[r] - close[r - 1] for r in sorted(close) if r - 1 in close}
 
 

@@ -55,9 +55,7 @@ def worker(b, index: int, up: str, pulls, start: int = 1):
                 b.gave_up(sync, [up])
                 return
             if got[up][0].kind == STATE:   # its PS started again and joined anew: the run's model
-                set_vector(b.model, got[up][0].dense())
-                ctx.emit(ev.GEO_REJOIN, round=got[up][0].round, waited=sync)
-                r = first_round(got[up][0].round, g) - 1
+                r = first_round(join.resume(b, None, got[up][0], sync), g) - 1   # weights only
                 b.result.rounds = r
                 break
             set_vector(b.model, got[up][0].dense())

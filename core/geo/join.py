@@ -67,7 +67,8 @@ def set_momentum(applier: Applier, momentum: np.ndarray) -> None:
 def resume(b, applier, state, waited: int) -> int:
     """A worker whose local PS started again (and was let in anew) takes the STATE it forwarded in
     place of the pull of ``waited``: the model after ``state.round``; returns that round, the
-    worker goes on from the next.  Its push of ``waited`` died with the PS's old life."""
+    worker goes on from the next.  Its push of ``waited`` died with the PS's old life.
+    (``applier``: the worker's, for a STATE with momentum; HFA's carry none.)"""
     set_vector(b.model, state.dense())
     if state.momentum is not None:
         set_momentum(applier, state.momentum)

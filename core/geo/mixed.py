@@ -16,6 +16,11 @@ from dtemu.core.geo.spec import MASTER, worker_sites
 from dtemu.core.geo.sums import mixed_apply
 
 
+def nominal_updates(scenario) -> int:
+    """Updates a MixedSync run makes when every site runs all its rounds: one per site and round."""
+    return scenario.geo.rounds * len(worker_sites(scenario.network.sites, scenario.network.central))
+
+
 def global_ps(b, children: list[str], pushes, applier: Applier, every_child: list[str] | None):
     """MixedSync at the global PS: each site's push is applied as it comes (DC-ASGD compensates
     for the weights having moved since that site pulled) and answered with the new weights, and
@@ -56,7 +61,7 @@ def global_ps(b, children: list[str], pushes, applier: Applier, every_child: lis
         if expected[child] > g.rounds:
             del expected[child]
     b.result.rounds = version
-    if version < g.rounds * len(worker_sites(b.s.network.sites, b.s.network.central)):
+    if version < nominal_updates(b.s):
         yield from b.send(GEO_PULL, encode_end(b.dim, version), MASTER)
     return b.finish(get_vector(b.model))
 
@@ -66,10 +71,8 @@ def _join(b, child: str, expected: dict[str, int], pulled: dict, version: int):
     (or a site back after it was lost) runs the rounds the slowest member has left, so the run
     ends about when it would have; a member whose local PS started again skips the round its
     old life was in (its push died with it: an asynchronous run goes on without that update)."""
-    if child in expected:
-        state_round = expected[child]
-    else:
-        state_round = min(expected.values()) - 1 if expected else b.g.rounds
+    # (the global PS's loop runs while some site is expected, so ``expected`` is not empty)
+    state_round = expected[child] if child in expected else min(expected.values()) - 1
     expected[child] = state_round + 1
     if expected[child] > b.g.rounds:
         del expected[child]

@@ -126,7 +126,7 @@ def master(ctx, scenario, work, name: str = MASTER):
     applier = Applier(b.model, g.lr_at, worker_optimizer_momentum(g), g.weights_down)
     pulls = b.inbox(GEO_PULL)
     # MixedSync: one pull per global update, every site's rounds in turn.
-    last = g.rounds * (len(worker_sites(scenario.network.sites, scenario.network.central)) if g.sync == "mixed" else 1)
+    last = mixed.nominal_updates(scenario) if g.sync == "mixed" else g.rounds
     for r in range(1, last + 1):
         got = yield from pulls.collect([b.root], r * g.k2 if g.sync == "hfa" else r, b.pull_deadline())
         if not got:
