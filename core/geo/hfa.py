@@ -107,14 +107,9 @@ def global_ps(b, children: list[str], pushes, every_child: list[str] | None = No
     for r in range(1, g.rounds + 1):
         sync = r * g.k2
         t0 = ctx.now()
-        got = yield from pushes.collect(children, sync, b.deadline())
-        if len(got) < len(children):
-            # a member whose JOIN came started again: not lost, it is let in anew below
-            if lost := [c for c in children if c not in got and c not in pushes.joins]:
-                b.gave_up(r, lost, going_on=bool(got), reason=pushes.loss_reason)
-            if not got:
-                return
-            children = [c for c in children if c in got]
+        got, children = yield from b.gather(pushes, children, r, sync)
+        if not got:
+            return
         total = np.zeros(b.dim, np.float32)
         for c in children:   # equal sites: the mean of the site averages is the mean over workers
             total += got[c][0].dense()

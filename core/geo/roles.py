@@ -105,6 +105,18 @@ class _Base:
             self.result.stop_reason = f"round {round_}: no payload from {', '.join(sorted(missing))} " \
                                       f"within {self.g.round_timeout_s:g} s"
 
+    def gather(self, pushes: Inbox, children: list[str], round_: int, sync: int):
+        """The global PS's round: the children's pushes numbered ``sync``, and the children still in
+        the run.  One that said JOIN started again: it is not lost but let in anew when the round
+        closes (core.geo.join); the others missing are reported, and the run goes on without them
+        if anyone answered."""
+        got = yield from pushes.collect(children, sync, self.deadline())
+        if len(got) < len(children):
+            if lost := [c for c in children if c not in got and c not in pushes.joins]:
+                self.gave_up(round_, lost, going_on=bool(got), reason=pushes.loss_reason)
+            children = [c for c in children if c in got]
+        return got, children
+
     def finish(self, weights: np.ndarray | None = None) -> GeoResult:
         r = self.result
         r.weights = weights
@@ -305,14 +317,9 @@ def root_ps(ctx, scenario, work, name: str):
     weight = {c: (g.workers_per_site if b.hips else 1) for c in every_child}   # workers behind each child
     for r in range(1, g.rounds + 1):
         t0 = ctx.now()
-        got = yield from pushes.collect(children, r, b.deadline())
-        if len(got) < len(children):
-            # a member whose JOIN came started again: not lost, it is let in anew below
-            if lost := [c for c in children if c not in got and c not in pushes.joins]:
-                b.gave_up(r, lost, going_on=bool(got), reason=pushes.loss_reason)
-            if not got:
-                break
-            children = [c for c in children if c in got]   # the run goes on without a lost site
+        got, children = yield from b.gather(pushes, children, r, r)
+        if not got:
+            break
         present = sum(weight[c] for c in children)
         t1 = ctx.now()
         if g.sparse:
