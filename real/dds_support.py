@@ -4,7 +4,9 @@
   transports of the process and deleted with the last;
 - ``dds_write`` through ctypes, which releases the GIL while CycloneDDS blocks
   on flow control (the stock ``DataWriter.write`` holds it);
-- ``wait_for_acks`` with its timeout read correctly (11.0.1 mis-reads it).
+- ``wait_for_acks`` with its timeout read correctly (11.0.1 mis-reads it);
+- the endpoints matched with a writer or a reader without 11.0.1's race (an
+  endpoint matched while it asks raises IndexError).
 
 ``tests/test_dds_wire.py`` guards these against a change of cyclonedds.
 """
@@ -15,6 +17,7 @@ import ctypes as ct
 import threading
 
 from cyclonedds.core import DDSException
+from cyclonedds.internal import dds_c_t
 from cyclonedds.domain import Domain
 from cyclonedds.pub import DataWriter
 from cyclonedds.util import duration
@@ -98,3 +101,22 @@ def _wait_for_acks(writer: DataWriter, seconds: float) -> bool:
     raise DDSException(ret, f"while waiting for acks from {writer!r}")
 
 
+def _matched_handles(entity) -> list[int]:
+    """The instance handles of the endpoints matched with ``entity``: a writer's readers, a reader's
+    writers.
+
+    cyclonedds-python 11.0.1 sizes its buffer by one call and indexes it by the count a second
+    call returns, so an endpoint matched in between (peers coming up) raises IndexError out of
+    ``get_matched_subscriptions``.  The C function returns how many are matched, which may be more
+    than the buffer holds: we grow the buffer and ask again.
+    """
+    get = entity._get_matched_subscriptions if isinstance(entity, DataWriter) else entity._get_matched_publications
+    size = 16
+    while True:
+        buf = (dds_c_t.instance_handle * size)()
+        ret = get(entity._ref, ct.cast(buf, ct.POINTER(dds_c_t.instance_handle)), size)
+        if ret < 0:
+            raise DDSException(ret, f"while listing the endpoints matched with {entity!r}")
+        if ret <= size:
+            return list(buf[:ret])
+        size = ret

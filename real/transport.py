@@ -116,8 +116,8 @@ from cyclonedds.util import duration
 from dtemu.real.config import config_xml
 from dtemu.core.runtime.requests import Buffers
 from dtemu.core.wire import topics as wire_topics
-from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, _release_domain, _SampleContainer, \
-    _wait_for_acks
+from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, _matched_handles, _release_domain, \
+    _SampleContainer, _wait_for_acks
 from dtemu.real import frame_auth, shm
 from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, REASSEMBLY_STATS, Message, Reassembler
 from dtemu.real.wire import Frame, Hello, WireError, decode_frame, encode_frame, encode_parts
@@ -768,10 +768,10 @@ class DdsTransport(Reassembler):
                 rd, wr = set(), set()
                 w = self._writers.get(t)
                 if w is not None:
-                    rd = self._endpoint_names(w.get_matched_subscriptions(), w.get_matched_subscription_data, names)
+                    rd = self._endpoint_names(_matched_handles(w), w.get_matched_subscription_data, names)
                 r = self._readers.get(t)
                 if r is not None:
-                    wr = self._endpoint_names(r.get_matched_publications(), r.get_matched_publication_data, names)
+                    wr = self._endpoint_names(_matched_handles(r), r.get_matched_publication_data, names)
                 out[t] = {"readers": sorted(rd), "writers": sorted(wr)}
         return out
 

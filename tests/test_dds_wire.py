@@ -190,6 +190,40 @@ def test_frame_through_cyclonedds_stock_reader_and_writer():
         _release_domain(domain)
 
 
+def test_matched_handles_lists_more_endpoints_than_its_first_buffer():
+    """_matched_handles (the transport's matching barrier) lists every endpoint matched with a writer
+    or a reader, here 20 readers (more than its first buffer of 16), as the stock call does when
+    nothing changes meanwhile; the stock call raises IndexError when a peer matches between its
+    two C calls, which this one cannot."""
+    from cyclonedds.core import Policy, Qos
+    from cyclonedds.domain import DomainParticipant
+    from cyclonedds.pub import DataWriter
+    from cyclonedds.sub import DataReader
+    from cyclonedds.topic import Topic
+    from cyclonedds.util import duration
+
+    from dtemu.real.config import config_xml
+    from dtemu.real.dds_support import _acquire_domain, _matched_handles, _release_domain
+
+    domain = 1 + (os.getpid() * 17 + 11) % 230
+    _acquire_domain(domain, config_xml("loopback"))
+    try:
+        dp = DomainParticipant(domain)
+        qos = Qos(Policy.Reliability.Reliable(duration(seconds=1)))
+        tp = Topic(dp, "test/matched", Frame)
+        w = DataWriter(dp, tp, qos=qos)
+        readers = [DataReader(dp, tp, qos=qos) for _ in range(20)]
+        deadline = time.monotonic() + 5
+        while len(_matched_handles(w)) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(_matched_handles(w)) == sorted(w.get_matched_subscriptions())
+        assert len(_matched_handles(w)) == 20
+        assert [len(_matched_handles(r)) for r in readers] == [1] * 20
+        dp.__del__()
+    finally:
+        _release_domain(domain)
+
+
 def test_encode_parts_is_encode_frame_and_its_prefix_cache_is_bounded(monkeypatch):
     """The transport's send path (encode_parts, a cached prefix per (src, dst, topic)) writes the
     same bytes as encode_frame; made-up names cannot grow the cache without end."""
