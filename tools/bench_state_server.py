@@ -181,8 +181,15 @@ def clients(ranks: list[int], domain: int, queries: int, think_s: float, shared:
             if pending[0] == 0:
                 print("ready", flush=True)
 
-    threads = [threading.Thread(target=query_loop, args=(f"worker{r - 1}", r, domain, queries, think_s, shared,
-                                                         ready, go, out), daemon=True) for r in ranks]
+    def run(r: int) -> None:
+        try:
+            query_loop(f"worker{r - 1}", r, domain, queries, think_s, shared, ready, go, out)
+        except BaseException:
+            # a worker that cannot start or finish fails the benchmark instead of leaving it waiting
+            print("failed", flush=True)
+            os._exit(1)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in ranks]
     for th in threads:
         th.start()
     sys.stdin.readline()
@@ -194,8 +201,14 @@ def clients(ranks: list[int], domain: int, queries: int, think_s: float, shared:
     print(json.dumps(out), flush=True)
 
 
-def _spawn(args: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tools.bench_state_server", *args], text=True, **kw)
+def _spawn(args: list[str], cpus: set[int] | None = None, **kw) -> subprocess.Popen:
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    return subprocess.Popen([sys.executable, "-m", "tools.bench_state_server", *args], text=True, preexec_fn=pin,
+                            **kw)
+
+
+def _cpus(text: str | None) -> set[int] | None:
+    return {int(c) for c in text.split(",")} if text else None
 
 
 def main() -> int:
@@ -208,6 +221,8 @@ def main() -> int:
     p.add_argument("--shared-replies", action="store_true",
                    help="answers on the topic every worker reads (as before; to compare)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--ss-cpus", default=None, help="the state server's cores, e.g. 1 (default: all)")
+    p.add_argument("--worker-cpus", default=None, help="the workers' cores, e.g. 0 (default: all)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--clients", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -228,11 +243,11 @@ def main() -> int:
               "--think-ms", str(args.think_ms)] + (["--shared-replies"] if args.shared_replies else [])
     children: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
-        server = _spawn(["--serve", *common, "--out", tmp], stdout=subprocess.PIPE)
+        server = _spawn(["--serve", *common, "--out", tmp], _cpus(args.ss_cpus), stdout=subprocess.PIPE)
         children.append(server)
         try:
-            workers = [_spawn(["--clients", ",".join(map(str, g)), *common], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE) for g in groups]
+            workers = [_spawn(["--clients", ",".join(map(str, g)), *common], _cpus(args.worker_cpus),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) for g in groups]
             children += workers
             for w in workers:  # every worker matched with the state server, then all start at once
                 if w.stdout.readline().strip() != "ready":
