@@ -137,8 +137,10 @@ PS_ROUND = _kind("ps_round", "version updates expected quorum timed_out aggregat
                  "selected iterations not_finite",
                  doc="a synchronous round closed (iterations: each worker's local iterations; not_finite: "
                      "the workers whose update was not finite)")
-PS_WORKER_ROUND = _kind("ps_worker_round", "round iterations samples compute_s c m",
-                        doc="a worker pushed its update: local iterations, c_k and m_k as it measured them")
+PS_WORKER_ROUND = _kind("ps_worker_round", "round iterations samples compute_s c m", "blocked_s",
+                        doc="a worker pushed its update: local iterations, its compute so far (compute_s), c_k "
+                            "and m_k as it measured them, and the blocking time counted since its previous "
+                            "push (blocked_s: the wait for this round's model, less its transfer)")
 SS_END = _kind("ss_end", "queries answers rejected", doc="the state server stopped: queries answered, refusals")
 
 BASE_FIELDS = frozenset({"t", "node", "kind"})

@@ -9,7 +9,8 @@ accuracy per codec); everything named ``ddp_*`` / ``plot_ddp_*`` is the
 data-parallel comparison of the dense baseline with DGC (bytes per step,
 accuracy, communication time per window, ``ddp.md``); ``geo_*`` is training
 across data centres (WAN bytes per node and round, time to accuracy, accuracy over
-time, ``geo.md``).  Each mode has an entry in ``REPORTS``.
+time, ``geo.md``); ``ps_*`` is ESync and its baselines (time to accuracy, accuracy and loss over
+time, each worker's local iterations and blocking, ``ps.md``).  Each mode has an entry in ``REPORTS``.
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas, never
 through pyplot, so importing this module changes no global backend.
@@ -30,6 +31,7 @@ from dtemu.report.ddp import write_ddp_report
 from dtemu.report.fl import *  # noqa: F401,F403
 from dtemu.report.fl import write_fl_report
 from dtemu.report.geo import write_geo_report
+from dtemu.report.ps import write_ps_report
 from dtemu.report.runs import *  # noqa: F401,F403
 from dtemu.report.runs import ReportError, Run, load_run
 
@@ -40,6 +42,7 @@ REPORTS: dict[str, Callable[[list[Run], Path], tuple[list[Path], str]]] = {
     "fl": write_fl_report,
     "ddp": write_ddp_report,
     "geo": write_geo_report,
+    "ps": write_ps_report,
 }
 
 

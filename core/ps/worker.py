@@ -73,6 +73,7 @@ class _Worker:
         self.out = WorkerResult()
         self.c = 0.0
         self.m = 0.0
+        self.blocked_since_push = 0.0   # for the next ps_worker_round event
 
     def take(self, msg) -> None:
         """Keep the newest model (or Stop) from one message of the server."""
@@ -151,7 +152,9 @@ def ps_worker(ctx, scenario, work, rank: int):
             last_push = None
             continue
         if last_push is not None:
-            w.out.blocking_s += max(0.0, ctx.now() - waited_from - w.m)
+            blocked = max(0.0, ctx.now() - waited_from - w.m)
+            w.out.blocking_s += blocked
+            w.blocked_since_push += blocked
         last_push = None
         version = model.version
         if model.selected and rank not in model.selected:
@@ -207,6 +210,8 @@ def ps_worker(ctx, scenario, work, rank: int):
         w.out.per_round.append(i)
         w.out.samples += samples
         ctx.emit(ev.PS_WORKER_ROUND, round=version, iterations=i, samples=samples,
-                 compute_s=round(w.out.compute_s, 9), c=round(w.c, 9), m=round(w.m, 9))
+                 compute_s=round(w.out.compute_s, 9), c=round(w.c, 9), m=round(w.m, 9),
+                 blocked_s=round(w.blocked_since_push, 9))
+        w.blocked_since_push = 0.0
     ctx.emit(ev.CLIENT_STOP, round=version, reason="stop", rejected=dict(w.out.rejected))
     return w.out
