@@ -49,6 +49,15 @@ def test_fixed_iterations_give_the_same_model_in_emu_and_real(tmp_path):
     assert real["final_accuracy"] == emu["final_accuracy"]
     assert set(real["blocking_time_s"]) == {"worker1", "worker2"}
     assert real["real"]["exit_codes"] == {str(r): 0 for r in range(4)}
+    # one report reads both folders alike; real's per-round blocking adds up to its summary's
+    from dtemu.report.ps import ps_table, ps_worker_rounds
+    from dtemu.report.runs import load_run
+
+    rows = ps_table([load_run(out), load_run(tmp_path / "emu")])
+    assert [r["label"] for r in rows] == ["esync (real)", "esync (emu)"]
+    assert rows[0]["versions"] == rows[1]["versions"] == 3 and rows[0]["final_accuracy"] == rows[1]["final_accuracy"]
+    for worker, evs in ps_worker_rounds(load_run(out)).items():
+        assert sum(e["blocked_s"] for e in evs) == pytest.approx(real["blocking_time_s"][worker], abs=1e-6)
 
 
 @pytest.mark.slow
