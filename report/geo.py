@@ -19,7 +19,8 @@ from matplotlib.figure import Figure
 
 from dtemu.core import events as kinds
 from dtemu.core.geo.spec import MASTER
-from dtemu.report.runs import Run, _bar_panel, _flat, differing_keys, _colors, _fmt, _line_styles, _write_report, human_bytes, mark_missing
+from dtemu.report.runs import Run, _flat, differing_keys, _colors, _fmt, _line_styles, _write_report, human_bytes, \
+    mark_missing, plot_time_to_accuracy, time_to_accuracy, tta_text
 
 
 def geo_spec(run: Run) -> dict:
@@ -75,14 +76,7 @@ def geo_accuracy_curve(run: Run) -> list[tuple[float, int | None, float]]:
 
 def geo_time_to_accuracy(run: Run) -> dict[str, float | None]:
     """The summary's map, else (unfinished run) the first evaluation at or above each target."""
-    if run.summary.get("time_to_accuracy"):
-        return dict(run.summary["time_to_accuracy"])
-    curve = geo_accuracy_curve(run)
-    out = {}
-    for target in run.scenario.get("targets") or []:
-        hit = [t for t, _, a in curve if a >= target]
-        out[str(target)] = hit[0] if hit else None
-    return out
+    return time_to_accuracy(run, [(t, a) for t, _, a in geo_accuracy_curve(run)])
 
 
 def geo_wan_curve(run: Run) -> list[tuple[int, float, float]]:
@@ -152,10 +146,6 @@ def geo_table(runs: list[Run]) -> list[dict]:
     return rows
 
 
-def _tta_text(tta: dict) -> str:
-    return ", ".join(f"{k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in tta.items()) or "n/a"
-
-
 def geo_markdown(rows: list[dict]) -> str:
     header = ("| run | runtime | WAN Mbit/s | rounds | final accuracy | time to accuracy (s) | s per round "
               "| WAN up / down per node and round | vs dense fp32 | WAN bytes in all | models agree | lost "
@@ -165,7 +155,7 @@ def geo_markdown(rows: list[dict]) -> str:
         ratio = "n/a" if row["up_ratio"] is None else f"{row['up_ratio']:.4f} / {row['down_ratio']:.4f}"
         lines.append("| " + " | ".join([
             row["label"], row["runtime"], row["wan_mbps"], _fmt(row["rounds"], "d"),
-            _fmt(row["final_accuracy"], ".4f"), _tta_text(row["time_to_accuracy"]), _fmt(row["s_per_round"], ".3f"),
+            _fmt(row["final_accuracy"], ".4f"), tta_text(row["time_to_accuracy"]), _fmt(row["s_per_round"], ".3f"),
             f"{human_bytes(row['wan_up'])} / {human_bytes(row['wan_down'])}", ratio, human_bytes(row["wan_bytes"]),
             {True: "yes", False: "no", None: "n/a"}[row["models_agree"]], ", ".join(row["lost"]) or "–",
             "n/a" if row["time_s"] is None else f"{row['time_s']:.2f} ({row['clock']})",
@@ -253,16 +243,7 @@ def plot_geo_wan(runs: list[Run]) -> Figure:
 
 
 def plot_geo_time_to_accuracy(runs: list[Run]) -> Figure:
-    labels, colors = geo_labels(runs), _colors(len(runs))
-    targets = list(dict.fromkeys(k for r in runs for k in geo_time_to_accuracy(r)))
-    fig = Figure(figsize=(4 + 3 * max(len(targets), 1), 4.5), layout="constrained")
-    axes = fig.subplots(1, max(len(targets), 1), squeeze=False)[0]
-    for ax, target in zip(axes, targets or [None]):
-        values = [geo_time_to_accuracy(r).get(target) if target else None for r in runs]
-        _bar_panel(ax, labels, values, colors, f"time to accuracy {target}" if target else "no targets",
-                   "time (s)", lambda v: "n/a" if v is None else f"{v:.1f}")
-    fig.suptitle("time to each target accuracy (n/a: not reached)")
-    return fig
+    return plot_time_to_accuracy(runs, geo_labels(runs), geo_time_to_accuracy, ".1f")
 
 
 GEO_FIGURES: dict[str, Callable[[list[Run]], Figure]] = {

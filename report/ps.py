@@ -18,8 +18,8 @@ from typing import Callable
 from matplotlib.figure import Figure
 
 from dtemu.core import events as kinds
-from dtemu.report.runs import Run, _bar_panel, _colors, _flat, _fmt, _line_styles, _log_if_wide, _mean, \
-    _write_report, differing_keys, human_bytes
+from dtemu.report.runs import Run, _colors, _flat, _fmt, _line_styles, _log_if_wide, _mean, _write_report, \
+    differing_keys, human_bytes, plot_time_to_accuracy, time_to_accuracy, tta_text
 
 PS_NODE = "ps"
 # What tells runs of one algorithm apart, when it is the only difference shown.
@@ -81,14 +81,7 @@ def ps_curve(run: Run) -> list[tuple[float, int | None, float, float | None]]:
 
 def ps_time_to_accuracy(run: Run) -> dict[str, float | None]:
     """The summary's map, else (unfinished run) the first evaluation at or above each target."""
-    if run.summary.get("time_to_accuracy"):
-        return dict(run.summary["time_to_accuracy"])
-    curve = ps_curve(run)
-    out = {}
-    for target in run.scenario.get("targets") or []:
-        hit = [t for t, _, a, _ in curve if a >= target]
-        out[str(target)] = hit[0] if hit else None
-    return out
+    return time_to_accuracy(run, [(t, a) for t, _, a, _ in ps_curve(run)])
 
 
 def ps_worker_rounds(run: Run) -> dict[str, list[dict]]:
@@ -151,10 +144,6 @@ def ps_table(runs: list[Run]) -> list[dict]:
     return rows
 
 
-def _tta_text(tta: dict) -> str:
-    return ", ".join(f"{k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in tta.items()) or "n/a"
-
-
 def ps_markdown(rows: list[dict]) -> str:
     header = ("| run | runtime | versions | final accuracy | final test loss | time to accuracy (s) "
               "| local iterations a round (min-max over workers) | blocking per worker (mean, s) | samples/s "
@@ -165,7 +154,7 @@ def ps_markdown(rows: list[dict]) -> str:
         iterations = "n/a" if lo is None else (f"{lo:.1f}" if lo == hi else f"{lo:.1f}-{hi:.1f}")
         lines.append("| " + " | ".join([
             row["label"], row["runtime"], _fmt(row["versions"], "d"), _fmt(row["final_accuracy"], ".4f"),
-            _fmt(row["final_loss"], ".4f"), _tta_text(row["time_to_accuracy"]), iterations,
+            _fmt(row["final_loss"], ".4f"), tta_text(row["time_to_accuracy"]), iterations,
             _fmt(row["blocking_mean"], ".3f"), _fmt(row["samples_per_s"], ",.0f"), human_bytes(row["bytes_per_worker"]),
             row["stop_reason"] or "n/a", "n/a" if row["time_s"] is None else f"{row['time_s']:.2f} ({row['clock']})",
         ]) + " |")
@@ -227,16 +216,7 @@ def plot_ps_accuracy(runs: list[Run]) -> Figure:
 
 
 def plot_ps_time_to_accuracy(runs: list[Run]) -> Figure:
-    labels, colors = ps_labels(runs), _colors(len(runs))
-    targets = list(dict.fromkeys(k for r in runs for k in ps_time_to_accuracy(r)))
-    fig = Figure(figsize=(4 + 3 * max(len(targets), 1), 4.5), layout="constrained")
-    axes = fig.subplots(1, max(len(targets), 1), squeeze=False)[0]
-    for ax, target in zip(axes, targets or [None]):
-        values = [ps_time_to_accuracy(r).get(target) if target else None for r in runs]
-        _bar_panel(ax, labels, values, colors, f"time to accuracy {target}" if target else "no targets",
-                   "time (s)", lambda v: "n/a" if v is None else f"{v:.2f}")
-    fig.suptitle("time to each target accuracy (n/a: not reached)")
-    return fig
+    return plot_time_to_accuracy(runs, ps_labels(runs), ps_time_to_accuracy, ".2f")
 
 
 def plot_ps_workers(runs: list[Run]) -> Figure:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
+from typing import Callable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -234,3 +235,34 @@ def _log_if_wide(ax, values) -> None:
     present = [v for v in values if v and v > 0]
     if present and max(present) / min(present) > 20:
         ax.set_yscale("log")
+
+
+def time_to_accuracy(run: Run, curve: list[tuple[float, float]]) -> dict[str, float | None]:
+    """The summary's ``time_to_accuracy``, else (a run cut short) the first of ``curve``'s
+    (time, accuracy) evaluations at or above each of the scenario's targets."""
+    if run.summary.get("time_to_accuracy"):
+        return dict(run.summary["time_to_accuracy"])
+    out = {}
+    for target in run.scenario.get("targets") or []:
+        hit = [t for t, a in curve if a >= target]
+        out[str(target)] = hit[0] if hit else None
+    return out
+
+
+def tta_text(tta: dict) -> str:
+    return ", ".join(f"{k}: {'n/a' if v is None else f'{v:.2f}'}" for k, v in tta.items()) or "n/a"
+
+
+def plot_time_to_accuracy(runs: list[Run], labels: list[str], tta: Callable[[Run], dict], fmt: str) -> Figure:
+    """One bar panel per target accuracy: each run's time to it (n/a: not reached)."""
+    colors = _colors(len(runs))
+    maps = [tta(r) for r in runs]
+    targets = list(dict.fromkeys(k for m in maps for k in m))
+    fig = Figure(figsize=(4 + 3 * max(len(targets), 1), 4.5), layout="constrained")
+    axes = fig.subplots(1, max(len(targets), 1), squeeze=False)[0]
+    for ax, target in zip(axes, targets or [None]):
+        values = [m.get(target) if target else None for m in maps]
+        _bar_panel(ax, labels, values, colors, f"time to accuracy {target}" if target else "no targets",
+                   "time (s)", lambda v: "n/a" if v is None else format(v, fmt))
+    fig.suptitle("time to each target accuracy (n/a: not reached)")
+    return fig
