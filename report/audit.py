@@ -1,4 +1,5 @@
 """Audit an FL run folder (emu or real): what faults it met and whether anything was lost.
+(A ps run is audited by ``report.audit_ps``; ddp and geo runs are not audited yet, and say so.)
 
     emu audit RUN [--json]
 
@@ -26,6 +27,22 @@ from pathlib import Path
 
 from dtemu.core import events as ev
 from dtemu.host.rundir import read_events_partial, read_summary
+from dtemu.report.audit_ps import audit_ps
+
+AUDITED = ("fl", "ps")
+
+
+class NotAudited(Exception):
+    """A run folder of a mode the audit has no checks for."""
+
+
+def _mode(folder: Path, summary: dict) -> str:
+    if summary.get("mode"):
+        return summary["mode"]
+    for path in (folder / "scenario.json", folder / "rank0" / "scenario.json"):
+        if path.exists():
+            return json.loads(path.read_text()).get("mode") or "fl"
+    return "fl"
 
 
 def audit(folder: str | Path) -> dict:
@@ -44,6 +61,11 @@ def audit(folder: str | Path) -> dict:
             faults["dropout"] += 1
         elif e["kind"] == ev.NODE_DOWN and e["node"] != "controller":
             faults["node_down"] += 1
+    mode = _mode(folder, summary)
+    if mode == "ps":
+        return audit_ps(folder, events, summary, finished, torn, faults)
+    if mode not in AUDITED:
+        raise NotAudited(f"{folder} is a {mode} run: emu audit checks {' and '.join(AUDITED)} runs")
     ctrl = [e for e in events if e["node"] == "controller"]
     problems: list[str] = []
 
@@ -138,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         result = audit(args.run)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, NotAudited) as err:
         print(f"audit: {err}", file=sys.stderr)
         return 2
     if args.json:
