@@ -1,5 +1,6 @@
 """Audit an FL run folder (emu or real): what faults it met and whether anything was lost.
-(A ps run is audited by ``report.audit_ps``; ddp and geo runs are not audited yet, and say so.)
+(ps and geo runs are audited by ``report.audit_ps`` and ``report.audit_geo``; ddp runs are not
+audited yet, and say so.)
 
     emu audit RUN [--json]
 
@@ -27,9 +28,10 @@ from pathlib import Path
 
 from dtemu.core import events as ev
 from dtemu.host.rundir import read_events_partial, read_summary
+from dtemu.report.audit_geo import audit_geo
 from dtemu.report.audit_ps import audit_ps
 
-AUDITED = ("fl", "ps")
+AUDITED = ("fl", "ps", "geo")
 
 
 class NotAudited(Exception):
@@ -64,8 +66,10 @@ def audit(folder: str | Path) -> dict:
     mode = _mode(folder, summary)
     if mode == "ps":
         return audit_ps(folder, events, summary, finished, torn, faults)
+    if mode == "geo":
+        return audit_geo(folder, events, summary, finished, torn, faults)
     if mode not in AUDITED:
-        raise NotAudited(f"{folder} is a {mode} run: emu audit checks {' and '.join(AUDITED)} runs")
+        raise NotAudited(f"{folder} is a {mode} run: emu audit checks {', '.join(AUDITED)} runs")
     ctrl = [e for e in events if e["node"] == "controller"]
     problems: list[str] = []
 
@@ -129,6 +133,7 @@ def audit(folder: str | Path) -> dict:
     frames = Counter(e.get("reason") for e in events if e["kind"] == ev.FRAME_REJECTED)
     return {
         "run": str(folder),
+        "mode": "fl",
         "finished": finished,  # False: killed or still going (no summary.json); checked as far as it got
         "runtime": summary.get("runtime"),
         "rounds": summary.get("rounds"),
