@@ -1,6 +1,6 @@
 """Audit an FL run folder (emu or real): what faults it met and whether anything was lost.
-(ps and geo runs are audited by ``report.audit_ps`` and ``report.audit_geo``; ddp runs are not
-audited yet, and say so.)
+(ps, geo and ddp runs are audited by ``report.audit_ps``, ``report.audit_geo`` and
+``report.audit_ddp``; a mode without checks is refused in one line.)
 
     emu audit RUN [--json]
 
@@ -28,10 +28,11 @@ from pathlib import Path
 
 from dtemu.core import events as ev
 from dtemu.host.rundir import read_events_partial, read_summary
+from dtemu.report.audit_ddp import audit_ddp
 from dtemu.report.audit_geo import audit_geo
 from dtemu.report.audit_ps import audit_ps
 
-AUDITED = ("fl", "ps", "geo")
+AUDITED = ("fl", "ps", "geo", "ddp")
 
 
 class NotAudited(Exception):
@@ -68,6 +69,8 @@ def audit(folder: str | Path) -> dict:
         return audit_ps(folder, events, summary, finished, torn, faults)
     if mode == "geo":
         return audit_geo(folder, events, summary, finished, torn, faults)
+    if mode == "ddp":
+        return audit_ddp(folder, events, summary, finished, torn, faults)
     if mode not in AUDITED:
         raise NotAudited(f"{folder} is a {mode} run: emu audit checks {', '.join(AUDITED)} runs")
     ctrl = [e for e in events if e["node"] == "controller"]

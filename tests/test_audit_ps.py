@@ -1,6 +1,6 @@
 """emu audit on ps runs (issue 10): a run whose parameter server died and resumed from its
 checkpoint audits clean; an update counted twice or a version never made is found; a mode the audit
-has no checks for (ddp) is refused in one line, not audited as FL (which found false losses)."""
+has no checks for is refused in one line, not audited as FL (which found false losses in ps runs)."""
 
 from __future__ import annotations
 
@@ -57,10 +57,10 @@ def test_a_version_never_made_is_found(restarted, tmp_path):
     assert any("made versions" in p for p in result["problems"]), result["problems"]
 
 
-def test_a_ddp_run_is_refused_not_misread(tmp_path, capsys):
-    (tmp_path / "summary.json").write_text(json.dumps({"mode": "ddp", "runtime": "emu"}))
+def test_a_mode_without_checks_is_refused_not_misread(tmp_path, capsys):
+    (tmp_path / "summary.json").write_text(json.dumps({"mode": "newmode", "runtime": "emu"}))
     (tmp_path / "events.jsonl").write_text(json.dumps({"t": 0, "node": "worker0", "kind": "node_up"}) + "\n")
     with pytest.raises(NotAudited):
         audit(tmp_path)
     assert audit_cli.main([str(tmp_path)]) == 2
-    assert "is a ddp run: emu audit checks fl, ps, geo runs" in capsys.readouterr().err
+    assert "is a newmode run: emu audit checks fl, ps, geo, ddp runs" in capsys.readouterr().err
