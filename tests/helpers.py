@@ -113,3 +113,14 @@ class Ranks:
     def close(self) -> None:
         for name in self.procs:
             self.kill(name)
+
+
+def copy_run(folder: Path, to: Path, edit_events=lambda lines: lines, edit_summary=lambda s: s) -> Path:
+    """A copy of run folder ``folder`` at ``to``, its event lines and summary edited (an audit's
+    tests: what it must find)."""
+    to.mkdir()
+    (to / "scenario.json").write_text((folder / "scenario.json").read_text())
+    (to / "summary.json").write_text(json.dumps(edit_summary(json.loads((folder / "summary.json").read_text()))))
+    lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
+    (to / "events.jsonl").write_text("".join(edit_events(lines)))
+    return to

@@ -5,10 +5,9 @@ found."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
-from helpers import needs_mnist
+from helpers import copy_run, needs_mnist
 from test_ddp_faults import run, scenario
 
 from dtemu.report.audit import audit
@@ -36,26 +35,17 @@ def test_lost_workers_audit_clean(runs, name):
     assert result["lost_ranks"] == summary["lost_ranks"] == [2] and result["steps"] == summary["steps"]
 
 
-def _copy(folder, to, edit_events=lambda lines: lines, edit_summary=lambda s: s):
-    to.mkdir()
-    (to / "scenario.json").write_text((folder / "scenario.json").read_text())
-    (to / "summary.json").write_text(json.dumps(edit_summary(json.loads((folder / "summary.json").read_text()))))
-    lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
-    (to / "events.jsonl").write_text("".join(edit_events(lines)))
-    return to
-
-
 def test_a_missing_step_is_found(runs, tmp_path):
     _, folder = runs["apart"]
     def drop(lines):
         steps = [k for k, line in enumerate(lines) if '"kind":"step"' in line and '"node":"worker0"' in line]
         return [line for k, line in enumerate(lines) if k != steps[3]]
-    result = audit(_copy(folder, tmp_path / "drop", drop))
+    result = audit(copy_run(folder, tmp_path / "drop", drop))
     assert any("worker0 (life 1) stepped" in p for p in result["problems"]), result["problems"]
     assert any("worker0 counts" in p for p in result["problems"])
 
 
 def test_a_summary_that_disagrees_with_the_events_is_found(runs, tmp_path):
     _, folder = runs["apart"]
-    result = audit(_copy(folder, tmp_path / "s", edit_summary=lambda s: {**s, "lost_ranks": [], "model_sha256": "0" * 64}))
+    result = audit(copy_run(folder, tmp_path / "s", edit_summary=lambda s: {**s, "lost_ranks": [], "model_sha256": "0" * 64}))
     assert result["lost_data"] == 2, result["problems"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import copy_run
 from test_geo import StandIn, geo_scenario
 
 from dtemu.emu.run import run_emulation
@@ -42,26 +43,17 @@ def test_every_mode_audits_clean(runs, name):
     assert audit_cli.main([str(folder)]) == 0
 
 
-def _copy(folder, to, edit_events=lambda lines: lines, edit_summary=lambda s: s):
-    to.mkdir()
-    (to / "scenario.json").write_text((folder / "scenario.json").read_text())
-    (to / "summary.json").write_text(json.dumps(edit_summary(json.loads((folder / "summary.json").read_text()))))
-    lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
-    (to / "events.jsonl").write_text("".join(edit_events(lines)))
-    return to
-
-
 def test_a_round_the_root_never_closed_is_found(runs, tmp_path):
     _, folder = runs["fsa"]
     def gap(lines):
         closes = [k for k, line in enumerate(lines) if '"geo_round"' in line and '"global-ps"' in line]
         return [line for k, line in enumerate(lines) if k != closes[4]]
-    result = audit(_copy(folder, tmp_path / "gap", gap))
+    result = audit(copy_run(folder, tmp_path / "gap", gap))
     assert any("global-ps (life 1) closed rounds" in p for p in result["problems"]), result["problems"]
 
 
 def test_a_summary_that_disagrees_with_the_events_is_found(runs, tmp_path):
     _, folder = runs["lost_site"]
-    result = audit(_copy(folder, tmp_path / "s", edit_summary=lambda s: {**s, "lost": [], "model_sha256": "0" * 64}))
+    result = audit(copy_run(folder, tmp_path / "s", edit_summary=lambda s: {**s, "lost": [], "model_sha256": "0" * 64}))
     assert len(result["problems"]) == 2 and result["lost_data"] == 2
     assert audit_cli.main([str(tmp_path / "s")]) == 1

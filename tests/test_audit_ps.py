@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import copy_run
 from test_ps import run, scenario, with_offline
 
 from dtemu.report import audit as audit_cli
@@ -19,15 +20,6 @@ def restarted(tmp_path_factory):
     s = with_offline(scenario(algorithm="esync", rounds=6, round_timeout_s=1.0, query_timeout_s=0.05), "ps", 0.07, 0.2)
     summary, _ = run(root, s)
     return summary, root / "run"
-
-
-def _copy(folder, to, edit):
-    to.mkdir()
-    for name in ("summary.json", "scenario.json"):
-        (to / name).write_text((folder / name).read_text())
-    lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
-    (to / "events.jsonl").write_text("".join(edit(lines)))
-    return to
 
 
 def test_a_run_whose_server_resumed_audits_clean(restarted):
@@ -44,7 +36,7 @@ def test_an_update_counted_twice_is_found(restarted, tmp_path):
     def twice(lines):
         i = max(k for k, line in enumerate(lines) if '"kind":"ps_update"' in line.replace(" ", ""))
         return lines[:i + 1] + [lines[i]] + lines[i + 1:]
-    result = audit(_copy(folder, tmp_path / "twice", twice))
+    result = audit(copy_run(folder, tmp_path / "twice", twice))
     assert result["lost_data"] >= 1 and any("summary counts" in p for p in result["problems"])
 
 
@@ -53,7 +45,7 @@ def test_a_version_never_made_is_found(restarted, tmp_path):
     def gap(lines):
         rounds = [k for k, line in enumerate(lines) if '"kind":"ps_round"' in line.replace(" ", "")]
         return [line for k, line in enumerate(lines) if k != rounds[-2]]
-    result = audit(_copy(folder, tmp_path / "gap", gap))
+    result = audit(copy_run(folder, tmp_path / "gap", gap))
     assert any("made versions" in p for p in result["problems"]), result["problems"]
 
 
