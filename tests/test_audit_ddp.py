@@ -5,7 +5,6 @@ found."""
 
 from __future__ import annotations
 
-
 import pytest
 from helpers import copy_run, needs_mnist
 from test_ddp_faults import run, scenario
