@@ -116,11 +116,12 @@ class Ranks:
 
 
 def copy_run(folder: Path, to: Path, edit_events=lambda lines: lines, edit_summary=lambda s: s) -> Path:
-    """A copy of run folder ``folder`` at ``to``, its event lines and summary edited (an audit's
-    tests: what it must find)."""
+    """A copy of run folder ``folder`` at ``to``, its event lines and summary edited (what an audit
+    must find); ``edit_summary=None``: no summary, as a run killed before its end leaves it."""
     to.mkdir()
     (to / "scenario.json").write_text((folder / "scenario.json").read_text())
-    (to / "summary.json").write_text(json.dumps(edit_summary(json.loads((folder / "summary.json").read_text()))))
+    if edit_summary is not None:
+        (to / "summary.json").write_text(json.dumps(edit_summary(json.loads((folder / "summary.json").read_text()))))
     lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
     (to / "events.jsonl").write_text("".join(edit_events(lines)))
     return to

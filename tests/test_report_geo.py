@@ -5,6 +5,7 @@ is reported as far as it got."""
 from __future__ import annotations
 
 import pytest
+from helpers import copy_run
 from test_geo import StandIn, geo_scenario
 
 from dtemu.emu.run import run_emulation
@@ -67,12 +68,7 @@ def test_emu_report_writes_the_geo_page(runs, tmp_path, capsys):
 
 def test_a_run_cut_short_is_reported_from_its_events(runs, tmp_path):
     summary, folder = runs["hips"]
-    cut = tmp_path / "cut"
-    cut.mkdir()
-    lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
-    (cut / "events.jsonl").write_text("".join(lines[: len(lines) * 2 // 3]))
-    (cut / "scenario.json").write_text((folder / "scenario.json").read_text())
-    run = load_run(cut)
+    run = load_run(copy_run(folder, tmp_path / "cut", lambda lines: lines[: len(lines) * 2 // 3], None))
     assert not run.finished
     curve = geo_accuracy_curve(run)
     assert curve and curve == geo_accuracy_curve(load_run(folder))[:len(curve)]

@@ -6,6 +6,7 @@ events as far as it got."""
 from __future__ import annotations
 
 import pytest
+from helpers import copy_run
 from test_ps import DATA, scenario
 
 from dtemu.core.ml.workload import Workload
@@ -73,12 +74,7 @@ def test_labels_say_what_tells_the_runs_apart(runs, tmp_path):
 
 def test_a_run_cut_short_is_reported_from_its_events(runs, tmp_path):
     summary, folder = runs["esync"]
-    cut = tmp_path / "cut"
-    cut.mkdir()
-    lines = (folder / "events.jsonl").read_text().splitlines(keepends=True)
-    (cut / "events.jsonl").write_text("".join(lines[: len(lines) * 2 // 3]))
-    (cut / "scenario.json").write_text((folder / "scenario.json").read_text())
-    run = load_run(cut)
+    run = load_run(copy_run(folder, tmp_path / "cut", lambda lines: lines[: len(lines) * 2 // 3], None))
     assert not run.finished
     curve = ps_curve(run)
     assert curve and curve == ps_curve(load_run(folder))[:len(curve)]
