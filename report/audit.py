@@ -28,11 +28,13 @@ from pathlib import Path
 
 from dtemu.core import events as ev
 from dtemu.host.rundir import read_events_partial, read_summary
-from dtemu.report.audit_ddp import audit_ddp
-from dtemu.report.audit_geo import audit_geo
-from dtemu.report.audit_ps import audit_ps
+from dtemu.report.audit_ddp import check_ddp
+from dtemu.report.audit_geo import check_geo
+from dtemu.report.audit_ps import check_ps
 
-AUDITED = ("fl", "ps", "geo", "ddp")
+# The other modes' checks: (events, summary, finished) -> (their fields, the problems found).
+CHECKS = {"ps": check_ps, "geo": check_geo, "ddp": check_ddp}
+AUDITED = ("fl", *CHECKS)
 
 
 class NotAudited(Exception):
@@ -65,12 +67,12 @@ def audit(folder: str | Path) -> dict:
         elif e["kind"] == ev.NODE_DOWN and e["node"] != "controller":
             faults["node_down"] += 1
     mode = _mode(folder, summary)
-    if mode == "ps":
-        return audit_ps(folder, events, summary, finished, torn, faults)
-    if mode == "geo":
-        return audit_geo(folder, events, summary, finished, torn, faults)
-    if mode == "ddp":
-        return audit_ddp(folder, events, summary, finished, torn, faults)
+    if mode in CHECKS:
+        fields, problems = CHECKS[mode](events, summary, finished)
+        return {"run": str(folder), "mode": mode, "finished": finished, "runtime": summary.get("runtime"),
+                **fields, "faults": dict(sorted(faults.items())), "frames_rejected": _frames(events),
+                "torn_event_lines": torn, "lost_data": len(problems), "problems": problems[:20],
+                "final_accuracy": summary.get("final_accuracy")}
     if mode not in AUDITED:
         raise NotAudited(f"{folder} is a {mode} run: emu audit checks {', '.join(AUDITED)} runs")
     ctrl = [e for e in events if e["node"] == "controller"]
@@ -133,7 +135,6 @@ def audit(folder: str | Path) -> dict:
         problems.append(f"summary counts {summary['updates']} but the events say {dict(counts)}")
     if finished and last_sha is not None and summary.get("model_sha256") != last_sha:
         problems.append("the final model is not the last aggregated one")
-    frames = Counter(e.get("reason") for e in events if e["kind"] == ev.FRAME_REJECTED)
     return {
         "run": str(folder),
         "mode": "fl",
@@ -144,7 +145,7 @@ def audit(folder: str | Path) -> dict:
         "faults": dict(sorted(faults.items())),
         "updates": dict(sorted(counts.items())),
         "redone": dict(sorted(redone.items())),  # tallied in rounds a crash undid (done again)
-        "frames_rejected": dict(sorted(frames.items())),
+        "frames_rejected": _frames(events),
         "controller_lives": life,
         "torn_event_lines": torn,
         "refusals_only_counted": suppressed,
@@ -152,6 +153,12 @@ def audit(folder: str | Path) -> dict:
         "problems": problems[:20],
         "final_accuracy": summary.get("final_accuracy"),
     }
+
+
+def _frames(events: list[dict]) -> dict:
+    """Transport frames refused, by reason (the collectives' carry only their error)."""
+    frames = Counter(e.get("reason") or e.get("error", "")[:40] for e in events if e["kind"] == ev.FRAME_REJECTED)
+    return dict(sorted(frames.items()))
 
 
 def _planned_rounds(folder: Path) -> int | None:

@@ -14,8 +14,7 @@ Checks:
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from pathlib import Path
+from collections import defaultdict
 
 from dtemu.core import events as ev
 
@@ -47,7 +46,8 @@ def _out_of_order(life: list[dict]) -> list[int] | None:
     return None
 
 
-def audit_ddp(folder: Path, events: list[dict], summary: dict, finished: bool, torn: int, faults: Counter) -> dict:
+def check_ddp(events: list[dict], summary: dict, finished: bool) -> tuple[dict, list[str]]:
+    """What ``emu audit`` adds for a ddp run: its fields, and the problems found."""
     problems: list[str] = []
     lives = _lives(events)
     rank_of = {e["node"]: e["rank"] for e in events if e["kind"] == ev.WORKER_START}
@@ -77,18 +77,4 @@ def audit_ddp(folder: Path, events: list[dict], summary: dict, finished: bool, t
         if summary.get("steps") != min(end.get("steps", 0) for end in survivors):
             problems.append(f"the summary says {summary.get('steps')} steps, the survivors ended after "
                             f"{sorted({end.get('steps') for end in survivors})}")
-    frames = Counter(e.get("reason") or e.get("error", "")[:40] for e in events if e["kind"] == ev.FRAME_REJECTED)
-    return {
-        "run": str(folder),
-        "mode": "ddp",
-        "finished": finished,
-        "runtime": summary.get("runtime"),
-        "steps": summary.get("steps"),
-        "faults": dict(sorted(faults.items())),
-        "lost_ranks": sorted(lost),
-        "frames_rejected": dict(sorted(frames.items())),
-        "torn_event_lines": torn,
-        "lost_data": len(problems),
-        "problems": problems[:20],
-        "final_accuracy": summary.get("final_accuracy"),
-    }
+    return {"steps": summary.get("steps"), "lost_ranks": sorted(lost)}, problems

@@ -16,7 +16,6 @@ Checks:
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from pathlib import Path
 
 from dtemu.core import events as ev
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER
@@ -49,7 +48,8 @@ def _still_lost(events: list[dict]) -> list[str]:
     return sorted(set().union(*lost.values())) if lost else []
 
 
-def audit_geo(folder: Path, events: list[dict], summary: dict, finished: bool, torn: int, faults: Counter) -> dict:
+def check_geo(events: list[dict], summary: dict, finished: bool) -> tuple[dict, list[str]]:
+    """What ``emu audit`` adds for a geo run: its fields, and the problems found."""
     problems: list[str] = []
     closes = _closes(events)
     for node, lives in sorted(closes.items()):
@@ -79,21 +79,10 @@ def audit_geo(folder: Path, events: list[dict], summary: dict, finished: bool, t
         if master[-1].get("rounds") != summary.get("rounds"):
             problems.append(f"the master ended after {master[-1].get('rounds')} rounds, "
                             f"the summary says {summary.get('rounds')}")
-    frames = Counter(e.get("reason") for e in events if e["kind"] == ev.FRAME_REJECTED)
     return {
-        "run": str(folder),
-        "mode": "geo",
-        "finished": finished,
-        "runtime": summary.get("runtime"),
         "rounds": summary.get("rounds"),
-        "faults": dict(sorted(faults.items())),
         "lost": given_up,
         "joined": sorted({e.get("site") for e in events if e["kind"] == ev.GEO_JOIN}),
         "payloads_rejected": dict(sorted(refused.items())),
-        "frames_rejected": dict(sorted(frames.items())),
-        "torn_event_lines": torn,
         "refusals_only_counted": suppressed,
-        "lost_data": len(problems),
-        "problems": problems[:20],
-        "final_accuracy": summary.get("final_accuracy"),
-    }
+    }, problems

@@ -16,7 +16,6 @@ Checks:
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from dtemu.core import events as ev
 
@@ -48,7 +47,8 @@ def _lives(events: list[dict]) -> list[dict]:
     return lives
 
 
-def audit_ps(folder: Path, events: list[dict], summary: dict, finished: bool, torn: int, faults: Counter) -> dict:
+def check_ps(events: list[dict], summary: dict, finished: bool) -> tuple[dict, list[str]]:
+    """What ``emu audit`` adds for a ps run: its fields, and the problems found."""
     problems: list[str] = []
     lives = _lives(events)
     for n, life in enumerate(lives, 1):
@@ -75,22 +75,11 @@ def audit_ps(folder: Path, events: list[dict], summary: dict, finished: bool, to
     if finished and last is not None and last["end"] is not None \
             and summary.get("model_sha256") != last["end"].get("model_sha256"):
         problems.append("the final model is not the one the parameter server ended with")
-    frames = Counter(e.get("reason") for e in events if e["kind"] == ev.FRAME_REJECTED)
     return {
-        "run": str(folder),
-        "mode": "ps",
-        "finished": finished,
-        "runtime": summary.get("runtime"),
         "rounds": summary.get("rounds"),
         "rounds_failed": summary.get("rounds_failed"),
-        "faults": dict(sorted(faults.items())),
         "updates": dict(sorted(last["counts"].items())) if last else {},
         "updates_taken_per_worker": dict(sorted(taken.items())),
-        "frames_rejected": dict(sorted(frames.items())),
         "server_lives": len(lives),
-        "torn_event_lines": torn,
         "refusals_only_counted": last["suppressed"] if last else 0,
-        "lost_data": len(problems),
-        "problems": problems[:20],
-        "final_accuracy": summary.get("final_accuracy"),
-    }
+    }, problems

@@ -196,12 +196,13 @@ def plot_ps_accuracy(runs: list[Run]) -> Figure:
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     left, right = fig.subplots(1, 2)
     targets = sorted({float(t) for r in runs for t in ps_time_to_accuracy(r)})
+    log_time = _wide([r.clock[1] for r in runs])
     for run, label, color, style in zip(runs, labels, colors, _line_styles(len(runs))):
-        curve = [p for p in ps_curve(run) if p[0] > 0] if _wide([r.clock[1] for r in runs]) else ps_curve(run)
+        curve = [p for p in ps_curve(run) if p[0] > 0 or not log_time]   # t = 0 has no place on a log axis
         left.plot([t for t, *_ in curve], [a for _, _, a, _ in curve], label=label, color=color, linestyle=style)
         right.plot([t for t, *_ in curve], [x for *_, x in curve], label=label, color=color, linestyle=style)
     for ax, ylabel in ((left, "test accuracy"), (right, "test loss")):
-        if _wide([r.clock[1] for r in runs]):
+        if log_time:
             ax.set_xscale("log")
         ax.set_xlabel(f"time ({runs[0].clock[0] if runs else 'sim'}, s)")
         ax.set_ylabel(ylabel)
