@@ -361,7 +361,10 @@ class Scenario:
     mode: Literal["fl", "ddp", "ps", "geo"] = "fl"
     seed: int = field(default=0, metadata=check(between(0, (1 << 63) - 1, "a 64-bit seed")))
     model: str = "mnist_cnn"
-    threads: int = field(default=2, metadata=check(positive))
+    # torch threads per process.  1: dtemu's parallelism is processes (emu's pool, real's ranks), and N
+    # processes of one thread fit N cores (host.cores); a count is part of the arithmetic, so both modes
+    # use the scenario's.
+    threads: int = field(default=1, metadata=check(positive))
     data: DataSpec = field(default_factory=DataSpec)
     fl: FLSpec = field(default_factory=FLSpec)
     ddp: DDPSpec = field(default_factory=DDPSpec)

@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                                         "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
     run.add_argument("--jobs", type=int, default=None, metavar="N",
                      help="worker processes that train the clients of a round at the same time, for the same "
-                          "result (default: the number of cores; 1: in this process, one after another)")
+                          "result (default: as many as the cores hold at the scenario's threads each; "
+                          "1: in this process, one after another)")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local: a process pool on this machine; ray: Ray tasks (pip install 'dtemu[ray]')")
     run.add_argument("--address", help="--executor ray: the Ray cluster to join (default: a local Ray)")
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with dashboard:
             summary = run_emulation(scenario, out, init=init, observers=[dashboard.observe], key=key,
-                                    jobs=args.jobs or default_jobs(), executor=args.executor,
+                                    jobs=args.jobs or default_jobs(scenario.threads), executor=args.executor,
                                     address=args.address)
     except KeyboardInterrupt:
         print(f"emu: interrupted; partial run in {out}", file=sys.stderr)

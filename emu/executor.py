@@ -19,20 +19,17 @@ same ``events.jsonl`` and ``model_sha256`` as a serial run.
 
 from __future__ import annotations
 
-import os
-
 from dtemu.core.errors import DtemuError
 from dtemu.core.ml.jobs import EvalJob, TrainJob
+from dtemu.host import cores
 
 from .pool import ProcessPool, init_worker, run_job
 
 
-def default_jobs() -> int:
-    """The cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+def default_jobs(threads: int) -> int:
+    """Worker processes of ``threads`` torch threads that fit this process's cores: more would only
+    share them (a scenario of 2 threads on 2 cores trains in one process, as fast as it can there)."""
+    return cores.fitting(threads)
 
 
 class RayExecutor:
@@ -45,7 +42,7 @@ class RayExecutor:
             raise DtemuError("--executor ray needs Ray: pip install 'dtemu[ray]'") from None
         self._ray = ray
         if not ray.is_initialized():
-            kwargs = {"address": address} if address else {"num_cpus": workers or default_jobs()}
+            kwargs = {"address": address} if address else {"num_cpus": workers or cores.available()}
             ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
         self._data = ray.put(dataset)
         self._task = ray.remote(num_cpus=1, max_retries=3)(_ray_run)

@@ -41,6 +41,7 @@ from typing import Any
 from dtemu.core import events as ev
 from dtemu.core.errors import DtemuError
 from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
+from dtemu.host import cores
 
 MAX_RESTARTS = 10
 DEPTH = 2  # jobs a worker holds: the one it trains and the next
@@ -179,7 +180,9 @@ class ProcessPool:
         self.busy_s = 0.0  # wall time the workers spent on jobs whose results were taken
 
     def _start(self) -> list[_Worker]:
-        return [_Worker(self._context, self._dataset, self.threads) for _ in range(self.jobs)]
+        # More workers' threads than cores: they wait passively, or their spinning starves the others.
+        with cores.spawn_env(cores.wait_policy(self.jobs, self.threads)):
+            return [_Worker(self._context, self._dataset, self.threads) for _ in range(self.jobs)]
 
     # -- the two calls of the driver --
 

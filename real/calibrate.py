@@ -17,7 +17,6 @@ the factor, ``--time-scale 1`` turns it off.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 
 import torch
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 from dtemu.core.ml.models import build_model, model_cost
 from dtemu.core.scenario import Scenario
+from dtemu.host import cores as host_cores
 
 STEPS = 8  # timed steps, after two untimed ones
 MAX_TOGETHER = 16  # processes measured at once (more ranks than this share the cores alike)
@@ -88,7 +88,7 @@ def time_scale(scenario: Scenario, cores: int | None = None) -> tuple[float, str
     reference = scenario.compute_for(trainers[0]).train_s_per_sample or model_cost(scenario.model)
     if not reference:
         return 1.0, "no compute model to compare with (a model factory without compute.default.train_s_per_sample)"
-    cores = cores or os.cpu_count() or 1
+    cores = cores or host_cores.available()
     ranks = min(len(trainers), MAX_TOGETHER)
     if len(trainers) * scenario.threads > cores:  # the ranks share the cores: measure them sharing
         here = measured_together(scenario, ranks)

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from dtemu.host import cpu_arith
+from dtemu.host import cores, cpu_arith
 from dtemu.host.rundir import CHECKPOINT, read_events, write_json
 from dtemu.core.scenario import CONTROLLER, Scenario, stretched
 
@@ -80,21 +80,24 @@ def launch(args, scenario: Scenario) -> int:
     # The scenario's thread count, as emu uses it: float reductions follow the thread count, so
     # another count would train another model.  Oversubscribing the cores only costs time.
     threads = args.threads or scenario.threads
-    if ranks * threads > (os.cpu_count() or 1):
-        print(f"real launch: note: {ranks} ranks x {threads} torch threads on {os.cpu_count()} cores: slower "
-              f"than it could be, but the same arithmetic as emu (--set threads=N changes it in both modes)", file=sys.stderr)
+    # Ranks whose threads outnumber the cores wait passively (host.cores): spinning ones starve the others.
+    policy = cores.wait_policy(ranks, threads)
+    if policy:
+        print(f"real launch: note: {ranks} ranks x {threads} torch threads on {cores.available()} cores: "
+              f"OpenMP threads wait passively ({cores.WAIT}=PASSIVE)", file=sys.stderr)
     scale = args.time_scale
     if scale is None:
         from .calibrate import time_scale
 
-        scale, how = time_scale(scenario)
+        with cores.spawn_env(policy):  # measured as the ranks will train
+            scale, how = time_scale(scenario)
         print(f"real launch: time scale {scale:g} ({how}); every scenario duration is stretched by it "
               f"(--time-scale 1 turns this off)", file=sys.stderr)
     scenario = stretched(scenario, scale)  # the launcher's own schedule (offline windows, restarts) too
     # One time origin for all ranks: the instant every rank is up (real.start_line), as emu's time 0.
     start_file = out / "start.json"
     start_file.unlink(missing_ok=True)
-    env = {**os.environ, START_FILE: str(start_file.resolve()), "DTEMU_LAUNCHED": "1"}
+    env = {**os.environ, **policy, START_FILE: str(start_file.resolve()), "DTEMU_LAUNCHED": "1"}
     if getattr(args, "key_file", None):
         env["DTEMU_KEY_FILE"] = str(Path(args.key_file).resolve())
     fired: dict[int, list[int]] = {r: [] for r in range(ranks)}

@@ -26,7 +26,7 @@ def test_every_duration_is_stretched_and_nothing_else():
 
 
 def test_the_scale_is_measured_with_the_ranks_that_share_the_cores_training_at_once():
-    s = parse_scenario(RAW)
+    s = parse_scenario({**RAW, "threads": 2})
     one, _ = time_scale(s, cores=64)  # plenty of cores: only this machine's speed
     four, how = time_scale(s, cores=1)  # four clients x 2 threads on one core
     assert one >= 1 and four >= one and "4 ranks x 2 threads training at once on 1 cores" in how
