@@ -68,6 +68,18 @@ def _common(p: argparse.ArgumentParser, out_default: str) -> None:
                         "(real/calibrate.py), real run's is 1; --time-scale 1 turns it off")
     p.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
                                       "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
+    p.add_argument("--links", choices=("scenario", "machine"), default=None,
+                   help="scenario: each message takes the time the scenario's links give it, stretched by the "
+                        "time scale (real/paced_links.py); machine: the time this machine's network takes. "
+                        "Default: scenario under a time scale on the loopback profile (one machine playing "
+                        "several), else machine")
+
+
+def paced_links(args) -> bool:
+    """Do this rank's messages take the scenario's links' time (``--links``, else its default)?"""
+    if args.links is not None:
+        return args.links == "scenario"
+    return args.profile == "loopback" and args.time_scale not in (None, 1.0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,7 +167,8 @@ def run_rank(args, scenario) -> int:
             summary = run_node(scenario, args.rank, out, init=init, domain_id=args.domain, profile=args.profile,
                                threads=args.threads, observers=[dashboard.observe], key=args.key,
                                fired=[int(i) for i in args.fired.split(",") if i], append=args.append,
-                               pace=args.time_scale if args.time_scale not in (None, 1.0) else None)
+                               pace=args.time_scale if args.time_scale not in (None, 1.0) else None,
+                               links=paced_links(args))
     except KeyboardInterrupt:
         print(f"real: {name} interrupted; partial run in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -106,6 +106,8 @@ def launch(args, scenario: Scenario) -> int:
         cmd = [sys.executable, "-m", "dtemu.real.cli", "run", args.scenario, "--rank", str(rank),
                "--out", str(out / f"rank{rank}"), "--no-tui", "--domain", str(domain),
                "--threads", str(threads), "--profile", args.profile, "--time-scale", repr(scale)]
+        if args.links is not None:
+            cmd += ["--links", args.links]
         for o in args.overrides:
             cmd += ["--set", o]
         if restart:
@@ -140,7 +142,7 @@ def launch(args, scenario: Scenario) -> int:
                                          or is_ready(out / f"rank{r}") for r, p in enumerate(procs)):
                     epoch = time.time()
                     write_start(start_file, epoch)
-                    schedule.begin(epoch)
+                    schedule.begin(epoch, lead=time.monotonic() - started)
                 for rank, p in enumerate(procs):
                     if rank in codes or p is None or p.poll() is None:
                         continue
@@ -161,9 +163,9 @@ def launch(args, scenario: Scenario) -> int:
                         procs[rank].kill()
                         procs[rank].wait()
                         _log_kill(out / f"rank{rank}", scenario.node_names[rank], time.time() - (epoch or 0.0))
-                for rank in schedule.due_starts(time.time()):
-                    if rank not in codes and procs[rank] is None:
-                        procs[rank] = start(rank, restart=True)
+                for rank, up_at in schedule.due_starts(time.time(), idle=lambda r: procs[r] is None):
+                    if rank not in codes:
+                        procs[rank] = start(rank, restart=True, hold=up_at - epoch)
                 for rank in range(ranks):
                     if procs[rank] is None and rank not in codes and not schedule.pending(rank):
                         codes[rank] = "down"  # crashed for good, as the scenario says
@@ -239,33 +241,40 @@ class _Schedule:
     The offline windows count from the run's origin (``begin``: every rank is up); crash
     restarts are added as they happen.  A rank down from the start that comes up later
     (a window from 0 to ``end_s``) is ``held``: started at once, held until ``end_s``
-    after the origin by itself (real.start_line), so it is neither killed nor started here."""
+    after the origin by itself (real.start_line), so it is neither killed nor started here.
+
+    Every later start is made ``lead`` seconds early (what the ranks took to come up at the
+    launch), never before the rank's kill, and held to its time the same way: a rank takes
+    seconds to start (imports, data, DDS), and a client back from an offline window that
+    many seconds late missed rounds that emu's made."""
 
     def __init__(self, scenario: Scenario):
         self.names = scenario.node_names
         self.offline = scenario.faults.offline
         self.kills: list[tuple[float, int]] = []
-        self.starts: list[tuple[float, int]] = []
+        self.starts: list[tuple[float, int, float]] = []  # (when it is up, rank, not started before)
         first = [w for w in self.offline if w.start_s == 0]
         self.held = {self.names.index(w.node): w.end_s for w in first if w.end_s is not None}
         self._killed = {self.names.index(w.node) for w in first} - set(self.held)
         self._first_down = set(self._killed)
         self.begun = False
+        self.lead = 0.0
 
-    def begin(self, epoch: float) -> None:
+    def begin(self, epoch: float, lead: float = 0.0) -> None:
         self.begun = True
+        self.lead = max(0.0, lead)
         for w in self.offline:
             rank = self.names.index(w.node)
             if w.start_s > 0:
                 self.kills.append((epoch + w.start_s, rank))
             if w.end_s is not None and not (w.start_s == 0 and rank in self.held):
-                self.starts.append((epoch + w.end_s, rank))
+                self.starts.append((epoch + w.end_s, rank, epoch + w.start_s))
 
     def down_at_start(self, rank: int) -> bool:
         return rank in self._first_down
 
     def restart_at(self, rank: int, when: float) -> None:
-        self.starts.append((when, rank))
+        self.starts.append((when, rank, 0.0))
 
     def due_kills(self, now: float) -> list[int]:
         due = [r for t, r in self.kills if t <= now]
@@ -273,10 +282,12 @@ class _Schedule:
         self._killed.update(due)
         return due
 
-    def due_starts(self, now: float) -> list[int]:
-        due = [r for t, r in self.starts if t <= now]
-        self.starts = [(t, r) for t, r in self.starts if t > now]
-        self._killed.difference_update(due)
+    def due_starts(self, now: float, idle=lambda rank: True) -> list[tuple[int, float]]:
+        """(rank, when it is to be up) for each rank to start now; one not ``idle`` yet (its killed
+        process not reaped) stays due."""
+        due = [(r, t) for t, r, after in self.starts if max(t - self.lead, after) <= now and idle(r)]
+        self.starts = [s for s in self.starts if (s[1], s[0]) not in due]
+        self._killed.difference_update(r for r, _ in due)
         return due
 
     def killed(self, rank: int) -> bool:
@@ -285,7 +296,7 @@ class _Schedule:
     def pending(self, rank: int) -> bool:
         if not self.begun and any(self.names.index(w.node) == rank and w.end_s is not None for w in self.offline):
             return True  # down until its window ends, which counts from the origin to come
-        return any(r == rank for _, r in self.starts)
+        return any(r == rank for _, r, _ in self.starts)
 
 
 def _stop(procs, codes, sig=signal.SIGTERM) -> None:

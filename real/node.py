@@ -22,6 +22,7 @@ from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
 
 from .config import writer_history
+from .paced_links import PacedLinks
 from .primitives import RealPrimitives
 from .start_line import hold_until_window_end, wait_for_start
 from .transport import DdsTransport
@@ -30,12 +31,14 @@ from .transport import DdsTransport
 def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | None = None,
              domain_id: int | None = None, profile: str = "loopback", threads: int | None = None,
              observers: Iterable[Callable[[dict], None]] = (), key: bytes | None = None,
-             fired: Iterable[int] = (), append: bool = False, pace: float | None = None) -> dict:
+             fired: Iterable[int] = (), append: bool = False, pace: float | None = None,
+             links: bool = False) -> dict:
     """Run ``rank``; returns its record (``core.runtime.summary.node_record``), also written to
     ``out/summary.json`` with real mode's extras.  ``key`` seals FL messages (core.wire.auth);
     ``fired``: the faults.crashes this rank already went through (a restarted rank), ``append``:
     keep its events; ``pace``: the time scale a launch runs at (a training job then lasts the scenario's
-    modelled time times it, real.primitives)."""
+    modelled time times it, real.primitives); ``links``: messages take the scenario's links' time, times
+    ``pace`` (real.paced_links)."""
     wall_start = time.perf_counter()
     torch.set_num_threads(threads or scenario.threads)
     name = scenario.node_names[rank]
@@ -47,7 +50,7 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
         run.observe(fn)
     try:
         run.write_json("scenario.json", scenario.to_dict())
-        return _run(scenario, rank, name, run, work, init, domain_id, profile, key, fired, wall_start, pace)
+        return _run(scenario, rank, name, run, work, init, domain_id, profile, key, fired, wall_start, pace, links)
     except SystemExit:  # the process was told to end as it is (a planned crash uses os._exit)
         raise
     except BaseException as err:  # an error, Ctrl-C or SIGTERM: the folder still says what happened
@@ -60,7 +63,7 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
 
 
 def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, init, domain_id, profile, key,
-         fired, wall_start: float, pace: float | None = None) -> dict:
+         fired, wall_start: float, pace: float | None = None, links: bool = False) -> dict:
     # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
     # first round's training time (against round_timeout_s, and times a staged slowdown).
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
@@ -73,7 +76,8 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).
         epoch = wait_for_start(run.path)
         prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch, pace=pace,
-                               readers=readers_of(scenario))
+                               readers=readers_of(scenario),
+                               links=PacedLinks(scenario, name, pace or 1.0) if links else None)
         faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
                                      faultlib.CrashPlan(scenario.faults, set(fired)))
         driver = Driver(prims, faults)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Iterable
 
 from dtemu.core import events as ev
@@ -31,6 +32,7 @@ from dtemu.core.runtime.driver import blocking
 from dtemu.core.runtime.requests import Compute, Message
 from dtemu.host.rundir import RunDir
 
+from .paced_links import PacedLinks
 from .reassembly import RejectLimiter
 from .transport import DdsTransport
 
@@ -41,11 +43,15 @@ CRASH_EXIT = 100
 class RealPrimitives:
     def __init__(self, name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str],
                  timer: ComputeTimer, epoch: float | None = None, readers: dict | None = None,
-                 pace: float | None = None):
+                 pace: float | None = None, links: PacedLinks | None = None):
         self.node = name
         # Under a time scale (real launch): a training job takes the scenario's modelled time
         # times this, so every rank keeps the scenario's relative timing (see ``computed``).
         self.pace = pace
+        # Under a launch on one machine: messages take the scenario's links' time (real.paced_links).
+        self.links = links
+        self._held: list[tuple[float, int, Message]] = []  # received, not due yet: (due, arrival, message)
+        self._arrivals = 0
         # topic -> the nodes that read it (None: every peer reads every topic this node publishes)
         self.readers = readers
         # Sealed messages count from here: a restarted process goes on above its previous life.
@@ -77,6 +83,9 @@ class RealPrimitives:
 
     @blocking
     def send(self, topic: str, data: bytes, to: str | tuple[str, ...] | None) -> int:
+        if self.links is not None:  # the message leaves once the scenario's uplink has carried it
+            receivers = list(to) if isinstance(to, tuple) else [to] if to is not None else self._reader_list(topic)
+            time.sleep(max(0.0, self.links.send_done(self.now(), len(data), receivers) - self.now()))
         if isinstance(to, tuple):  # a sampled round's command: one write per client asked
             for dst in to:
                 self.transport.send(topic, data, to=dst)
@@ -98,10 +107,34 @@ class RealPrimitives:
 
     def _readers_of(self, topic: str) -> int:
         """Peers reading ``topic`` (by name, cached by the transport)."""
-        return len({r for r in self.transport.reader_names(topic) if r != self.node})
+        return len(self._reader_list(topic))
+
+    def _reader_list(self, topic: str) -> list[str]:
+        return sorted({r for r in self.transport.reader_names(topic) if r != self.node})
 
     @blocking
     def recv(self, topics: tuple[str, ...], deadline: float | None) -> Message | None:
+        if self.links is None:
+            return self._take(topics, deadline)
+        # Paced: a message is the role's once the path's latency has passed; until then it is held
+        # (in arrival order among those due together), and the role waits for it or its deadline.
+        while True:
+            mine = [h for h in self._held if h[2].topic in topics]
+            first = min(mine, default=None, key=lambda h: h[:2])
+            if first is not None and first[0] <= self.now():
+                self._held.remove(first)
+                return replace(first[2], received_at=max(first[2].received_at, first[0]))
+            waits = [t for t in (deadline, first[0] if first else None) if t is not None]
+            msg = self._take(topics, min(waits) if waits else None)
+            if msg is None:
+                if first is not None and (deadline is None or first[0] <= deadline):
+                    continue  # the held message is due now
+                return None
+            self._arrivals += 1
+            self._held.append((self.links.due(msg.src, msg.sent_at), self._arrivals, msg))
+
+    def _take(self, topics: tuple[str, ...], deadline: float | None) -> Message | None:
+        """The transport's next message on ``topics`` before ``deadline``, on this rank's clock."""
         timeout = None if deadline is None else max(0.0, deadline - self.now())
         msg = self.transport.recv(list(topics), timeout_s=timeout)
         if msg is None:

@@ -34,8 +34,23 @@ def test_offline_windows_count_from_the_origin():
     assert sched.due_kills(1e12) == [] and sched.due_starts(1e12) == []  # nothing before the origin
     sched.begin(1000.0)
     assert sched.due_kills(1004.9) == [] and sched.due_kills(1005.0) == [1]
-    assert sched.due_starts(1003.0) == [] and sched.due_starts(1009.0) == [1]
+    assert sched.due_starts(1003.0) == [] and sched.due_starts(1009.0) == [(1, 1009.0)]
     assert not sched.killed(2)   # its exit is its own, not an offline window's
+
+
+def test_a_start_is_made_early_by_the_start_up_time_and_held_to_its_time():
+    s = parse_scenario({"name": "t", "fl": {"clients": 2},
+                        "faults": {"offline": [{"node": "client1", "start_s": 5, "end_s": 9},
+                                               {"node": "client2", "start_s": 5, "end_s": 6}]}})
+    sched = _Schedule(s)
+    sched.begin(1000.0, lead=3.0)
+    assert sched.due_starts(1004.9) == []  # client1 from 1006; client2 not before its kill at 1005
+    assert sched.due_kills(1005.0) == [1, 2]
+    assert sched.due_starts(1005.0, idle=lambda r: r != 2) == []  # client2's process not reaped yet
+    assert sched.due_starts(1005.0) == [(2, 1006.0)]
+    assert sched.due_starts(1006.0) == [(1, 1009.0)] and sched.pending(1) is False
+    sched.restart_at(1, 1020.0)  # a crash restart: started at once, up at its time
+    assert sched.pending(1) and sched.due_starts(1017.0) == [(1, 1020.0)]
 
 
 def test_a_rank_that_never_comes_is_not_started():
