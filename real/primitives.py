@@ -32,6 +32,7 @@ from dtemu.core.runtime.driver import blocking
 from dtemu.core.runtime.requests import Compute, Message
 from dtemu.host.rundir import RunDir
 
+from .aside import Aside
 from .paced_links import PacedLinks
 from .reassembly import RejectLimiter
 from .transport import DdsTransport
@@ -51,6 +52,7 @@ class RealPrimitives:
         # Under a launch on one machine: messages take the scenario's links' time (real.paced_links).
         self.links = links
         self._held: list[tuple[float, int, Message]] = []  # received, not due yet: (due, arrival, message)
+        self._aside = Aside(f"{name}-aside")  # its evaluations (core.runtime.requests.Evaluate)
         self._arrivals = 0
         # topic -> the nodes that read it (None: every peer reads every topic this node publishes)
         self.readers = readers
@@ -162,6 +164,14 @@ class RealPrimitives:
     @blocking
     def idle(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def evaluate_aside(self, fn, done) -> None:
+        """An evaluation off the role's path (real.aside): the rounds after it start on time."""
+        self._aside.submit(fn, done)
+
+    @blocking
+    def evaluated(self) -> None:
+        self._aside.join()
 
     @blocking
     def wait_peers(self, peers: tuple[str, ...], deadline: float | None) -> frozenset:

@@ -23,7 +23,7 @@ from dtemu.core.errors import AuthError, BarrierTimeout, CheckpointError, Decode
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime import points
-from dtemu.core.runtime.requests import Compute, Point, Recv, Send, Sleep, WaitPeers
+from dtemu.core.runtime.requests import Evaluate, Evaluations, Point, Recv, Send, Sleep, WaitPeers
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.scenario import Scenario
 from dtemu.core.ml.workload import Workload, round_seed
@@ -140,10 +140,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         if round_ % fl.eval_every == 0 or round_ == fl.rounds:
             weights = result.weights
             job = work.eval_job(weights) if hasattr(work, "eval_job") else None  # worker processes may share it
-            accuracy = yield Compute(lambda: work.evaluate(weights), samples=work.test_size, kind="eval", job=job)
-            result.final_accuracy = accuracy
-            result.history.append((ctx.now(), accuracy))
-            ctx.emit(ev.EVAL, round=round_, accuracy=accuracy)
+            yield Evaluate(lambda: work.evaluate(weights), round=round_, samples=work.test_size, job=job)
         round_, attempt = round_ + 1, 0
 
     last = min(round_, fl.rounds)
@@ -151,6 +148,9 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     ctx.emit(ev.RUN_END, reason=result.stop_reason, rounds_completed=result.rounds_completed,
              rounds_failed=result.rounds_failed, model_sha256=sha256_of(result.weights),
              counts=dict(sorted(result.counts.items())))
+    evaluations = yield Evaluations()  # the driver logged each as it came (``eval``)
+    result.history = [(t, acc) for t, _, acc in evaluations if acc is not None]
+    result.final_accuracy = result.history[-1][1] if result.history else None
     return result
 
 

@@ -39,7 +39,8 @@ from dtemu.core import events as ev
 from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.limits import EventLimiter
-from dtemu.core.runtime.requests import Compute, Message, Point, Recv, Send, Sleep, WaitPeers
+from dtemu.core.runtime.requests import (Compute, Evaluate, Evaluations, Message, Point, Recv, Send, Sleep,
+                                         WaitPeers)
 
 Gen = Generator[Any, Any, Any]
 
@@ -77,6 +78,10 @@ class Primitives(Protocol):
 
     def die(self, crash: faultlib.Crash) -> None:
         """The node crashes here (emu: down, maybe restarted later; real: the process exits)."""
+
+    # Optional (real): ``evaluate_aside(fn, done)`` runs ``fn`` off the role's path and calls
+    # ``done(value, error)`` from wherever it ran; ``evaluated()`` waits until all have been done.
+    # A runtime without them evaluates in the role's path, in zero modelled time (emu).
 
 
 def blocking(fn: Callable) -> Callable[..., Gen]:
@@ -123,6 +128,7 @@ class Driver:
         self._held_seq = 0
         # Runs Compute.job in worker processes (emu --jobs N; see emu.executor), or None: fn here.
         self._executor = getattr(prims, "executor", None)
+        self._evaluations: list[tuple[float, int, Any]] = []  # (time asked, round, accuracy) of Evaluate
 
     # --- Context -------------------------------------------------------
     @property
@@ -143,8 +149,9 @@ class Driver:
                 return
         self._log(kind, fields)
 
-    def _log(self, kind: str, fields: dict) -> None:
-        self.prims.log({"t": round(self.prims.now(), 9), "node": self.node, "kind": kind, **fields})
+    def _log(self, kind: str, fields: dict, t: float | None = None) -> None:
+        at = self.prims.now() if t is None else t
+        self.prims.log({"t": round(at, 9), "node": self.node, "kind": kind, **fields})
 
     def refused(self, msg: Message) -> None:
         """The role read ``msg`` and refused it: its bytes count apart from the traffic it accepted."""
@@ -180,29 +187,14 @@ class Driver:
             if self.armed is not None and isinstance(request, (Send, Compute)):
                 yield from self._land(self.armed, request)
                 return self._die(role, self.armed)
-            if isinstance(request, Compute) and request.job is not None and self._executor is not None:
-                # Handed to a worker process now, taken at the job's virtual end: the jobs of
-                # every client that starts before then run at the same time, and the result
-                # is the one fn would give (core.ml.jobs), so nothing else changes.
-                pending = self._executor.submit(request.job)
-                try:
-                    yield from self.prims.computed(request, 0.0)
-                except BaseException:  # the node crashed meanwhile: the result is not wanted
-                    self._executor.forget(pending)
-                    raise
-                try:
-                    value = self._executor.result(pending, self)
-                except Exception as err:  # the job failed: the role decides what that means
-                    error = err
-                continue
             if isinstance(request, Compute):
-                started = self.prims.now()
-                try:
-                    value = request.fn()
-                except Exception as err:  # the job failed: the role decides what that means
-                    error = err
-                    continue
-                yield from self.prims.computed(request, self.prims.now() - started)
+                value, error = yield from self._compute(request)
+            elif isinstance(request, Evaluate):
+                yield from self._evaluate(request)
+            elif isinstance(request, Evaluations):
+                if hasattr(self.prims, "evaluated"):
+                    yield from self.prims.evaluated()
+                value = list(self._evaluations)
             elif isinstance(request, Send):
                 value = yield from self._send(request)
             elif isinstance(request, Recv):
@@ -213,6 +205,48 @@ class Driver:
                 value = yield from self.prims.wait_peers(request.peers, request.deadline)
             else:
                 error = TypeError(f"{self.node}: unknown request {request!r}")
+
+    # --- work ----------------------------------------------------------
+    def _compute(self, request: Compute) -> Gen:
+        """(value, error) of the job; a failed job's error is the role's to handle."""
+        if request.job is not None and self._executor is not None:
+            # Handed to a worker process now, taken at the job's virtual end: the jobs of
+            # every client that starts before then run at the same time, and the result
+            # is the one fn would give (core.ml.jobs), so nothing else changes.
+            pending = self._executor.submit(request.job)
+            try:
+                yield from self.prims.computed(request, 0.0)
+            except BaseException:  # the node crashed meanwhile: the result is not wanted
+                self._executor.forget(pending)
+                raise
+            try:
+                return self._executor.result(pending, self), None
+            except Exception as err:
+                return None, err
+        started = self.prims.now()
+        try:
+            value = request.fn()
+        except Exception as err:
+            return None, err
+        yield from self.prims.computed(request, self.prims.now() - started)
+        return value, None
+
+    def _evaluate(self, request: Evaluate) -> Gen:
+        asked = self.prims.now()
+        slot = len(self._evaluations)
+        self._evaluations.append((asked, request.round, None))
+
+        def done(accuracy, error=None) -> None:  # real: called from the evaluating thread
+            self._evaluations[slot] = (asked, request.round, accuracy)
+            fields = {"round": request.round, "accuracy": accuracy}
+            self._log(ev.EVAL, {**fields, "error": f"{type(error).__name__}: {error}"} if error else fields, t=asked)
+
+        if hasattr(self.prims, "evaluate_aside"):
+            self.prims.evaluate_aside(request.fn, done)
+            return
+        value, error = yield from self._compute(Compute(request.fn, samples=request.samples, kind="eval",
+                                                        job=request.job))
+        done(value, error)
 
     # --- crashes at protocol points -------------------------------------
     def _passed(self, point: Point) -> faultlib.Crash | None:

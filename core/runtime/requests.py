@@ -96,6 +96,31 @@ class Compute:
 
 
 @dataclass(frozen=True)
+class Evaluate:
+    """Measure the model of round ``round`` (``fn()``: its accuracy; ``job``: the same as an
+    ``EvalJob``, for worker processes); returns at once, with nothing.
+
+    Evaluation is the experimenter's instrument, not part of the emulated system, so it
+    takes none of the run's time.  The driver logs ``eval`` (round, accuracy), stamped with
+    this request's time, once the number is there: in emu at once, in zero virtual time (as
+    a ``Compute`` of kind ``eval``); in real, where a rank's clock is the wall's, aside from
+    the role (``Primitives.evaluate_aside``), so that the rounds after it do not start the
+    evaluation's seconds late.  ``Evaluations`` gives them back.
+    """
+
+    fn: Callable[[], Any]
+    round: int
+    samples: int = 0
+    job: Any = None
+
+
+@dataclass(frozen=True)
+class Evaluations:
+    """Every ``Evaluate`` of this role so far, as (time, round, accuracy) in the order asked;
+    waits for those still running.  A failed one has accuracy None."""
+
+
+@dataclass(frozen=True)
 class Sleep:
     seconds: float
 
