@@ -98,14 +98,17 @@ def test_client_killed_mid_round_rejoins_later(tmp_path):
 
 # --- 6. the controller killed after a checkpoint, restarted from it ---------------------------
 
+PACED = ("--links", "scenario")
 CONTROLLER_CRASH = {
     "name": "real_controller_crash",
     "seed": 9,
     "model": "small_cnn",
     "threads": 1,
-    # 5000 test samples: the evaluation after each checkpoint lasts long enough (~1 s)
-    # that the kill lands between round k's checkpoint and round k+1's command.
-    "data": {"partition": "iid", "test_samples": 5000},
+    # The controller's uplink, played by every rank (--links scenario): publishing the model after
+    # each checkpoint takes 2 x 73,576 bytes at 0.8 Mbit/s, 1.5 s, so the kill lands between round
+    # k's checkpoint and round k+1's command.  (The evaluation is no such window: it runs aside.)
+    "data": {"partition": "iid", "test_samples": 1000},
+    "network": {"nodes": {"controller": {"up_mbps": 0.8}}},
     "fl": {"clients": 2, "rounds": 4, "subset": 256, "batch_size": 32, "lr": 0.05, "codec": "q8",
            "min_clients": 2, "round_timeout_s": 40, "barrier_timeout_s": 30},
 }
@@ -116,7 +119,7 @@ def test_controller_killed_resumes_from_its_checkpoint(tmp_path):
     ranks = Ranks(scenario_file(tmp_path, CONTROLLER_CRASH), tmp_path)
     try:
         for rank, name in ((0, "controller"), (1, "client1"), (2, "client2")):
-            ranks.start(rank, name)
+            ranks.start(rank, name, args=PACED)
         ranks.wait_event("controller", "checkpoint", 60, round=k)
         ranks.kill("controller")
         first = ranks.events("controller")
@@ -126,7 +129,7 @@ def test_controller_killed_resumes_from_its_checkpoint(tmp_path):
         assert checkpoint.exists()
         time.sleep(1.0)  # the clients keep waiting for commands
         assert ranks.procs["client1"].poll() is None and ranks.procs["client2"].poll() is None
-        ranks.start(0, "controller2", f"fl.init_path={checkpoint}")
+        ranks.start(0, "controller2", f"fl.init_path={checkpoint}", args=PACED)
         assert ranks.wait("controller2", 90) == 0, ranks.logs()
         assert ranks.wait("client1", 30) == 0, ranks.logs()
         assert ranks.wait("client2", 30) == 0, ranks.logs()
@@ -183,7 +186,7 @@ def test_controller_killed_after_the_clients_answered(tmp_path):
         for client in ("client1", "client2"):  # their answers go to the dead controller
             ranks.wait_event(client, "upload_done", 30, round=k + 1)
         checkpoint = tmp_path / "controller" / "checkpoint.dtck"
-        ranks.start(0, "controller2", f"fl.init_path={checkpoint}")
+        ranks.start(0, "controller2", f"fl.init_path={checkpoint}", args=PACED)
         for name, timeout in (("controller2", 90), ("client1", 30), ("client2", 30)):
             if ranks.wait(name, timeout) != 0:
                 pytest.fail(f"{name} failed\n{ranks.logs()}")
