@@ -400,6 +400,12 @@ class Scenario:
         return [CONTROLLER] + self.client_names
 
     @property
+    def trains_as_jobs(self) -> bool:
+        """Do its nodes hand their training out as jobs that an executor may run in other processes
+        (emu --jobs, --executor ray; core.ml.jobs)?  FL clients do; the other modes train in place."""
+        return self.mode == "fl"
+
+    @property
     def training_nodes(self) -> list[str]:
         """The nodes whose traffic counts as bytes_up / bytes_down."""
         if self.mode == "ps":

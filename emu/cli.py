@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
 from dtemu.host.keys import load_key
+from dtemu.host.cores import fitting as default_jobs
 from dtemu.host.scenario_file import check_model, load_scenario, read_init
 from dtemu.report.cli import add_commands
 from dtemu.report.cli import run as run_reader
@@ -65,10 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emu: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(scenario.name)
+    jobs = args.jobs or default_jobs(scenario.threads)
+    if jobs > 1 and args.executor == "local" and scenario.trains_as_jobs:
+        from .pool import prestart
+
+        prestart(jobs, scenario.threads)  # the workers' torch loads while this process loads its own
 
     from dtemu.host.dashboard import Dashboard  # rich is slow to import; only when running
 
-    from .executor import default_jobs
     from .run import run_emulation
 
     dashboard = Dashboard(scenario, title=f"emu · {scenario.name}",
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with dashboard:
             summary = run_emulation(scenario, out, init=init, observers=[dashboard.observe], key=key,
-                                    jobs=args.jobs or default_jobs(scenario.threads), executor=args.executor,
+                                    jobs=jobs, executor=args.executor,
                                     address=args.address)
     except KeyboardInterrupt:
         print(f"emu: interrupted; partial run in {out}", file=sys.stderr)

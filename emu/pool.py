@@ -19,6 +19,14 @@ pool anyway (``submit`` and ``result``):
 - an evaluation is split into whole batches of the test set, one part per
   worker (``EvalJob.split``): between rounds the workers would otherwise idle
   while the emulator alone evaluated (~5 s of fl_1000's 50 s).
+- workers are forked by a fork server that imported torch and the roles' code
+  once (``PRELOAD``), not spawned: a spawned worker imported torch and paid its
+  first optimizer's one-off costs itself, 2.4 s of CPU each, and on 2 cores the
+  emulator waited ~2.9 s for its first result (fl_1000 cut to 5 short rounds:
+  a quarter of the run).  ``prestart`` starts that server as ``emu run`` begins,
+  so its imports overlap the emulator's own.  The server imports and allocates,
+  never computes, so no OpenMP pool is inherited half-initialised (the reason
+  for not forking the emulator itself).
 - a worker that dies (killed, out of memory) is seen at once (its process
   sentinel, or end of file on its pipes): every worker is replaced and every
   job still owed is run again (jobs are pure: the same bits wherever and
@@ -44,6 +52,9 @@ from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
 from dtemu.host import cores
 
 MAX_RESTARTS = 10
+# What the fork server imports once for every worker: this module (dtemu first, so the CPU arithmetic
+# is fixed before torch loads; then torch and the jobs' code) and what torch's first optimizer imports.
+PRELOAD = ["dtemu.emu.pool", "torch._dynamo"]
 DEPTH = 2  # jobs a worker holds: the one it trains and the next
 PIPE_BYTES = 1 << 20  # Linux's default ceiling for an unprivileged pipe (/proc/sys/fs/pipe-max-size)
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (named in the fcntl module from Python 3.10 on Linux only)
@@ -92,6 +103,9 @@ def _send_results(outbox: queue.Queue, conn) -> None:
 def _worker_main(jobs_in, results_out, dataset, threads: int) -> None:
     init_worker(dataset, threads)
     from dtemu.core.ml import models  # noqa: F401  (imported before the first job)
+    from dtemu.core.ml.train import warm_up
+
+    warm_up()  # while the emulator builds its world, not in the first job it waits for
 
     outbox: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send_results, args=(outbox, results_out), daemon=True)
@@ -114,6 +128,24 @@ def _worker_main(jobs_in, results_out, dataset, threads: int) -> None:
 
 
 # --- in the emulator ------------------------------------------------------------
+
+
+def _context():
+    import torch.multiprocessing as tmp  # registers torch's reductions: tensors travel as shared memory
+
+    context = tmp.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+def prestart(jobs: int, threads: int) -> None:
+    """Start the fork server now, with the OpenMP wait policy ``jobs`` workers of ``threads`` threads
+    need (it is read when the server loads torch, and its workers inherit it); a later pool forks from it."""
+    from multiprocessing import forkserver
+
+    _context()
+    with cores.spawn_env(cores.wait_policy(jobs, threads)):
+        forkserver.ensure_running()
 
 
 def _widen(conn) -> None:
@@ -158,12 +190,11 @@ class ProcessPool:
     """``jobs`` local worker processes; ``submit`` now, ``result`` at the virtual end."""
 
     def __init__(self, jobs: int, dataset, threads: int):
-        import torch.multiprocessing as tmp  # registers torch's reductions: tensors travel as shared memory
-
         if jobs < 1:
             raise ValueError(f"jobs must be >= 1, got {jobs}")
         self.jobs, self.threads = jobs, threads
-        self._context = tmp.get_context("spawn")  # no thread pool inherited half-initialised
+        prestart(jobs, threads)  # at once if emu run started it already
+        self._context = _context()
         for t in (dataset.x_train, dataset.y_train):
             t.share_memory_()
         self._dataset = dataset
@@ -180,9 +211,8 @@ class ProcessPool:
         self.busy_s = 0.0  # wall time the workers spent on jobs whose results were taken
 
     def _start(self) -> list[_Worker]:
-        # More workers' threads than cores: they wait passively, or their spinning starves the others.
-        with cores.spawn_env(cores.wait_policy(self.jobs, self.threads)):
-            return [_Worker(self._context, self._dataset, self.threads) for _ in range(self.jobs)]
+        # More workers' threads than cores wait passively (the fork server's environment, prestart).
+        return [_Worker(self._context, self._dataset, self.threads) for _ in range(self.jobs)]
 
     # -- the two calls of the driver --
 

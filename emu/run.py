@@ -81,8 +81,7 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         run.observe(fn)
     try:
         run.write_json("scenario.json", scenario.to_dict())
-        # Only FL clients hand their training out as jobs (core.ml.jobs); other modes run in here.
-        if scenario.mode != "fl":
+        if not scenario.trains_as_jobs:  # the other modes train in here
             executor, jobs = "local", 1
         with open_executor(executor, jobs, work, scenario.threads, address) as pool:
             return _run(scenario, run, init, work, key, wall_start, pool)

@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 import torch
 
 from dtemu.core import events as ev
+from dtemu.core.ml.train import warm_up
 from dtemu.core.ml.workload import Workload
 from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import ComputeTimer
@@ -64,9 +65,7 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
 
 def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, init, domain_id, profile, key,
          fired, wall_start: float, pace: float | None = None, links: bool = False) -> dict:
-    # The first torch optimizer imports torch._dynamo (1-4 s): do it now, or it lands in the
-    # first round's training time (against round_timeout_s, and times a staged slowdown).
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    warm_up()  # torch's one-off costs now, not in the first round against round_timeout_s
     spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
     whc_high = writer_history(scenario.mode, work.dim)

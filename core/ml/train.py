@@ -21,6 +21,13 @@ class TrainResult:
     mean_loss: float  # per-sample mean training loss over all steps (0.0 if none)
 
 
+def warm_up() -> None:
+    """Pay torch's one-off costs now: the first optimizer imports torch._dynamo (1.2 s here, 1-4 s on
+    a busy machine), which would otherwise land in the first job's time (a real rank's first round
+    against its timeout; each of emu's pool workers' first job while the emulator waits)."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
                 epochs: int, batch_size: int, lr: float, momentum: float = 0.0,
                 weight_decay: float = 0.0, seed: int) -> TrainResult:
