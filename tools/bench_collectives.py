@@ -3,6 +3,7 @@
     python -m tools.bench_collectives [--worlds 2,3] [--sizes 100000,1000000,4000000]
         [--repeats 15] [--warmup 3] [--backends dds,gloo] [--ops gather,ring,pipelined,allgather]
         [--frame-bytes N] [--piece-bytes N] [--out FILE.md] [--json FILE.json] [--profile DIR]
+        [--no-shm] [--netns [--mbps M] [--delay-ms D] [--mtu BYTES] [--bridge-nf] [--dds-profile P]]
 
 For each world size W, W processes (multiprocessing, spawn; torch and BLAS
 threads 1 each) on this machine:
@@ -47,7 +48,27 @@ under cProfile (main thread) and measures the CPU time of the DDS receive
 thread (``DdsTransport._drain``) and of ``time.thread_time`` in the main one;
 it writes ``DIR/dds-w<W>-rank0.prof`` and a text summary.
 
-Everything stays on 127.0.0.1.
+Everything stays on 127.0.0.1, except with ``--netns`` (needs root and ``ip netns``; exit 2
+otherwise): every rank is then a "machine" of its own, in a network namespace of its own
+(tools/netns_fl.py's ``Testbed``: one veth per rank to a bridge in a switch namespace,
+10.231.0.<rank+1>/24, no route out), and the pairs talk over that path only:
+
+``dds``   profile "lan" (``DTEMU_DDS_INTERFACE=eth0``, the other ranks' addresses as peers,
+          unicast discovery), so no shared-memory pools: every payload inside the DDS
+          samples, UDP over the veths;
+``gloo``  ``init_method=tcp://<rank 0's address>:PORT``, ``GLOO_SOCKET_IFNAME=eth0``: TCP over
+          the same veths.
+
+The links are unshaped unless ``--mbps`` (tbf on both ends of every veth, as netns_fl) or
+``--delay-ms`` (netem, if the kernel has it; refused otherwise).  ``--mtu`` sets the veths'
+MTU (default 1500, an Ethernet's: each of DDS's 64 kB datagrams then goes as 45 IP
+fragments; 9000 or 65535 to see what that costs).  The switch namespace forwards without
+br_netfilter's iptables hooks (a switch filters nothing; ``--bridge-nf`` leaves them on).
+``--dds-profile FILE.xml`` runs the ranks with another CycloneDDS profile (real.config; the
+ranks' peers still fill ``${peers}``).  The namespaces are made once, for the largest world,
+and removed at the end whatever happens (error, Ctrl-C, SIGTERM).  A rank enters its
+namespace first thing in its process (``setns(2)`` through libc), so the parent's
+multiprocessing queue still reaches it.
 """
 
 from __future__ import annotations
@@ -64,7 +85,11 @@ import time
 import traceback
 from pathlib import Path
 
+from tools.collectives_netns import NetSetup, net_setup
+
 OPS_DDS = ("gather", "ring", "pipelined", "allgather")
+ALLREDUCE_ALGOS = ("gather", "ring", "pipelined")
+GLOO_PORT = 29511  # in rank 0's namespace (fresh: nothing else listens there)
 GLOO_OF = {"gather": "all_reduce", "ring": "all_reduce", "pipelined": "all_reduce", "allgather": "all_gather"}
 DEFAULT_SIZES = (100_000, 1_000_000, 4_000_000)
 
@@ -160,8 +185,10 @@ def _time_gc() -> dict:
     return spent
 
 
-def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, ops, piece_bytes, queue):
+def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, ops, piece_bytes, net,
+                queue):
     try:
+        net_setup(net)
         _one_thread()
         import torch
 
@@ -196,8 +223,8 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         with tempfile.TemporaryDirectory(prefix="bench-coll-") as tmp:
             run = RunDir(tmp)
             try:
-                with Transport(names[rank], profile="loopback", domain_id=domain,
-                               subscribe=[COLL_FRAMES]) as transport:
+                with Transport(names[rank], profile=net["profile"] if net else "loopback", domain_id=domain,
+                               peers=net["peers"] if net else None, subscribe=[COLL_FRAMES]) as transport:
                     node = Node(names[rank], transport, run, publishes=[COLL_FRAMES])
                     role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, ops,
                                      piece_bytes)
@@ -232,15 +259,17 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
 # gloo
 
 
-def _gloo_worker(rank, world, port, sizes, repeats, warmup, queue):
+def _gloo_worker(rank, world, port, sizes, repeats, warmup, net, queue):
     try:
+        net_setup(net)
         _one_thread()
         import numpy as np
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        master = net["master"] if net else "127.0.0.1"
+        dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world)
         out: dict[str, list[float]] = {}
         try:
             for n in sizes:
@@ -297,6 +326,7 @@ def _run_world(target, world, args_of_rank, timeout_s):
         p.start()
     results: dict[int, tuple] = {}
     deadline = time.monotonic() + timeout_s
+    done = False
     try:
         while len(results) < world:
             left = deadline - time.monotonic()
@@ -312,9 +342,10 @@ def _run_world(target, world, args_of_rank, timeout_s):
             if res is None:
                 raise RuntimeError(f"{target.__name__} rank {rank} failed:\n{extra.get('error')}")
             results[rank] = (res, extra)
+        done = True
     finally:
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=10 if done else 0.5)  # on an error or an interrupt: no waiting
             if p.is_alive():
                 p.terminate()
                 p.join()
@@ -387,47 +418,47 @@ def records(rows: dict, worlds, sizes) -> list[dict]:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bench_collectives", description=__doc__.split("\n\n")[0])
-    p.add_argument("--worlds", default="2,3")
-    p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="float32 counts")
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--backends", default="dds,gloo")
-    p.add_argument("--ops", default=",".join(OPS_DDS), help="DDS ops, of " + ",".join(OPS_DDS))
-    p.add_argument("--piece-bytes", type=int, default=0, help="pipelined allreduce piece size (0: its default)")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the comparison as JSON records")
-    p.add_argument("--frame-bytes", type=int, default=0, help="Collective frame size (0: its default, 1 MiB less room for headers)")
-    p.add_argument("--domain", type=int, default=None, help="first DDS domain id (default: from the pid)")
-    p.add_argument("--timeout", type=float, default=900.0, help="per world and backend, seconds")
-    p.add_argument("--profile", default=None, metavar="DIR", help="profile DDS rank 0 into DIR")
-    p.add_argument("--out", default=None, help="also write the Markdown table here")
-    p.add_argument("--no-shm", action="store_true",
-                   help="DDS carries the payloads too (DTEMU_DDS_SHM=0): no shared-memory pools (real.shm)")
-    args = p.parse_args(argv)
-    if args.no_shm:
-        os.environ["DTEMU_DDS_SHM"] = "0"   # the ranks are spawned with this environment
-    worlds = [int(w) for w in args.worlds.split(",") if w]
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    backends = [b for b in args.backends.split(",") if b]
-    ops = [o for o in args.ops.split(",") if o]
-    if any(o not in OPS_DDS for o in ops):
-        raise SystemExit(f"--ops: choose among {OPS_DDS}")
-    _one_thread()
-    if args.profile:
-        Path(args.profile).mkdir(parents=True, exist_ok=True)
-    domain = args.domain if args.domain is not None else 20 + os.getpid() % 180
+def summary_table(rows: dict, worlds, sizes) -> str:
+    """Per world and size, DDS / gloo medians: the fastest DDS allreduce (named), the pipelined
+    one, and allgather; and the CPU of one op summed over the ranks (pipelined against all_reduce)."""
+    def med(key):
+        xs = rows.get(key)
+        return statistics.median(xs) if xs else None
+
+    def cell(d, g, extra=""):
+        if d is None or g is None:
+            return "-"
+        return f"{_fmt_ms(d)} / {_fmt_ms(g)} = **{d / g:.2f}**{extra}"
+
+    lines = ["| W | floats | allreduce, fastest DDS / gloo | pipelined / gloo | allgather / gloo "
+             "| CPU ms, pipelined / all_reduce |",
+             "|---:|---:|---|---|---|---|"]
+    for w in worlds:
+        for n in sizes:
+            g_ar, g_ag = med(("gloo", w, n, "all_reduce")), med(("gloo", w, n, "all_gather"))
+            algos = {a: med(("dds", w, n, a)) for a in ALLREDUCE_ALGOS if med(("dds", w, n, a)) is not None}
+            best = min(algos, key=algos.get) if algos else None
+            cpu_d, cpu_g = med(("dds", w, n, "pipelined/cpu")), med(("gloo", w, n, "all_reduce/cpu"))
+            cpu = f"{_fmt_ms(cpu_d)} / {_fmt_ms(cpu_g)}" if cpu_d is not None and cpu_g is not None else "-"
+            lines.append(f"| {w} | {n / 1e6:g}M | {cell(algos.get(best), g_ar, f' ({best})' if best else '')} "
+                         f"| {cell(med(('dds', w, n, 'pipelined')), g_ar)} "
+                         f"| {cell(med(('dds', w, n, 'allgather')), g_ag)} | {cpu} |")
+    return "\n".join(lines)
+
+
+def _measure(args, worlds, sizes, backends, ops, domain, net: NetSetup | None):
     rows: dict = {}
     notes: list[str] = []
-    started = time.perf_counter()
-    load0 = os.getloadavg()[0]
     for w in worlds:
         for backend in backends:
             t0 = time.perf_counter()
+            net_of = (lambda r: net.net_of(w, r)) if net else (lambda r: None)
+            drops0 = net.drops() if net else {}
             if backend == "dds":
                 dom = domain + w  # a domain per world: no leftovers from the previous one
                 res = _run_world(_dds_worker, w, lambda r: (r, w, dom, sizes, args.repeats, args.warmup,
-                                                            args.frame_bytes, args.profile, ops, args.piece_bytes),
+                                                            args.frame_bytes, args.profile, ops, args.piece_bytes,
+                                                            net_of(r)),
                                  args.timeout)
                 extra = res[0][1]
                 st = extra["stats"]
@@ -446,24 +477,124 @@ def main(argv=None) -> int:
                     for k, v in extra["main_cpu_s"].items():
                         notes.append(f"  main-thread CPU {k}: {v / (args.warmup + args.repeats) * 1e3:.1f} ms/op")
             elif backend == "gloo":
-                port = _free_port()
-                res = _run_world(_gloo_worker, w, lambda r: (r, w, port, sizes, args.repeats, args.warmup),
+                port = GLOO_PORT + w if net else _free_port()
+                res = _run_world(_gloo_worker, w, lambda r: (r, w, port, sizes, args.repeats, args.warmup,
+                                                             net_of(r)),
                                  args.timeout)
             else:
                 raise SystemExit(f"unknown backend {backend!r}")
+            if net:
+                lost = {k: v - drops0.get(k, 0) for k, v in net.drops().items() if v - drops0.get(k, 0)}
+                notes.append(f"{backend} W={w}: datagrams lost in the namespaces' kernels: {lost or 'none'}")
             for key, ts in _slowest(res).items():
                 n, op, *cpu = key.split("/")
                 rows[(backend, w, int(n), op + ("/cpu" if cpu else ""))] = ts
             print(f"[{backend} W={w}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+    return rows, notes
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="bench_collectives", description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", default="2,3")
+    p.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES), help="float32 counts")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--backends", default="dds,gloo")
+    p.add_argument("--ops", default=",".join(OPS_DDS), help="DDS ops, of " + ",".join(OPS_DDS))
+    p.add_argument("--piece-bytes", type=int, default=0, help="pipelined allreduce piece size (0: its default)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the comparison as JSON records")
+    p.add_argument("--frame-bytes", type=int, default=0, help="Collective frame size (0: its default, 1 MiB less room for headers)")
+    p.add_argument("--domain", type=int, default=None, help="first DDS domain id (default: from the pid)")
+    p.add_argument("--timeout", type=float, default=900.0, help="per world and backend, seconds")
+    p.add_argument("--profile", default=None, metavar="DIR", help="profile DDS rank 0 into DIR")
+    p.add_argument("--out", default=None, help="also write the Markdown table here")
+    p.add_argument("--no-shm", action="store_true",
+                   help="DDS carries the payloads too (DTEMU_DDS_SHM=0): no shared-memory pools (real.shm)")
+    p.add_argument("--netns", action="store_true",
+                   help="every rank in a network namespace of its own (root): DDS lan profile over UDP, "
+                        "gloo over TCP, through veths and a bridge")
+    p.add_argument("--mbps", type=float, default=0.0, help="--netns: tbf rate per veth and direction (0: unshaped)")
+    p.add_argument("--delay-ms", type=float, default=0.0,
+                   help="--netns: netem delay per veth and direction (needs sch_netem; 0: none)")
+    p.add_argument("--mtu", type=int, default=1500, help="--netns: the veths' MTU")
+    p.add_argument("--dds-profile", default="lan", metavar="PROFILE",
+                   help="--netns: the DDS profile of the ranks (default lan; or an .xml file, real.config)")
+    p.add_argument("--bridge-nf", action="store_true",
+                   help="--netns: leave br_netfilter's iptables hooks on in the switch namespace (default: off)")
+    args = p.parse_args(argv)
+    if (args.mbps or args.delay_ms or args.mtu != 1500 or args.bridge_nf or args.dds_profile != "lan") \
+            and not args.netns:
+        p.error("--mbps, --delay-ms, --mtu, --bridge-nf and --dds-profile go with --netns")
+    if args.dds_profile == "loopback":
+        p.error("--dds-profile: the ranks are on different hosts; loopback cannot reach them")
+    if args.no_shm or args.netns:
+        os.environ["DTEMU_DDS_SHM"] = "0"   # the ranks are spawned with this environment
+    worlds = [int(w) for w in args.worlds.split(",") if w]
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    backends = [b for b in args.backends.split(",") if b]
+    ops = [o for o in args.ops.split(",") if o]
+    if any(o not in OPS_DDS for o in ops):
+        raise SystemExit(f"--ops: choose among {OPS_DDS}")
+    _one_thread()
+    net = None
+    if args.netns:
+        from tools.netns_fl import NetnsError, netns_available
+
+        import shutil
+
+        missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+        if os.geteuid() != 0:
+            ok, why = False, "needs root (ip netns, tc)"
+        elif missing:
+            ok, why = False, f"needs {' and '.join(missing)} (iproute2) on PATH"
+        else:
+            try:
+                ok, why = netns_available()
+            except OSError as err:
+                ok, why = False, f"cannot probe network namespaces: {err}"
+        if not ok:
+            print(f"bench_collectives: --netns {why}", file=sys.stderr)
+            return 2
+        profile = args.dds_profile if args.dds_profile == "lan" else str(Path(args.dds_profile).resolve())
+        net = NetSetup(max(worlds), args.mbps, args.delay_ms, args.mtu, args.bridge_nf, profile)
+        if args.delay_ms > 0 and not net.bed._has_netem():
+            print("bench_collectives: --delay-ms needs sch_netem, which this kernel lacks", file=sys.stderr)
+            return 2
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    domain = args.domain if args.domain is not None else 20 + os.getpid() % 180
+    started = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    if net is None:
+        rows, notes = _measure(args, worlds, sizes, backends, ops, domain, None)
+        where = "on loopback (127.0.0.1)"
+    else:
+        try:
+            with net:
+                rtt = net.bed.rtt_ms(1, 0)
+                where = f"across network namespaces ({net.describe()}; UDP RTT {rtt:.3f} ms)"
+                print(f"netns: {where}", file=sys.stderr, flush=True)
+                rows, notes = _measure(args, worlds, sizes, backends, ops, domain, net)
+        except NetnsError as err:
+            print(f"bench_collectives: {err}", file=sys.stderr)
+            return 3
+        except KeyboardInterrupt:
+            print("bench_collectives: interrupted (namespaces removed)", file=sys.stderr)
+            return 130
     md = table(rows, worlds, sizes, backends, ops)
-    header = (f"Collectives on loopback, {args.repeats} repetitions after {args.warmup} warm-up, "
+    if args.netns:
+        payloads = f"inside the DDS samples ({args.dds_profile} profile, UDP); gloo over TCP"
+    else:
+        payloads = "inline (--no-shm)" if args.no_shm else "through shared-memory pools (real.shm)"
+    header = (f"Collectives {where}, {args.repeats} repetitions after {args.warmup} warm-up, "
               f"slowest rank per repetition; {os.cpu_count()} cores; "
               f"Collective frame_bytes={args.frame_bytes or 'default'}, piece_bytes={args.piece_bytes or 'default'}; "
-              f"DDS payloads {'inline (--no-shm)' if args.no_shm else 'through shared-memory pools (real.shm)'}; "
+              f"DDS payloads {payloads}; "
               f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
               f"(other work on the box inflates wall times; the CPU columns much less); "
               f"total {time.perf_counter() - started:.0f} s.\n")
-    text = header + "\n" + md + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    text = (header + "\n" + summary_table(rows, worlds, sizes) + "\n\n" + md + "\n\n"
+            + "\n".join(f"- {n}" for n in notes) + "\n")
     print(text)
     if args.out:
         Path(args.out).write_text(text)

@@ -34,7 +34,7 @@ def one(scenario: str, jobs: int | None, sets: list[str]) -> tuple[float, float,
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
         summary = json.loads(Path(f"{tmp}/run/summary.json").read_text())
-    return wall, summary["wall_time_s"], summary["model_sha256"], summary.get("executor")
+    return wall, summary["wall_time_s"], summary["model_sha256"], summary.get("emu", {}).get("executor")
 
 
 def main(argv=None) -> int:
