@@ -39,10 +39,12 @@ def scenario(name="ddp_lost", *, on="stop", min_workers=None, compression="none"
     raw = {
         "name": name, "mode": "ddp", "seed": 4, "model": "small_cnn", "threads": 1,
         "data": {"partition": "iid", "test_samples": 300},
+        # gather by default here: the times these tests check are its (a rank waits for a whole
+        # vector from each peer); the pipelined allreduce, the scenario default, has its own cases
         "ddp": {"workers": 3, "epochs": 1, "max_steps": 40, "batch_size": 64, "lr": 0.05, "momentum": 0.9,
                 "compression": compression, "density": 0.05, "warmup_steps_per_stage": 5, "window": 10,
                 "step_timeout_s": STEP_TIMEOUT, "barrier_timeout_s": 5, "on_worker_lost": on,
-                "min_workers": min_workers, **ddp},
+                "min_workers": min_workers, "allreduce": "gather", **ddp},
         "faults": {"offline": [{"node": "worker2", "start_s": LOSS_AT, "end_s": end_s}] if offline else []},
     }
     if slow_down:  # a slow downlink: rank 2's last payload reaches the other survivor first
@@ -103,7 +105,8 @@ def test_stop_when_the_survivors_are_a_step_apart(tmp_path):
 
 # --- emu: continue -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("compression, allreduce", [("none", "gather"), ("none", "ring"), ("dgc", "gather")])
+@pytest.mark.parametrize("compression, allreduce", [("none", "gather"), ("none", "ring"), ("none", "pipelined"),
+                                                     ("dgc", "gather")])
 def test_continue_finishes_every_step_among_the_survivors(tmp_path, compression, allreduce):
     raw = scenario(f"go_{compression}_{allreduce}", on="continue", min_workers=2, compression=compression,
                    allreduce=allreduce)
@@ -288,8 +291,9 @@ def _summary(tmp_path, name):
     return json.loads((tmp_path / name / "summary.json").read_text())
 
 
-def test_real_worker_killed_the_others_stop_with_exit_5(tmp_path):
-    ranks, killed = _kill_worker2_mid_run(tmp_path)
+@pytest.mark.parametrize("allreduce", ["pipelined", "gather"])
+def test_real_worker_killed_the_others_stop_with_exit_5(tmp_path, allreduce):
+    ranks, killed = _kill_worker2_mid_run(tmp_path, f"ddp.allreduce={allreduce}")
     try:
         codes = {name: ranks.wait(name, REAL_TIMEOUT + 30) for name in SURVIVORS}
         took = time.monotonic() - killed
@@ -342,3 +346,13 @@ def test_launch_gathers_the_survivors(tmp_path):
     assert summary["steps"] == 20 and summary["stop_reason"].startswith("worker lost: rank 2")
     assert summary["models_agree"] is False and summary["bytes_per_step"] == 4.0
     assert summary["final_accuracy"] == 0.5 and summary["bytes_up"] == 200
+
+
+def test_the_pipelined_allreduce_blames_the_rank_whose_own_pieces_are_missing():
+    from dtemu.core.ddp.pipelined import to_blame
+
+    # rank 1 waits for rank 2's piece of its shard and for rank 0's finished piece, which rank 0
+    # cannot finish without rank 2's: only rank 2 is lost
+    assert to_blame({(5, "prs", 0, 2), (5, "pag", 0, 0), (5, "pag", 0, 2)}) == {2}
+    # every contribution in, a finished piece missing: its owner died after the others had sent
+    assert to_blame({(5, "pag", 1, 0)}) == {0}

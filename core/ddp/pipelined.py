@@ -48,8 +48,19 @@ def _bytes_of(arr: np.ndarray) -> memoryview:
     return memoryview(arr).cast("B")  # no copy; the frame encoder copies it once
 
 
+def to_blame(waiting) -> set[int]:
+    """The ranks a wait that ended names as missing: those whose own pieces ("prs", sent whatever
+    the others do) are missing.  A finished piece ("pag") waits on every member's contribution, so
+    a live owner blocked by a lost rank is named only when no contribution is missing (its owner
+    died after the others had sent theirs)."""
+    own = {rank for _, name, _, rank in waiting if name == "prs"}
+    return own or {rank for *_, rank in waiting}
+
+
 def pipelined_allreduce_mean(coll, round_: int, vec: np.ndarray, deadline: float | None):
     """The mean of every member's float32 ``vec`` (see the module docstring); (mean, bytes sent)."""
+    from dtemu.core.ddp.collectives import CollectiveTimeout, LossNotice  # (that module imports this one)
+
     members = coll.members
     w, me = len(members), members.index(coll.rank)
     if w == 1:
@@ -109,6 +120,13 @@ def pipelined_allreduce_mean(coll, round_: int, vec: np.ndarray, deadline: float
         sent += yield from file((yield from coll.poll(list(waiting))))
     # 2. and 3.: the rest as it comes
     while waiting:
-        sent += yield from file((yield from coll.wait_any(list(waiting), deadline, what, started)))
+        try:
+            ready = yield from coll.wait_any(list(waiting), deadline, what, started)
+        except CollectiveTimeout:
+            raise CollectiveTimeout(what, to_blame(waiting), coll.ctx.now() - started) from None
+        except LossNotice as notice:
+            notice.missing = sorted(to_blame(waiting))
+            raise
+        sent += yield from file(ready)
     coll.finish({(round_, name, k) for name in ("prs", "pag") for k in range(max(map(len, pieces)))})
     return out, sent
