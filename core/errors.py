@@ -96,3 +96,21 @@ class KeyFileError(DtemuError):
 class GeoPayloadError(DecodeError):
     """A malformed geo payload (core.geo.payload): wrong size, sparse indices out of range or repeated,
     counts that disagree with the bytes, values not finite."""
+
+
+class CollectiveTimeout(DtemuError):
+    def __init__(self, what: str, missing_ranks, waited_s: float):
+        self.missing = sorted(missing_ranks)
+        self.what = what
+        super().__init__(f"{what} timed out after {waited_s:g}s; missing ranks: {self.missing}")
+
+
+class LossNotice(DtemuError):
+    """A peer's control message ended a wait: ``kind`` "alive" (rank ``rank`` began a
+    regroup into generation ``group``) or "stop" (rank ``rank`` stopped, naming
+    ``payload``).  ``what`` is the interrupted wait, ``missing`` the ranks it lacked."""
+
+    def __init__(self, kind: str, rank: int, group: int, payload: bytes):
+        self.kind, self.rank, self.group, self.payload = kind, rank, group, payload
+        self.what, self.missing = "", []
+        super().__init__(f"rank {rank} sent {kind} (generation {group})")

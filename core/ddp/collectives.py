@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dtemu.core.errors import DtemuError, FrameError
+from dtemu.core.errors import CollectiveTimeout, FrameError, LossNotice  # noqa: F401  (the two first re-exported)
 from dtemu.core.runtime.requests import Buffers, Recv, Send, WaitPeers
 from dtemu.core.wire.topics import COLL_FRAMES
 from dtemu.core.ddp.pipelined import pipelined_allreduce_mean
@@ -72,24 +72,6 @@ MAX_NAME = 32
 CONTROL_NAMES = frozenset({"alive", "state", "stop"})
 # Frames of a newer generation kept until this rank joins it, at most this many bytes.
 FUTURE_BYTES = 64 << 20
-
-
-class CollectiveTimeout(DtemuError):
-    def __init__(self, what: str, missing_ranks, waited_s: float):
-        self.missing = sorted(missing_ranks)
-        self.what = what
-        super().__init__(f"{what} timed out after {waited_s:g}s; missing ranks: {self.missing}")
-
-
-class LossNotice(DtemuError):
-    """A peer's control message ended a wait: ``kind`` "alive" (rank ``rank`` began a
-    regroup into generation ``group``) or "stop" (rank ``rank`` stopped, naming
-    ``payload``).  ``what`` is the interrupted wait, ``missing`` the ranks it lacked."""
-
-    def __init__(self, kind: str, rank: int, group: int, payload: bytes):
-        self.kind, self.rank, self.group, self.payload = kind, rank, group, payload
-        self.what, self.missing = "", []
-        super().__init__(f"rank {rank} sent {kind} (generation {group})")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dtemu.core.errors import CollectiveTimeout, LossNotice
+
 
 def shard_bounds(n: int, w: int) -> list[tuple[int, int]]:
     """[lo, hi) of each of ``w`` shards of ``n`` elements (np.array_split's cut)."""
@@ -59,8 +61,6 @@ def to_blame(waiting) -> set[int]:
 
 def pipelined_allreduce_mean(coll, round_: int, vec: np.ndarray, deadline: float | None):
     """The mean of every member's float32 ``vec`` (see the module docstring); (mean, bytes sent)."""
-    from dtemu.core.ddp.collectives import CollectiveTimeout, LossNotice  # (that module imports this one)
-
     members = coll.members
     w, me = len(members), members.index(coll.rank)
     if w == 1:
