@@ -19,11 +19,11 @@ pool anyway (``submit`` and ``result``):
 - an evaluation is split into whole batches of the test set, one part per
   worker (``EvalJob.split``): between rounds the workers would otherwise idle
   while the emulator alone evaluated (~5 s of fl_1000's 50 s).
-- workers are forked by a fork server that imported torch and the roles' code
+- workers are forked by a fork server that imported torch and the jobs' code
   once (``PRELOAD``), not spawned: a spawned worker imported torch and paid its
-  first optimizer's one-off costs itself, 2.4 s of CPU each, and on 2 cores the
-  emulator waited ~2.9 s for its first result (fl_1000 cut to 5 short rounds:
-  a quarter of the run).  ``prestart`` starts that server as ``emu run`` begins,
+  first optimizer's import of torch._dynamo itself, 2.4 s of CPU each, and on 2
+  cores the emulator waited ~2.9 s for its first result (fl_1000 cut to 5 short
+  rounds: a quarter of the run).  The jobs' SGD (core.ml.sgd) needs no dynamo.  ``prestart`` starts that server as ``emu run`` begins,
   so its imports overlap the emulator's own.  The server imports and allocates,
   never computes, so no OpenMP pool is inherited half-initialised (the reason
   for not forking the emulator itself).
@@ -53,8 +53,8 @@ from dtemu.host import cores
 
 MAX_RESTARTS = 10
 # What the fork server imports once for every worker: this module (dtemu first, so the CPU arithmetic
-# is fixed before torch loads; then torch and the jobs' code) and what torch's first optimizer imports.
-PRELOAD = ["dtemu.emu.pool", "torch._dynamo"]
+# is fixed before torch loads; then torch and the jobs' code).
+PRELOAD = ["dtemu.emu.pool"]
 DEPTH = 2  # jobs a worker holds: the one it trains and the next
 PIPE_BYTES = 1 << 20  # Linux's default ceiling for an unprivileged pipe (/proc/sys/fs/pipe-max-size)
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (named in the fcntl module from Python 3.10 on Linux only)
@@ -103,9 +103,6 @@ def _send_results(outbox: queue.Queue, conn) -> None:
 def _worker_main(jobs_in, results_out, dataset, threads: int) -> None:
     init_worker(dataset, threads)
     from dtemu.core.ml import models  # noqa: F401  (imported before the first job)
-    from dtemu.core.ml.train import warm_up
-
-    warm_up()  # while the emulator builds its world, not in the first job it waits for
 
     outbox: queue.Queue = queue.Queue()
     sender = threading.Thread(target=_send_results, args=(outbox, results_out), daemon=True)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dtemu.core.ml.sgd import SGD
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -22,9 +24,9 @@ class TrainResult:
 
 
 def warm_up() -> None:
-    """Pay torch's one-off costs now: the first optimizer imports torch._dynamo (1.2 s here, 1-4 s on
-    a busy machine), which would otherwise land in the first job's time (a real rank's first round
-    against its timeout; each of emu's pool workers' first job while the emulator waits)."""
+    """Pay torch's one-off costs now: the first torch.optim optimizer imports torch._dynamo (1.1 s
+    here, 1-4 s on a busy machine), which would otherwise land in a real rank's first round against
+    its timeout (the roles of ddp, ps and geo use torch.optim; an FL client's ``train_local`` does not)."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
@@ -43,8 +45,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
         raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
     indices = np.asarray(indices, dtype=np.int64)
     n = len(indices)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
-                          weight_decay=weight_decay)
+    opt = SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)  # torch's bits, no dynamo
     model.train()
     steps = 0
     loss_sum = torch.zeros((), dtype=torch.float64)  # summed as a tensor: no sync per step
@@ -54,7 +55,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
             order = torch.from_numpy(indices[np.random.default_rng([seed, epoch]).permutation(n)])
             for start in range(0, n, batch_size):
                 idx = order[start:start + batch_size]
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
                 # cross_entropy is right for logits and log-probabilities alike
                 # (log_softmax of log-probabilities is a no-op), so a factory
                 # model may return either.
