@@ -65,7 +65,8 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
 
 def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, init, domain_id, profile, key,
          fired, wall_start: float, pace: float | None = None, links: bool = False) -> dict:
-    warm_up()  # torch's one-off costs now, not in the first round against round_timeout_s
+    if not scenario.trains_as_jobs:  # (FL clients step with core.ml.sgd: nothing to pay)
+        warm_up()  # torch.optim's one-off costs now, not in the first round against its timeout
     spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
     whc_high = writer_history(scenario.mode, work.dim)
