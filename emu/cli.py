@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
 from dtemu.host.keys import load_key
-from dtemu.host.cores import fitting as default_jobs
+from dtemu.host import cores
 from dtemu.host.scenario_file import check_model, load_scenario, read_init
 from dtemu.report.cli import add_commands
 from dtemu.report.cli import run as run_reader
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emu: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(scenario.name)
-    jobs = args.jobs or default_jobs(scenario.threads)
+    # as many workers as the cores hold at the scenario's threads: more would only share them
+    jobs = args.jobs or cores.fitting(scenario.threads)
     if jobs > 1 and args.executor == "local" and scenario.trains_as_jobs:
         from .pool import prestart
 

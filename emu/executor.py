@@ -26,12 +26,6 @@ from dtemu.host import cores
 from .pool import ProcessPool, init_worker, run_job
 
 
-def default_jobs(threads: int) -> int:
-    """Worker processes of ``threads`` torch threads that fit this process's cores: more would only
-    share them (a scenario of 2 threads on 2 cores trains in one process, as fast as it can there)."""
-    return cores.fitting(threads)
-
-
 class RayExecutor:
     """The jobs as Ray tasks (local Ray, or a cluster at ``address``)."""
 

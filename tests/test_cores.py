@@ -2,7 +2,6 @@
 
 import os
 
-from dtemu.emu.executor import default_jobs
 from dtemu.host import cores
 
 
@@ -17,7 +16,7 @@ def test_processes_beyond_the_cores_wait_passively(monkeypatch):
 
 def test_the_default_pool_holds_as_many_workers_as_the_cores_fit():
     assert cores.fitting(1, cores=2) == 2 and cores.fitting(2, cores=2) == 1 and cores.fitting(4, cores=2) == 1
-    assert default_jobs(1) == cores.available() and default_jobs(10**6) == 1
+    assert cores.fitting(1) == cores.available() and cores.fitting(10**6) == 1
 
 
 def test_the_policy_reaches_started_processes_and_leaves_this_one_as_it_was(monkeypatch):
