@@ -23,8 +23,9 @@ pool anyway (``submit`` and ``result``):
   once (``PRELOAD``), not spawned: a spawned worker imported torch and paid its
   first optimizer's import of torch._dynamo itself, 2.4 s of CPU each, and on 2
   cores the emulator waited ~2.9 s for its first result (fl_1000 cut to 5 short
-  rounds: a quarter of the run).  The jobs' SGD (core.ml.sgd) needs no dynamo.  ``prestart`` starts that server as ``emu run`` begins,
-  so its imports overlap the emulator's own.  The server imports and allocates,
+  rounds: a quarter of the run).  The jobs' SGD (core.ml.sgd) needs no dynamo.
+  ``prestart`` starts that server as ``emu run`` begins, so its imports
+  overlap the emulator's own.  The server imports and allocates,
   never computes, so no OpenMP pool is inherited half-initialised (the reason
   for not forking the emulator itself).
 - a worker that dies (killed, out of memory) is seen at once (its process

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from dtemu.core.ml.models import build_model, model_cost
 from dtemu.core.ml.sgd import SGD
+from dtemu.core.ml.train import steps_with_torch_optim
 from dtemu.core.scenario import Scenario
 from dtemu.host import cores as host_cores
 
@@ -37,8 +38,8 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS) 
     (``barrier``: wait there after the untimed steps, so that processes measured together overlap)."""
     batch = scenario.ddp.batch_size if scenario.mode == "ddp" else scenario.fl.batch_size
     model = build_model(scenario.model, seed=scenario.seed)
-    # the optimizer its training nodes step with: FL clients core.ml.sgd (no torch.optim wrapper)
-    opt = (SGD if scenario.trains_as_jobs else torch.optim.SGD)(model.parameters(), lr=0.01)
+    # the optimizer its training nodes step with
+    opt = (torch.optim.SGD if steps_with_torch_optim(scenario) else SGD)(model.parameters(), lr=0.01)
     x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
     threads = torch.get_num_threads()
     torch.set_num_threads(scenario.threads)

@@ -75,11 +75,11 @@ def _common(p: argparse.ArgumentParser, out_default: str) -> None:
                         "several), else machine")
 
 
-def paced_links(args) -> bool:
+def paced_links(args, pace: float | None) -> bool:
     """Do this rank's messages take the scenario's links' time (``--links``, else its default)?"""
     if args.links is not None:
         return args.links == "scenario"
-    return args.profile == "loopback" and args.time_scale not in (None, 1.0)
+    return args.profile == "loopback" and pace is not None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,13 +162,13 @@ def run_rank(args, scenario) -> int:
         # script hands its ranks SIGINT ignored (POSIX does so for `cmd &`), and Python then
         # installs no handler: the ranks would run on until killed, their folders unfinished.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    pace = args.time_scale if args.time_scale not in (None, 1.0) else None  # under a launch's time scale
     try:
         with dashboard:
             summary = run_node(scenario, args.rank, out, init=init, domain_id=args.domain, profile=args.profile,
                                threads=args.threads, observers=[dashboard.observe], key=args.key,
                                fired=[int(i) for i in args.fired.split(",") if i], append=args.append,
-                               pace=args.time_scale if args.time_scale not in (None, 1.0) else None,
-                               links=paced_links(args))
+                               pace=pace, links=paced_links(args, pace))
     except KeyboardInterrupt:
         print(f"real: {name} interrupted; partial run in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 import torch
 
 from dtemu.core import events as ev
-from dtemu.core.ml.train import warm_up
+from dtemu.core.ml.train import steps_with_torch_optim, warm_up
 from dtemu.core.ml.workload import Workload
 from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import ComputeTimer
@@ -65,7 +65,7 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
 
 def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, init, domain_id, profile, key,
          fired, wall_start: float, pace: float | None = None, links: bool = False) -> dict:
-    if not scenario.trains_as_jobs:  # (FL clients step with core.ml.sgd: nothing to pay)
+    if steps_with_torch_optim(scenario):
         warm_up()  # torch.optim's one-off costs now, not in the first round against its timeout
     spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])

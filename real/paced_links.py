@@ -61,17 +61,16 @@ class PacedLinks:
             return sent_at
         return sent_at + self.pace * self._latency_s(src)
 
+    def _wans(self, src: str, dst: str) -> tuple:
+        """The WAN attachments a message from ``src`` to ``dst`` crosses: its site's and the other's, or none."""
+        a, b = self._site.get(src), self._site.get(dst)
+        return (self._wan[a], self._wan[b]) if a != b and a in self._wan and b in self._wan else ()
+
     def _bottleneck(self, dst: str) -> float:
         """Mbit/s of the narrowest link past the sender's uplink on the way to ``dst``."""
-        rates = [self._links[dst].down_mbps]
-        a, b = self._site.get(self.node), self._site.get(dst)
-        if a != b and a in self._wan and b in self._wan:
-            rates += [self._wan[a].up_mbps, self._wan[b].down_mbps]
-        return min(rates)
+        wans = self._wans(self.node, dst)
+        return min([self._links[dst].down_mbps] + ([wans[0].up_mbps, wans[1].down_mbps] if wans else []))
 
     def _latency_s(self, src: str) -> float:
         ms = self._links[src].latency_ms + self._links[self.node].latency_ms
-        a, b = self._site.get(src), self._site.get(self.node)
-        if a != b and a in self._wan and b in self._wan:
-            ms += self._wan[a].latency_ms + self._wan[b].latency_ms
-        return ms / 1e3
+        return (ms + sum(w.latency_ms for w in self._wans(src, self.node))) / 1e3

@@ -23,6 +23,12 @@ class TrainResult:
     mean_loss: float  # per-sample mean training loss over all steps (0.0 if none)
 
 
+def steps_with_torch_optim(scenario) -> bool:
+    """Do the scenario's training nodes step with torch.optim (the roles of ddp, ps and geo), rather
+    than with core.ml.sgd (an FL client's ``train_local``, the training handed out as jobs)?"""
+    return not scenario.trains_as_jobs
+
+
 def warm_up() -> None:
     """Pay torch's one-off costs now: the first torch.optim optimizer imports torch._dynamo (1.1 s
     here, 1-4 s on a busy machine), which would otherwise land in a real rank's first round against
