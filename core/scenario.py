@@ -23,13 +23,13 @@ from typing import Any, Literal
 from dtemu.core.ddp.collectives import FRAME_BYTES
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
-from dtemu.core.geo.spec import (GeoSpec, SiteSpec, central_site, geo_node_names, geo_site_of, site_workers,
-                                worker_sites)
-from dtemu.core.ps.spec import PS, SS, PSSpec, validate_ps
+from dtemu.core.geo.spec import GeoSpec, SiteSpec, central_site
+from dtemu.core.modes import MODES, Mode
+from dtemu.core.modes.fl import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS  # noqa: F401 (their old home)
+from dtemu.core.ps.spec import PSSpec
 from dtemu.core.schema import U16, U32, between, build, check, fraction, non_negative, positive, probability
 
 CODEC_NAMES = ("fp32", "q8", "s4", "sq8")
-CONTROLLER = "controller"
 
 
 @dataclass(frozen=True)
@@ -285,10 +285,6 @@ class OfflineWindow:
     end_s: float | None = None
 
 
-CLIENT_CRASH_POINTS = ("before_train", "during_train", "mid_upload", "after_upload")
-CONTROLLER_CRASH_POINTS = ("mid_round", "before_checkpoint", "after_checkpoint")
-
-
 @dataclass(frozen=True)
 class CrashSpec:
     """A crash at a point of the protocol rather than at a time, so that it
@@ -389,31 +385,25 @@ class Scenario:
         return [f"worker{i}" for i in range(self.ddp.workers)]
 
     @property
+    def kind(self) -> Mode:
+        """The mode's object (core.modes): its nodes, roles, summary and rules."""
+        return MODES[self.mode]
+
+    @property
     def node_names(self) -> list[str]:
         """Every node, in rank order (FL: rank 0 is the controller; DDP: worker<rank>)."""
-        if self.mode == "ddp":
-            return self.worker_names
-        if self.mode == "ps":
-            return [PS, SS] + self.ps.worker_names
-        if self.mode == "geo":
-            return geo_node_names(self.network.sites, self.network.central, self.geo)
-        return [CONTROLLER] + self.client_names
+        return self.kind.node_names(self)
 
     @property
     def trains_as_jobs(self) -> bool:
         """Do its nodes hand their training out as jobs that an executor may run in other processes
-        (emu --jobs, --executor ray; core.ml.jobs)?  FL clients do; the other modes train in place."""
-        return self.mode == "fl"
+        (emu --jobs, --executor ray; core.ml.jobs)?"""
+        return self.kind.trains_as_jobs
 
     @property
     def training_nodes(self) -> list[str]:
         """The nodes whose traffic counts as bytes_up / bytes_down."""
-        if self.mode == "ps":
-            return self.ps.worker_names
-        if self.mode == "geo":
-            return [w for site in worker_sites(self.network.sites, self.network.central)
-                    for w in site_workers(site, self.geo)]
-        return self.worker_names if self.mode == "ddp" else self.client_names
+        return self.kind.training_nodes(self)
 
     @property
     def central_site(self) -> str | None:
@@ -422,10 +412,7 @@ class Scenario:
     @property
     def site_of(self) -> dict[str, str]:
         """Each node's site ({} without network.sites)."""
-        sites = self.network.sites
-        if self.mode == "geo":
-            return geo_site_of(sites, self.network.central, self.geo)
-        return {node: name for name, site in sites.items() for node in site.nodes}
+        return self.kind.site_of(self)
 
     def link(self, node: str) -> LinkSpec:
         site = self.site_of.get(node)
@@ -451,11 +438,9 @@ class Scenario:
         d = self.to_dict()
         d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
         d.pop("targets")  # what is measured, not what is trained
-        d.pop("ddp" if self.mode == "fl" else "fl")
-        if self.mode != "ps":  # (a scenario of another mode keeps the digest it had before mode ps)
-            d.pop("ps")
-        if self.mode != "geo":  # (nor before mode geo and network.sites)
-            d.pop("geo")
+        for section in ("fl", "ddp", "ps", "geo"):  # what its mode does not train with
+            if section not in self.kind.digest_sections:
+                d.pop(section)
         if not self.network.sites:
             del d["network"]["sites"], d["network"]["central"]
         # Emu's timing of real mode's transport (issue 15): at their defaults a scenario keeps
@@ -560,17 +545,11 @@ def validate(s: Scenario) -> None:
         if not 0 < target <= 1:
             raise ScenarioError(f"targets[{i}]", f"expected an accuracy in (0, 1], got {target!r}")
     fl = s.fl
-    if s.mode == "ddp":
-        for i, d in enumerate(s.ddp.warmup_densities):
-            if not 0 < d <= 1:
-                raise ScenarioError(f"ddp.warmup_densities[{i}]", f"expected a fraction in (0, 1], got {d!r}")
-        if s.ddp.min_workers is not None and not 1 <= s.ddp.min_workers <= s.ddp.workers:
-            raise ScenarioError("ddp.min_workers",
-                                f"expected 1..{s.ddp.workers} (ddp.workers), got {s.ddp.min_workers}")
     if fl.min_clients > fl.clients:
         raise ScenarioError(
             "fl.min_clients", f"{fl.min_clients} is more than fl.clients ({fl.clients})"
         )
+    s.kind.validate(s)
     _validate_sampling(s)
     _validate_sites(s)
     known = set(s.node_names)
@@ -589,8 +568,6 @@ def validate(s: Scenario) -> None:
         if window.end_s is not None and window.end_s <= window.start_s:
             raise ScenarioError(f"{path}.end_s", f"must be after start_s ({window.start_s})")
     _validate_faults(s, known)
-    if s.mode == "ps":
-        validate_ps(s.ps)
     for name in [None, *s.compute.nodes]:
         spec = s.compute_for(name) if name else s.compute.default
         where = f"compute.nodes.{name}" if name else "compute.default"
@@ -620,27 +597,7 @@ def _validate_sites(s: Scenario) -> None:
     sites, net = s.network.sites, s.network
     if net.central is not None and net.central not in sites:
         raise ScenarioError("network.central", f"no such site {net.central!r} (sites are {', '.join(sites) or 'none'})")
-    if s.mode == "geo":
-        if len(sites) < 2:
-            raise ScenarioError("network.sites", "geo mode needs a central site and at least one site of workers")
-        for name, site in sites.items():
-            if site.nodes:
-                raise ScenarioError(f"network.sites.{name}.nodes",
-                                    "geo mode places its nodes itself (master and PS central, workers per site)")
-        if s.geo.sparse and s.geo.architecture == "flat":
-            raise ScenarioError("geo.compression", "BiSparse sparsifies PS-to-PS traffic: it needs architecture hips")
-        if s.geo.sync != "fsa" and (s.geo.sparse or s.geo.architecture == "flat"):
-            raise ScenarioError("geo.sync", "MixedSync and HFA move dense weights between the sites of HiPS: "
-                                "they need architecture hips and no bisparse")
-        if s.geo.sparse and s.geo.global_optimizer:
-            raise ScenarioError("geo.global_optimizer", "BiSparse returns a sparse gradient, not weights: "
-                                "set global_optimizer false with bisparse")
-        if s.geo.joining and s.geo.architecture != "hips":
-            raise ScenarioError("geo.joining", "sites join a HiPS run (a site's local PS joins the global PS)")
-        if s.geo.residual_momentum >= 1:
-            raise ScenarioError("geo.residual_momentum", f"expected a value in [0, 1), got {s.geo.residual_momentum}")
-        if s.faults.crashes or s.faults.corrupt:
-            raise ScenarioError("faults", "geo mode takes faults.offline and delivery faults only")
+    if s.kind.places_nodes_in_sites(s):
         return
     seen: dict[str, str] = {}
     for name, site in sites.items():
@@ -666,10 +623,10 @@ def _validate_faults(s: Scenario, known: set[str]) -> None:
 
     for i, crash in enumerate(faults.crashes):
         path = f"faults.crashes[{i}]"
-        if s.mode != "fl":
-            raise ScenarioError(path, "crashes at protocol points are FL faults (DDP: faults.offline)")
+        if not s.kind.crash_points:
+            raise ScenarioError(path, f"crashes at protocol points are FL faults (mode {s.mode}: faults.offline)")
         node(f"{path}.node", crash.node)
-        points = CONTROLLER_CRASH_POINTS if crash.node == CONTROLLER else CLIENT_CRASH_POINTS
+        points = s.kind.crash_points["leader" if crash.node == s.node_names[0] else "member"]
         if crash.at not in points:
             raise ScenarioError(f"{path}.at", f"{crash.node} can crash at {', '.join(points)}; got {crash.at!r}")
         if crash.round > s.fl.rounds:
@@ -687,7 +644,7 @@ def _validate_faults(s: Scenario, known: set[str]) -> None:
     for i, bad in enumerate(faults.corrupt):
         path = f"faults.corrupt[{i}]"
         node(f"{path}.node", bad.node)
-        if s.mode != "fl" or bad.node == CONTROLLER:
+        if not s.kind.takes_corrupt(s, bad.node):
             raise ScenarioError(f"{path}.node", "only FL clients send updates that can be corrupted")
         for j, r in enumerate(bad.rounds):
             if not 1 <= r <= s.fl.rounds:

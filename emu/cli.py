@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emu: {type(err).__name__}: {err}", file=sys.stderr)
         return 3
     acc = summary["final_accuracy"]
-    progress = (f"{summary['steps']} steps" if scenario.mode == "ddp"
-                else f"{summary['rounds']} rounds, WAN {summary['wan_bytes'] / 1e6:.2f} MB" if scenario.mode == "geo"
-                else f"{summary['rounds']} rounds ({summary['rounds_failed']} failed)")
+    progress = scenario.kind.progress(summary)
     print(
         f"{scenario.name}: {progress}, "
         f"accuracy {'n/a' if acc is None else f'{acc:.4f}'}, "

@@ -105,7 +105,7 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
     for name in scenario.node_names:
         if name not in down:
             world.start(name)
-    if scenario.mode in ("ddp", "geo"):
+    if not scenario.kind.ends_with_leader:
         # Until every worker's role returned or its node crashed (a crashed worker's
         # process ends with None; the survivors stop or go on without it, never hang).
         # A worker down from the start joins when it comes up; one that comes back
@@ -115,7 +115,7 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
         for n in scenario.node_names:
             late = world.nodes[n].process
             # geo: a node back after a crash joins again (core.geo.join): its new life counts too
-            if (n in down or scenario.mode == "geo") and late is not None and late is not procs.get(n):
+            if (n in down or scenario.kind.rejoins_after_crash) and late is not None and late is not procs.get(n):
                 env.run(until=late)
                 procs[n] = late
         results = [procs[n].value if n in procs else None for n in scenario.node_names]

@@ -115,7 +115,7 @@ class DashboardState:
 
     @classmethod
     def from_scenario(cls, scenario) -> DashboardState:
-        return cls(scenario.node_names, scenario.fl.rounds)
+        return cls(scenario.node_names, scenario.kind.rounds(scenario))
 
     # --- folding events -------------------------------------------------
     def observe(self, event: dict) -> None:
@@ -179,7 +179,8 @@ class DashboardState:
 
     # Controller events, one small method each.
     def _run_start(self, node: NodeView, ev: dict) -> None:
-        for name in ev.get("clients") or ():
+        clients = ev.get("clients")
+        for name in clients if isinstance(clients, list) else ():  # (mode ps: a count)
             self._node(name)
         if ev.get("rounds"):
             self.rounds_total = ev["rounds"]

@@ -15,12 +15,12 @@ from dtemu.core.scenario import Scenario
 
 
 def load_population(scenario: Scenario) -> Population | None:
-    """The FL controller's population (None for DDP); reads the trace file if the scenario names one."""
-    if scenario.mode != "fl":
-        return None
+    """The leader's population (None where the mode asks every node: core.modes); reads the trace file
+    if the scenario names one."""
+    population = scenario.kind.population(scenario)
     spec = scenario.fl.availability
-    if spec.kind != "trace":
-        return Population(scenario)
+    if population is None or spec.kind != "trace":
+        return population
     path = Path(spec.trace)
     try:
         if path.stat().st_size > MAX_TRACE_BYTES:

@@ -36,7 +36,7 @@ TOGETHER_TIMEOUT_S = 120.0
 def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS) -> float:
     """Seconds per training sample of the scenario's model on this machine, with its threads
     (``barrier``: wait there after the untimed steps, so that processes measured together overlap)."""
-    batch = scenario.ddp.batch_size if scenario.mode == "ddp" else scenario.fl.batch_size
+    batch = scenario.kind.batch_size(scenario)
     model = build_model(scenario.model, seed=scenario.seed)
     # the optimizer its training nodes step with
     opt = (torch.optim.SGD if steps_with_torch_optim(scenario) else SGD)(model.parameters(), lr=0.01)

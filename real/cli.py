@@ -181,12 +181,13 @@ def run_rank(args, scenario) -> int:
     except DDSException as err:
         print(f"real: {name}: DDS failed: {err}", file=sys.stderr)
         return EXIT_DDS
-    if scenario.mode == "ddp" and summary.get("stop_reason", DONE) != DONE:
+    stopped = scenario.kind.stopped_early(summary)
+    if stopped:
         from dtemu.core.ddp.regroup import BARRIER_STOP
 
         # A peer missing at the start stays a barrier timeout (3); one lost mid-run is 5.
-        print(f"real: {name} stopped: {summary['stop_reason']}; summary in {out}", file=sys.stderr)
-        return EXIT_RUN if summary["stop_reason"].startswith(BARRIER_STOP) else EXIT_PEER_LOST
+        print(f"real: {name} stopped: {stopped}; summary in {out}", file=sys.stderr)
+        return EXIT_RUN if stopped.startswith(BARRIER_STOP) else EXIT_PEER_LOST
     print(f"{scenario.name} [{name}]: " + ", ".join(f"{k} {v}" for k, v in summary.items()
                                                    if k in ("final_accuracy", "rounds", "steps", "wall_time_s")))
     return EXIT_OK

@@ -120,10 +120,10 @@ def whc_high_bytes(whc_high: Optional[str] = None) -> int:
     return int(whc[: len(whc) - len(unit)]) * _UNITS[unit]
 
 
-def writer_history(mode: str, model_params: int) -> str:
-    """The writer history (WhcHigh) real mode runs a scenario of ``mode`` with:
-    ``DTEMU_DDS_WHC_HIGH`` if set, else ``DEFAULT_WHC_HIGH``, except for data-parallel
-    training, whose writers get a history that holds a whole gradient (fp32, the
+def writer_history(all_to_all: bool, model_params: int) -> str:
+    """The writer history (WhcHigh) real mode runs a scenario with: ``DTEMU_DDS_WHC_HIGH`` if
+    set, else ``DEFAULT_WHC_HIGH``, except where every rank sends to every other at once
+    (``all_to_all``: the mode's, core.modes; data-parallel training), whose writers get a history that holds a whole gradient (fp32, the
     largest message a rank writes): the smallest power of two MiB at or above it.
 
     Why DDP differs: every rank sends and receives at once.  A writer whose history is
@@ -136,7 +136,7 @@ def writer_history(mode: str, model_params: int) -> str:
     env = os.environ.get("DTEMU_DDS_WHC_HIGH", "").strip()
     if env:
         return env
-    if mode != "ddp":
+    if not all_to_all:
         return DEFAULT_WHC_HIGH
     need = 4 * max(int(model_params), 0)
     mib = 2

@@ -170,7 +170,7 @@ def launch(args, scenario: Scenario) -> int:
                     if procs[rank] is None and rank not in codes and not schedule.pending(rank):
                         codes[rank] = "down"  # crashed for good, as the scenario says
                 now = time.monotonic()
-                if scenario.mode in ("fl", "ps") and 0 in codes and leader_done_at is None:
+                if scenario.kind.ends_with_leader and 0 in codes and leader_done_at is None:
                     leader_done_at = now
                 if leader_done_at is not None and now - leader_done_at > GRACE_S:
                     # The run is over; a client still waiting (it missed the Stop) is let go.
@@ -339,11 +339,7 @@ def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None
     with open(out / "events.jsonl", "w") as f:
         for *_, e in events:
             f.write(json.dumps(e, separators=(",", ":")) + "\n")
-    if scenario.mode in ("ddp", "geo"):
-        ends = [r["time_s"] for r in records if r.get("model_sha256") and "time_s" in r]
-        time_s = max(ends, default=None)
-    else:
-        time_s = records[0].get("time_s")
+    time_s = scenario.kind.run_time(records)
     extra = {"exit_codes": codes or {}, "transport": (records[0].get("real") or {}).get("transport", {}),
              "time_scale": time_scale}
     # The ranks' kernels, as rank 0 recorded them (a rank on another host may differ: its own summary says)

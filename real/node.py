@@ -69,7 +69,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         warm_up()  # torch.optim's one-off costs now, not in the first round against its timeout
     spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
-    whc_high = writer_history(scenario.mode, work.dim)
+    whc_high = writer_history(scenario.kind.all_to_all, work.dim)
     hold_until_window_end()   # a rank down from the start comes up at its window's end, not before
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
                       key=key, whc_high=whc_high) as transport:

@@ -46,7 +46,7 @@ def _out_of_order(life: list[dict]) -> list[int] | None:
     return None
 
 
-def check_ddp(events: list[dict], summary: dict, finished: bool) -> tuple[dict, list[str]]:
+def check_ddp(events: list[dict], summary: dict, finished: bool, scenario: dict) -> tuple[dict, list[str]]:
     """What ``emu audit`` adds for a ddp run: its fields, and the problems found."""
     problems: list[str] = []
     lives = _lives(events)

@@ -48,7 +48,7 @@ def _still_lost(events: list[dict]) -> list[str]:
     return sorted(set().union(*lost.values())) if lost else []
 
 
-def check_geo(events: list[dict], summary: dict, finished: bool) -> tuple[dict, list[str]]:
+def check_geo(events: list[dict], summary: dict, finished: bool, scenario: dict) -> tuple[dict, list[str]]:
     """What ``emu audit`` adds for a geo run: its fields, and the problems found."""
     problems: list[str] = []
     closes = _closes(events)

@@ -47,7 +47,7 @@ def _lives(events: list[dict]) -> list[dict]:
     return lives
 
 
-def check_ps(events: list[dict], summary: dict, finished: bool) -> tuple[dict, list[str]]:
+def check_ps(events: list[dict], summary: dict, finished: bool, scenario: dict) -> tuple[dict, list[str]]:
     """What ``emu audit`` adds for a ps run: its fields, and the problems found."""
     problems: list[str] = []
     lives = _lives(events)

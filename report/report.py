@@ -27,23 +27,18 @@ from typing import Callable
 
 # Every name of the report, importable from here as before it was split in three.
 from dtemu.report.ddp import *  # noqa: F401,F403
-from dtemu.report.ddp import write_ddp_report
 from dtemu.report.fl import *  # noqa: F401,F403
-from dtemu.report.fl import write_fl_report
-from dtemu.report.geo import write_geo_report
-from dtemu.report.ps import write_ps_report
 from dtemu.report.runs import *  # noqa: F401,F403
 from dtemu.report.runs import ReportError, Run, load_run
+from dtemu.report.resolve import resolve
+from dtemu.core.modes import MODES
 
 
 
 
+# Each mode's report page (core.modes names it): (its runs, the out folder) -> (files written, table).
 REPORTS: dict[str, Callable[[list[Run], Path], tuple[list[Path], str]]] = {
-    "fl": write_fl_report,
-    "ddp": write_ddp_report,
-    "geo": write_geo_report,
-    "ps": write_ps_report,
-}
+    name: resolve(mode.report) for name, mode in MODES.items() if mode.report}
 
 
 def main(argv: list[str] | None = None) -> int:

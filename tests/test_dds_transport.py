@@ -334,15 +334,15 @@ def test_writer_history_holds_a_whole_gradient_for_ddp_only(monkeypatch):
     acks queued behind the readers' own gradients (docs/netns.md); others keep 2 MiB."""
     from dtemu.real.config import DEFAULT_WHC_HIGH, config_xml, whc_high_bytes, writer_history
     monkeypatch.delenv("DTEMU_DDS_WHC_HIGH", raising=False)
-    assert writer_history("fl", 10_000_000) == writer_history("geo", 1) == writer_history("ps", 5) == DEFAULT_WHC_HIGH
-    assert writer_history("ddp", 1_199_882) == "8MiB"          # the 1.2M CNN: 4.8 MB of fp32
-    assert writer_history("ddp", 18_000) == "2MiB"             # never below the default
-    assert writer_history("ddp", 2 * 1024**2) == "8MiB"        # exactly 8 MiB of fp32 fits
-    assert writer_history("ddp", 2 * 1024**2 + 1) == "16MiB"
-    assert whc_high_bytes(writer_history("ddp", 1_199_882)) >= 4 * 1_199_882
-    assert "<WhcHigh>8MiB</WhcHigh>" in config_xml("loopback", whc_high=writer_history("ddp", 1_199_882))
+    assert writer_history(False, 10_000_000) == writer_history(False, 1) == writer_history(False, 5) == DEFAULT_WHC_HIGH
+    assert writer_history(True, 1_199_882) == "8MiB"          # the 1.2M CNN: 4.8 MB of fp32
+    assert writer_history(True, 18_000) == "2MiB"             # never below the default
+    assert writer_history(True, 2 * 1024**2) == "8MiB"        # exactly 8 MiB of fp32 fits
+    assert writer_history(True, 2 * 1024**2 + 1) == "16MiB"
+    assert whc_high_bytes(writer_history(True, 1_199_882)) >= 4 * 1_199_882
+    assert "<WhcHigh>8MiB</WhcHigh>" in config_xml("loopback", whc_high=writer_history(True, 1_199_882))
     monkeypatch.setenv("DTEMU_DDS_WHC_HIGH", "4MiB")  # the user's override wins in every mode
-    assert writer_history("ddp", 1_199_882) == writer_history("fl", 1) == "4MiB"
+    assert writer_history(True, 1_199_882) == writer_history(False, 1) == "4MiB"
 
 
 # ------------------------------------------------------------------ rejected frames become events

@@ -32,6 +32,28 @@ def test_the_distribution_installs_one_top_level_package():
     assert metadata.distribution("dtemu").read_text("top_level.txt").split() == ["dtemu"]
 
 
+def test_the_package_list_matches_the_folders():
+    """pyproject.toml names every package by hand (package-dir maps dtemu.X to X/): a folder it
+    forgets is missing from a wheel although an editable install finds it."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"dtemu." + ".".join(p.parent.relative_to(ROOT).parts)
+               for top in PACKAGES for p in (ROOT / top).rglob("__init__.py")}
+    assert set(tool["packages"]) == folders
+    assert tool["package-dir"] == {f"dtemu.{top}": top for top in PACKAGES}
+
+
+def test_no_mode_branches_outside_the_registry():
+    """A mode is one object (core.modes): nothing else compares a scenario's mode to a name."""
+    import re
+
+    branch = re.compile(r"""\.mode\s*(==|!=|in\b)|mode\s*(==|!=)\s*["'](fl|ddp|ps|geo)["']""")
+    found = [f"{path.relative_to(ROOT)}:{i}" for name, path in modules() if not name.startswith("dtemu.core.modes")
+             for i, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
+    assert found == []
+
+
 def test_core_does_no_io_and_imports_no_runtime():
     banned = ("simpy", "cyclonedds", "dtemu.emu", "dtemu.real", "dtemu.host", "dtemu.report",
               "urllib", "socket", "subprocess", "threading", "yaml.safe_load_all")

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from dtemu.core.modes import MODES
 from dtemu.real.config import whc_high_bytes, writer_history
 
 FL_WINDOW = whc_high_bytes()  # real mode's writer history outside DDP ("2MiB", or $DTEMU_DDS_WHC_HIGH)
@@ -47,7 +48,7 @@ def run_window(mode: str, model_params: int, real_dir=None) -> int:
                 continue
             if recorded:
                 return whc_high_bytes(recorded)
-    return whc_high_bytes(writer_history(mode, model_params))
+    return whc_high_bytes(writer_history(MODES[mode].all_to_all, model_params))
 
 
 def _median_s(fn, reps: int = 7) -> float:

@@ -38,9 +38,7 @@ class Workload:
     def partitions(self) -> list[np.ndarray]:
         spec = self.scenario.data
         labels = self.dataset.y_train.numpy()
-        parties = self.scenario.ddp.workers if self.scenario.mode == "ddp" else self.scenario.fl.clients
-        if self.scenario.mode == "ps":
-            parties = self.scenario.ps.workers
+        parties = self.scenario.kind.parties(self.scenario)
         return datasets.partition(
             spec.partition,
             labels,

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtemu.core.geo.report import geo_record, geo_summary
-from dtemu.core.ml.params import sha256_of
-from dtemu.core.ps.summary import ps_record, ps_summary
-from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.core.modes.base import DONE
+from dtemu.core.scenario import Scenario
 
-DONE = "done"
+__all__ = ["DONE", "failed_summary", "node_record", "run_summary", "time_to_accuracy"]
 
 
 def time_to_accuracy(history: list[tuple[float, float]], targets) -> dict[str, float | None]:
@@ -56,29 +54,8 @@ def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, byt
         record["time_s"] = round(time_s, 9)
     if result is None:
         return record
-    if scenario.mode == "geo":
-        record.update(geo_record(result), time_to_accuracy=time_to_accuracy(result.history, scenario.targets))
-        return record
-    if scenario.mode == "ps":
-        record.update(ps_record(result))
-        if "history" in record:
-            record["time_to_accuracy"] = time_to_accuracy(record["history"], scenario.targets)
-        return record
-    if scenario.mode == "ddp":
-        record.update(final_accuracy=result.final_accuracy, steps=result.steps,
-                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
-                      # what the steps' exchanges sent (no barrier, no evaluation)
-                      step_bytes_sent=result.bytes_sent, model_sha256=sha256_of(result.weights),
-                      # after a loss (ddp.on_worker_lost): why it stopped, the ranks lost, its membership
-                      stop_reason=result.stop_reason or DONE, lost_ranks=list(result.lost_ranks),
-                      members=list(result.members), generation=result.generation)
-    elif name == CONTROLLER:
-        record.update(final_accuracy=result.final_accuracy, rounds=result.rounds_completed,
-                      time_to_accuracy=time_to_accuracy(result.history, scenario.targets),
-                      rounds_failed=result.rounds_failed, stop_reason=result.stop_reason,
-                      updates=dict(sorted(result.counts.items())), model_sha256=sha256_of(result.weights))
-    else:
-        record["model_round"] = result
+    record.update(scenario.kind.record(scenario, name, result,
+                                       lambda history: time_to_accuracy(history, scenario.targets)))
     return record
 
 
@@ -97,44 +74,11 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
         "wall_time_s": round(wall_time_s, 3),
         "time_to_accuracy": time_to_accuracy([], scenario.targets),
     }
-    if scenario.mode == "geo":
-        summary.update(geo_summary(scenario, records, time_to_accuracy([], scenario.targets)))
-    elif scenario.mode == "ps":
-        summary.update(ps_summary(scenario, records, time_to_accuracy([], scenario.targets), time_s))
-    else:
-        summary.update(_ddp(scenario, records) if scenario.mode == "ddp" else _fl(scenario, records[0]))
+    summary.update(scenario.kind.summary(scenario, records, lambda history: time_to_accuracy(history, scenario.targets),
+                                         time_s))
     summary["platform"] = platform or {}
     summary[runtime] = extra or {}
     return summary
-
-
-def _fl(scenario: Scenario, lead: dict) -> dict:
-    return {"codec": scenario.fl.codec, "final_accuracy": lead.get("final_accuracy"),
-            "time_to_accuracy": lead.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),
-            "rounds": lead.get("rounds", 0), "rounds_failed": lead.get("rounds_failed", 0),
-            "stop_reason": lead.get("stop_reason", "the controller left no record"),
-            "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256")}
-
-
-def _ddp(scenario: Scenario, records: list[dict]) -> dict:
-    """The numbers of the survivors: the ranks that finished and that no survivor lost (a crashed
-    rank leaves no record; one restarted after it was lost is refused, so it is not one)."""
-    done = {rank: r for rank, r in enumerate(records) if r.get("model_sha256")}
-    lost = sorted({k for r in done.values() for k in r.get("lost_ranks", [])}
-                  | {rank for rank in range(len(records)) if rank not in done})
-    survivors = {rank: r for rank, r in done.items() if rank not in lost}
-    hashes = sorted({r["model_sha256"] for r in survivors.values()})
-    steps = min((r.get("steps", 0) for r in survivors.values()), default=0)
-    reasons = [r["stop_reason"] for r in survivors.values() if r.get("stop_reason", DONE) != DONE]
-    first = next(iter(survivors.values()), {})
-    return {"compression": scenario.ddp.compression, "workers": scenario.ddp.workers,
-            "final_accuracy": first.get("final_accuracy"), "steps": steps,
-            "time_to_accuracy": first.get("time_to_accuracy") or time_to_accuracy([], scenario.targets),
-            "bytes_per_step": round(sum(r.get("step_bytes_sent", 0) for r in survivors.values())
-                                    / max(steps, 1) / max(len(survivors), 1), 3),
-            "model_sha256": hashes[0] if hashes else None, "models_agree": len(hashes) == 1,
-            "stop_reason": reasons[0] if reasons else DONE, "lost_ranks": lost,
-            "survivors": sorted(survivors)}
 
 
 def failed_summary(scenario: Scenario, runtime: str, error: BaseException, *, wall_time_s: float,

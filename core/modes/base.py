@@ -1,0 +1,126 @@
+"""What a mode is: one object that says everything the rest of dtemu asks of it.
+
+A mode (fl, ddp, ps, geo) holds its scenario section, its nodes and their roles, what its
+summary records, when its run is over, how real mode's calibration and transport treat it,
+and where its audit and report page live.  The driver, the runtimes, the
+summary and the reports ask the mode; none of them branches on a mode's name.
+
+The roles' code is imported when a run asks for its roles, not when a scenario is read, so
+that reading (and refusing) a scenario needs neither torch nor the roles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+DONE = "done"  # a run's stop_reason when nothing stopped it early
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """What one rank runs: its role, and the topics it reads and writes."""
+
+    rank: int
+    name: str
+    subscribes: tuple[str, ...]
+    publishes: tuple[str, ...]
+    # start(ctx, init): the role's generator; init the checkpoint bytes to resume from, or None
+    start: Callable[[Any, bytes | None], Any]
+
+
+class Mode:
+    name: str = ""
+    # The scenario sections this mode's training depends on: they stay in the scenario's digest
+    # (core.scenario.Scenario.digest), the others are dropped from it.
+    digest_sections: frozenset[str] = frozenset()
+    # Do its nodes hand their training out as jobs an executor may run in other processes
+    # (emu --jobs, --executor ray; core.ml.jobs)?
+    trains_as_jobs: bool = False
+    # Is the run over when its first rank's role returns (the FL controller, the parameter server;
+    # the others then stop)?  Otherwise it ends when every worker's role has returned.
+    ends_with_leader: bool = True
+    # Does a node back after a crash join the run again (its new life counts in the results)?
+    rejoins_after_crash: bool = False
+    # Does every node send to every other at once (DDP's collectives)?  Real mode gives such
+    # senders a writer history as deep as the model (real.config.writer_history).
+    all_to_all: bool = False
+    # Which nodes can crash at protocol points (faults.crashes), by node kind; {}: none.
+    crash_points: dict[str, tuple[str, ...]] = {}
+    # Where its audit and report page live ("module:function"), so that core names them without
+    # importing what reads run folders.
+    audit: str | None = None
+    report: str = ""
+
+    # --- nodes ---------------------------------------------------------
+    def node_names(self, s) -> list[str]:
+        raise NotImplementedError
+
+    def training_nodes(self, s) -> list[str]:
+        """The nodes whose traffic counts as bytes_up / bytes_down."""
+        raise NotImplementedError
+
+    def parties(self, s) -> int:
+        """Into how many parts the training set is split (core.ml.workload)."""
+        return len(self.training_nodes(s))
+
+    def site_of(self, s) -> dict[str, str]:
+        """Each node's site ({} without network.sites): where the scenario placed it."""
+        return {node: name for name, site in s.network.sites.items() for node in site.nodes}
+
+    def rounds(self, s) -> int | None:
+        """The rounds (or global versions) the run makes; None where it counts steps instead."""
+        return None
+
+    def batch_size(self, s) -> int:
+        """The batch its training steps take (what real mode's calibration measures)."""
+        raise NotImplementedError
+
+    def takes_corrupt(self, s, node: str) -> bool:
+        """Can ``node`` send updates that faults.corrupt damages?"""
+        return False
+
+    # --- checks --------------------------------------------------------
+    def validate(self, s) -> None:
+        """The checks only this mode needs (core.scenario.validate runs the common ones)."""
+
+    def places_nodes_in_sites(self, s) -> bool:
+        """Does the mode place its nodes in network.sites itself (rather than the scenario)?"""
+        return False
+
+    # --- running -------------------------------------------------------
+    def role_of(self, s, rank: int, work, key=None, population=None, residuals=None):
+        """The RoleSpec (core.runtime.wiring) of ``rank``."""
+        raise NotImplementedError
+
+    def readers_of(self, s) -> dict[str, frozenset[str]] | None:
+        """Which nodes read each topic, where not every peer reads every topic a node publishes."""
+        return None
+
+    def population(self, s):
+        """Does its leader choose whom to ask each round (fl.sample, fl.availability)?  Then the
+        Population, else None; host.traces adds a trace's windows."""
+        return None
+
+    # --- results -------------------------------------------------------
+    def record(self, s, name: str, result: Any, time_to_accuracy) -> dict:
+        """What a node's returned ``result`` adds to its record in summary.json."""
+        return {}
+
+    def summary(self, s, records: list[dict], time_to_accuracy, time_s) -> dict:
+        """The mode's own fields of summary.json from every rank's record."""
+        raise NotImplementedError
+
+    def run_time(self, records: list[dict]) -> float | None:
+        """A real run's time_s from its ranks' records."""
+        if self.ends_with_leader:
+            return records[0].get("time_s") if records else None
+        return max((r["time_s"] for r in records if r.get("model_sha256") and "time_s" in r), default=None)
+
+    def progress(self, summary: dict) -> str:
+        """How far the run got, in a few words (emu run's last line)."""
+        return f"{summary.get('rounds', 0)} rounds"
+
+    def stopped_early(self, summary: dict) -> str | None:
+        """Why a rank's run counts as stopped rather than done (real run's exit code), or None."""
+        return None

@@ -1,0 +1,73 @@
+"""Mode fl: a controller (rank 0) and clients 1..N (core.fl)."""
+
+from __future__ import annotations
+
+from dtemu.core.modes.base import Mode, RoleSpec
+
+CONTROLLER = "controller"
+CLIENT_CRASH_POINTS = ("before_train", "during_train", "mid_upload", "after_upload")
+CONTROLLER_CRASH_POINTS = ("mid_round", "before_checkpoint", "after_checkpoint")
+
+
+class FederatedLearning(Mode):
+    name = "fl"
+    digest_sections = frozenset({"fl"})
+    trains_as_jobs = True
+    crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
+    audit = "dtemu.report.audit_fl:check_fl"
+    report = "dtemu.report.fl:write_fl_report"
+
+    def node_names(self, s):
+        return [CONTROLLER] + s.client_names
+
+    def training_nodes(self, s):
+        return s.client_names
+
+    def parties(self, s):
+        return s.fl.clients
+
+    def rounds(self, s):
+        return s.fl.rounds
+
+    def batch_size(self, s):
+        return s.fl.batch_size
+
+    def takes_corrupt(self, s, node):
+        return node != CONTROLLER
+
+    def role_of(self, s, rank, work, key=None, population=None, residuals=None):
+        from dtemu.core.fl.client import client
+        from dtemu.core.fl.controller import controller
+        from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+
+        if rank == 0:  # (names without the list of every node: once per rank is quadratic at 10,000)
+            return RoleSpec(rank, CONTROLLER, (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB),
+                            lambda ctx, init: controller(ctx, s, work, init, key, population))
+        return RoleSpec(rank, f"client{rank}", (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,),
+                        lambda ctx, init: client(ctx, s, work, rank, key, residuals))
+
+    def population(self, s):
+        from dtemu.core.fl.population import Population
+
+        return Population(s)
+
+    def record(self, s, name, result, time_to_accuracy):
+        from dtemu.core.ml.params import sha256_of
+
+        if name != CONTROLLER:
+            return {"model_round": result}
+        return dict(final_accuracy=result.final_accuracy, rounds=result.rounds_completed,
+                    time_to_accuracy=time_to_accuracy(result.history),
+                    rounds_failed=result.rounds_failed, stop_reason=result.stop_reason,
+                    updates=dict(sorted(result.counts.items())), model_sha256=sha256_of(result.weights))
+
+    def summary(self, s, records, time_to_accuracy, time_s):
+        lead = records[0] if records else {}
+        return {"codec": s.fl.codec, "final_accuracy": lead.get("final_accuracy"),
+                "time_to_accuracy": lead.get("time_to_accuracy") or time_to_accuracy([]),
+                "rounds": lead.get("rounds", 0), "rounds_failed": lead.get("rounds_failed", 0),
+                "stop_reason": lead.get("stop_reason", "the controller left no record"),
+                "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256")}
+
+    def progress(self, summary):
+        return f"{summary['rounds']} rounds ({summary['rounds_failed']} failed)"

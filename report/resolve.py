@@ -1,0 +1,14 @@
+"""A "module:function" name, as core.modes names a mode's audit, report page and dashboard panel
+(core names them without importing what reads run folders), made the function."""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import Callable
+
+
+@cache
+def resolve(name: str) -> Callable:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
