@@ -25,9 +25,9 @@ from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
 from dtemu.core.geo.spec import GeoSpec, SiteSpec, central_site
 from dtemu.core.modes import MODES, Mode
-from dtemu.core.modes.fl import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS  # noqa: F401 (their old home)
+from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS  # noqa: F401 (their old home)
 from dtemu.core.ps.spec import PSSpec
-from dtemu.core.schema import U16, U32, between, build, check, fraction, non_negative, positive, probability
+from dtemu.core.schema import U16, U32, between, build, check, decay, fraction, non_negative, positive, probability
 
 CODEC_NAMES = ("fp32", "q8", "s4", "sq8")
 
@@ -60,6 +60,18 @@ class AvailabilitySpec:
 
 
 @dataclass(frozen=True)
+class ServerOptSpec:
+    """fedadam, fedyogi, fedadagrad: the server optimizer's step on the round's mean delta
+    (core/fl/server_opt.py; Reddi et al.'s η, β1, β2, τ)."""
+
+    eta: float = field(default=0.01, metadata=check(positive))
+    beta1: float = field(default=0.9, metadata=check(decay))
+    beta2: float = field(default=0.99, metadata=check(decay))
+    tau: float = field(default=1e-3, metadata=check(positive))
+
+
+
+@dataclass(frozen=True)
 class FLSpec:
     clients: int = field(default=2, metadata=check(between(1, U16, "client ranks")))
     # Rounds, epochs and subsets travel in a TrainCmd as u32, u16 and u32.
@@ -83,6 +95,12 @@ class FLSpec:
     # to files in the run folder (None: every client keeps its own in memory).
     residuals_in_memory: int | None = field(default=None, metadata=check(positive))
     server_lr: float = field(default=1.0, metadata=check(positive))
+    # The update rule: fedavg (the weighted mean delta, times server_lr); fedprox (fedavg, and each
+    # client adds proximal_mu/2 · ||w − w_global||² to its loss); fedadam, fedyogi, fedadagrad
+    # (the mean delta drives a server optimizer, server_opt).
+    algorithm: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad"] = "fedavg"
+    proximal_mu: float = field(default=0.0, metadata=check(non_negative))
+    server_opt: ServerOptSpec = field(default_factory=ServerOptSpec)
     min_clients: int = field(default=1, metadata=check(positive))
     round_timeout_s: float = field(default=600.0, metadata=check(positive))
     barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
@@ -437,6 +455,9 @@ class Scenario:
         """
         d = self.to_dict()
         d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
+        if d["fl"]["algorithm"] == "fedavg" and not d["fl"]["proximal_mu"]:  # (digests from before the rules)
+            for key in ("algorithm", "proximal_mu", "server_opt"):
+                del d["fl"][key]
         d.pop("targets")  # what is measured, not what is trained
         for section in ("fl", "ddp", "ps", "geo"):  # what its mode does not train with
             if section not in self.kind.digest_sections:

@@ -151,6 +151,10 @@ def probability(v: float) -> str | None:
     return None if 0 <= v <= 1 else "expected a probability in [0, 1]"
 
 
+def decay(v: float) -> str | None:
+    return None if 0 <= v < 1 else "expected a decay rate in [0, 1)"
+
+
 def fraction(v: float) -> str | None:
     return None if 0 < v <= 1 else "expected a fraction in (0, 1]"
 

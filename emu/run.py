@@ -141,7 +141,8 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
         results = [done.value] + [world.nodes[n].result for n in scenario.node_names[1:]]
     stats = world.network.stats
     records = [node_record(scenario, n, r, stats[n].bytes_sent, stats[n].bytes_received,
-                           bytes_rejected=world.nodes[n].bytes_rejected)
+                           bytes_rejected=world.nodes[n].bytes_rejected,
+                           sealed=key is not None and scenario.kind.seals_in_emu)
                for n, r in zip(scenario.node_names, results)]
     wire = sum(s.wire_bytes_sent for s in stats.values())
     extra = {"wire_bytes": wire}

@@ -17,10 +17,11 @@ from dtemu.core.scenario import Scenario
 def load_population(scenario: Scenario) -> Population | None:
     """The leader's population (None where the mode asks every node: core.modes); reads the trace file
     if the scenario names one."""
-    population = scenario.kind.population(scenario)
+    if not scenario.kind.chooses_clients:
+        return None
     spec = scenario.fl.availability
-    if population is None or spec.kind != "trace":
-        return population
+    if spec.kind != "trace":
+        return Population(scenario)
     path = Path(spec.trace)
     try:
         if path.stat().st_size > MAX_TRACE_BYTES:

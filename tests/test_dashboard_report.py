@@ -251,12 +251,10 @@ def test_render_shows_every_node():
         assert name in text, name
 
 
-class _Scenario:
-    name = "tiny"
-    node_names = ["controller", "client1"]
+def _Scenario():
+    from dtemu.core.scenario import parse_scenario
 
-    class fl:
-        rounds = 2
+    return parse_scenario({"name": "tiny", "fl": {"clients": 1, "rounds": 2}})
 
 
 def test_disabled_dashboard_still_keeps_state():

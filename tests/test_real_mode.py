@@ -258,3 +258,29 @@ def test_a_signal_stops_a_rank_cleanly(tmp_path, sig, code, launched):
         assert (out / "scenario.json").exists()
     finally:
         kill_group(proc)
+
+
+# --- 3. a server optimizer, sampled and sealed, ends with emu's model -----------------------------
+
+FEDADAM = {**FL, "name": "real_fedadam",
+           "fl": {**FL["fl"], "clients": 3, "sample": 2, "min_clients": 2, "codec": "q8", "algorithm": "fedadam",
+                  "server_opt": {"eta": 0.003}}}
+
+
+def test_fedadam_q8_sampled_sealed_real_matches_emu(tmp_path):
+    key = tmp_path / "key"
+    key.write_bytes(b"a shared key of thirty-two bytes")
+    out = tmp_path / "run"
+    done = real(["launch", scenario_file(tmp_path, FEDADAM), "--out", out, "--no-tui", "--timeout", 80,
+                 "--threads", 1, "--time-scale", 1, "--domain", new_domain(), "--key-file", key], 90)
+    assert done.returncode == 0, done.stderr + logs(out)
+    from dtemu.host.keys import load_key
+
+    emu = run_emulation(parse_scenario(FEDADAM), tmp_path / "emu", key=load_key(str(key))[0])
+    real_summary = read_summary(out)
+    assert real_summary["rounds"] == emu["rounds"] == 2
+    assert real_summary["model_sha256"] == emu["model_sha256"]
+    asked = [e["clients"] for e in read_events(out) if e["kind"] == "sampled"]
+    assert asked == [e["clients"] for e in read_events(tmp_path / "emu") if e["kind"] == "sampled"]
+    assert all(len(c) == 2 for c in asked)
+    assert [e["authenticated"] for e in read_events(out) if e["kind"] == "run_start"][0] is True

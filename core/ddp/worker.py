@@ -40,6 +40,8 @@ another notice a loss within one step of each other, well inside the window.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import struct
 from dataclasses import dataclass, field
 
@@ -48,12 +50,14 @@ import numpy as np
 from dtemu.core.ddp.collectives import Collective, CollectiveTimeout, FrameError, LossNotice
 from dtemu.core.ml.params import flatten, sha256_of
 from dtemu.core.runtime.requests import Compute
-from dtemu.core.scenario import Scenario
 from dtemu.core.ml.workload import Workload
 from dtemu.core.ddp.dgc_exchange import DGCExchange
 from dtemu.core.ddp.exchange import DenseExchange, Exchange
 from dtemu.core.ddp.regroup import BARRIER_STOP, Position, on_loss, ranks_text
 from dtemu.core import events as ev
+
+if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
+    from dtemu.core.scenario import Scenario
 
 PROFILE_KEYS = ("bytes_sent", "bytes_received", "compute_s", "compress_s", "send_s", "wait_s", "comm_s")
 

@@ -124,6 +124,13 @@ class FedAvg:
         """Move the global model along the mean delta; float32 out."""
         return (weights + self.server_lr * mean_delta).astype(np.float32)
 
+    def state(self) -> dict[str, np.ndarray]:
+        """What the rule carries from round to round (a checkpoint keeps it): nothing."""
+        return {}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        """Take back ``state()`` from a checkpoint."""
+
     def aggregate(self, weights: np.ndarray, updates: list[Update]) -> np.ndarray:
         """New global weights (float32) from the current ones and this round's updates.
 

@@ -9,6 +9,8 @@ goes back encoded with the scenario's codec.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections import Counter
 
 import numpy as np
@@ -23,9 +25,12 @@ from dtemu.core.fl.residuals import Residuals
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
-from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.core.fl.names import CONTROLLER
 from dtemu.core.ml.workload import Workload
 from dtemu.core import events as ev
+
+if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
+    from dtemu.core.scenario import Scenario
 
 
 class _State:

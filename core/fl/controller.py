@@ -9,6 +9,8 @@ non-finite updates are counted, logged and left out.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,7 +18,8 @@ import numpy as np
 
 from dtemu.core.compression import codecs
 from dtemu.core.wire import messages
-from dtemu.core.fl.aggregate import FedAvg, Update, check_update
+from dtemu.core.fl.aggregate import Update, check_update
+from dtemu.core.fl.server_opt import server_rule
 from dtemu.core.wire.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from dtemu.core.wire.auth import Sealer
 from dtemu.core.errors import AuthError, BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
@@ -25,11 +28,13 @@ from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Evaluate, Evaluations, Point, Recv, Send, Sleep, WaitPeers
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
-from dtemu.core.scenario import Scenario
 from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.core.fl.population import Population
 from dtemu.core.fl.downlink import Downlink
 from dtemu.core import events as ev
+
+if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
+    from dtemu.core.scenario import Scenario
 
 FP32 = codecs.CodecParams("fp32")
 
@@ -55,6 +60,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     population = population or Population(scenario)
     auth = Sealer(key, ctx.node, getattr(ctx, "incarnation", 0))
     result = ControllerResult(weights=work.initial_weights)
+    strategy = server_rule(fl)  # fl.algorithm: FedAvg, or a server optimizer (core.fl.server_opt)
     start = 1
     if init is not None:
         ckpt = decode_checkpoint(init, expected_dim=work.dim)
@@ -64,6 +70,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
                 "settings differ); resume with the scenario that wrote it"
             )
         result.weights, start = ckpt.weights, ckpt.round + 1
+        strategy.restore(ckpt.state)  # a server optimizer's moments go on where they were
         result.rounds_completed = ckpt.extra.get("rounds_completed", ckpt.round)
         result.rounds_failed = ckpt.extra.get("rounds_failed", 0)
         counts = ckpt.extra.get("counts", {})  # the tallies survive a restart too
@@ -79,7 +86,6 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     first = downlink.full(start - 1, result.weights) if downlink else _blob(start - 1, result.weights)
     yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, first))
 
-    strategy = FedAvg(server_lr=fl.server_lr)
     round_, attempt = start, 0
     while round_ <= fl.rounds:
         cmd = TrainCmd(round_, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, round_, attempt))
@@ -129,7 +135,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed,
                  "counts": dict(result.counts)}
         where = ctx.save_checkpoint(
-            encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra))
+            encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra, strategy.state()))
         )
         ctx.emit(ev.CHECKPOINT, round=round_, path=where)
         yield Point(points.CHECKPOINTED, round_)

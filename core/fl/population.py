@@ -24,13 +24,17 @@ but the seed and who is available.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import bisect
 import math
 
 import numpy as np
 
 from dtemu.core.errors import ScenarioError
-from dtemu.core.scenario import Scenario
+
+if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
+    from dtemu.core.scenario import Scenario
 
 # Bounds of a trace: its text, its windows (it is read whole into memory).
 MAX_TRACE_BYTES = 64 << 20

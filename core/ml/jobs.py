@@ -39,6 +39,7 @@ class TrainJob:
     momentum: float
     weight_decay: float
     seed: int  # batch order and dropout
+    proximal_mu: float = 0.0  # FedProx's term (core.ml.train.train_local); 0: none
 
     def split(self, parts: int) -> list[TrainJob]:
         return [self]  # one client's training is one sequence of steps
@@ -54,7 +55,7 @@ def run_train_job(job: TrainJob, dataset, model=None) -> tuple[np.ndarray, Train
     load_flat(model, job.weights)
     result = train_local(model, dataset.x_train, dataset.y_train, job.indices, epochs=job.epochs,
                          batch_size=job.batch_size, lr=job.lr, momentum=job.momentum,
-                         weight_decay=job.weight_decay, seed=job.seed)
+                         weight_decay=job.weight_decay, seed=job.seed, proximal_mu=job.proximal_mu)
     return flatten(model), result
 
 

@@ -38,7 +38,7 @@ def warm_up() -> None:
 
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
                 epochs: int, batch_size: int, lr: float, momentum: float = 0.0,
-                weight_decay: float = 0.0, seed: int) -> TrainResult:
+                weight_decay: float = 0.0, seed: int, proximal_mu: float = 0.0) -> TrainResult:
     """SGD on ``x[indices], y[indices]`` for whole epochs, in place.
 
     Mini-batches follow an order shuffled from (seed, epoch); the last partial
@@ -46,12 +46,18 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
     rounds, as in FedAvg.  Dropout draws from a torch RNG seeded with ``seed``
     inside fork_rng, so the same inputs give a bit-identical model and the
     caller's RNG state is untouched.
+
+    ``proximal_mu`` > 0 (FedProx, Li et al. 2020): the loss gains μ/2 · ||w − w₀||², w₀ the
+    weights the call starts from (the global model), so each gradient gains μ · (w − w₀).  It is
+    added to the gradient rather than built into the loss: the same value, no autograd graph
+    over every parameter, and at μ = 0 not one operation more.
     """
     if epochs < 0 or batch_size < 1:
         raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
     indices = np.asarray(indices, dtype=np.int64)
     n = len(indices)
     opt = SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)  # torch's bits, no dynamo
+    anchor = [p.detach().clone() for p in opt.params] if proximal_mu else None
     model.train()
     steps = 0
     loss_sum = torch.zeros((), dtype=torch.float64)  # summed as a tensor: no sync per step
@@ -67,11 +73,21 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
                 # model may return either.
                 loss = F.cross_entropy(model(x[idx]), y[idx])
                 loss.backward()
+                if anchor is not None:
+                    _add_proximal(opt.params, anchor, proximal_mu)
                 opt.step()
                 loss_sum += loss.detach() * len(idx)
                 steps += 1
     samples = epochs * n
     return TrainResult(steps, samples, float(loss_sum) / samples if samples else 0.0)
+
+
+@torch.no_grad()
+def _add_proximal(params, anchor, mu: float) -> None:
+    """grad += μ · (w − w₀): the gradient of FedProx's μ/2 · ||w − w₀||²."""
+    for p, p0 in zip(params, anchor):
+        if p.grad is not None:
+            p.grad.add_(p - p0, alpha=mu)
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,

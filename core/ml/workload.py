@@ -8,6 +8,8 @@ over) and the partition is computed once, deterministically from the scenario's 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from functools import cached_property
 
 import numpy as np
@@ -15,9 +17,11 @@ import numpy as np
 from dtemu.core.ml import data as datasets
 from dtemu.core.ml.models import build_model, model_cost
 from dtemu.core.ml.params import flatten
-from dtemu.core.scenario import Scenario
 from dtemu.core.ml.train import compute_gradients, evaluate
 from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
+
+if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
+    from dtemu.core.scenario import Scenario
 
 
 def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
@@ -114,7 +118,8 @@ class Workload:
         return TrainJob(model=self.scenario.model, model_seed=self.scenario.seed, weights=weights,
                         indices=self.client_indices(client, cmd), epochs=cmd.epochs, batch_size=fl.batch_size,
                         lr=cmd.lr, momentum=fl.momentum, weight_decay=fl.weight_decay,
-                        seed=int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0]))
+                        seed=int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0]),
+                        proximal_mu=fl.proximal_mu)
 
     def run_job(self, job: TrainJob):
         """Run ``job`` here, on this process's model and data set."""

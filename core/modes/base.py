@@ -45,6 +45,12 @@ class Mode:
     # Does every node send to every other at once (DDP's collectives)?  Real mode gives such
     # senders a writer history as deep as the model (real.config.writer_history).
     all_to_all: bool = False
+    # Does its leader choose whom to ask each round (fl.sample, fl.availability: core.fl.population;
+    # host.traces builds it, with a trace's windows)?
+    chooses_clients: bool = False
+    # Do its roles seal their messages with the run's key (core.wire.auth) in emu?  (Real mode's
+    # transport seals every frame of every mode.)
+    seals_in_emu: bool = False
     # Which nodes can crash at protocol points (faults.crashes), by node kind; {}: none.
     crash_points: dict[str, tuple[str, ...]] = {}
     # Where its audit and report page live ("module:function"), so that core names them without
@@ -95,11 +101,6 @@ class Mode:
 
     def readers_of(self, s) -> dict[str, frozenset[str]] | None:
         """Which nodes read each topic, where not every peer reads every topic a node publishes."""
-        return None
-
-    def population(self, s):
-        """Does its leader choose whom to ask each round (fl.sample, fl.availability)?  Then the
-        Population, else None; host.traces adds a trace's windows."""
         return None
 
     # --- results -------------------------------------------------------

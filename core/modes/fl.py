@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from dtemu.core.errors import ScenarioError
+from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS
+from dtemu.core.fl.server_opt import SECOND_MOMENTS
 from dtemu.core.modes.base import Mode, RoleSpec
-
-CONTROLLER = "controller"
-CLIENT_CRASH_POINTS = ("before_train", "during_train", "mid_upload", "after_upload")
-CONTROLLER_CRASH_POINTS = ("mid_round", "before_checkpoint", "after_checkpoint")
 
 
 class FederatedLearning(Mode):
     name = "fl"
     digest_sections = frozenset({"fl"})
     trains_as_jobs = True
+    seals_in_emu = True
+    chooses_clients = True
     crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_fl:check_fl"
     report = "dtemu.report.fl:write_fl_report"
@@ -32,6 +33,17 @@ class FederatedLearning(Mode):
     def batch_size(self, s):
         return s.fl.batch_size
 
+    def validate(self, s):
+        """The update rule's keys: each rule's parameters, no other's."""
+        fl = s.fl
+        if fl.algorithm == "fedprox" and not fl.proximal_mu > 0:
+            raise ScenarioError("fl.proximal_mu", "fedprox needs a proximal term: set fl.proximal_mu > 0")
+        if fl.proximal_mu and fl.algorithm != "fedprox":
+            raise ScenarioError("fl.proximal_mu", f"the proximal term is fedprox's; fl.algorithm is {fl.algorithm}")
+        if fl.algorithm in SECOND_MOMENTS and fl.server_lr != 1.0:
+            raise ScenarioError("fl.server_lr", f"{fl.algorithm} steps by fl.server_opt.eta; fl.server_lr is "
+                                                "fedavg's and fedprox's")
+
     def takes_corrupt(self, s, node):
         return node != CONTROLLER
 
@@ -45,11 +57,6 @@ class FederatedLearning(Mode):
                             lambda ctx, init: controller(ctx, s, work, init, key, population))
         return RoleSpec(rank, f"client{rank}", (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,),
                         lambda ctx, init: client(ctx, s, work, rank, key, residuals))
-
-    def population(self, s):
-        from dtemu.core.fl.population import Population
-
-        return Population(s)
 
     def record(self, s, name, result, time_to_accuracy):
         from dtemu.core.ml.params import sha256_of

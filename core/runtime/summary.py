@@ -5,7 +5,7 @@ and the bytes it sent and received.  emu makes every record in one process;
 real writes each rank's record into its own folder, and ``real launch`` reads
 them back.  ``run_summary`` turns the records into the run's summary:
 
-    scenario, runtime, mode, seed, final_accuracy, model_sha256, stop_reason ("done" or why not),
+    scenario, runtime, mode, seed, sealed (every node sealed its messages: --key-file), final_accuracy, model_sha256, stop_reason ("done" or why not),
     bytes_up / bytes_down (sent / accepted by the training nodes: FL clients, DDP workers),
     bytes_rejected (what every node's role read and refused: counted apart from the traffic),
     time_s (the run's length on the runtime's clock: virtual in emu, wall from the common start in real),
@@ -43,13 +43,15 @@ def time_to_accuracy(history: list[tuple[float, float]], targets) -> dict[str, f
 
 
 def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, bytes_received: int,
-                time_s: float | None = None, bytes_rejected: int = 0) -> dict:
+                time_s: float | None = None, bytes_rejected: int = 0, sealed: bool = False) -> dict:
     """One node's numbers; ``result`` is what its role returned (None: it never finished).
 
     ``bytes_received`` counts what the node took in; the part its role refused (forged, malformed,
-    late, duplicate ...: ``bytes_rejected``) is not traffic it accepted and is counted apart."""
+    late, duplicate ...: ``bytes_rejected``) is not traffic it accepted and is counted apart.
+    ``sealed``: did the node seal and open its messages with the run's key (core.wire.auth)?"""
     record: dict[str, Any] = {"node": name, "bytes_sent": bytes_sent,
-                              "bytes_received": bytes_received - bytes_rejected, "bytes_rejected": bytes_rejected}
+                              "bytes_received": bytes_received - bytes_rejected, "bytes_rejected": bytes_rejected,
+                              "sealed": sealed}
     if time_s is not None:
         record["time_s"] = round(time_s, 9)
     if result is None:
@@ -67,6 +69,8 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
     training = [r for r, name in zip(records, scenario.node_names) if name in trains]
     summary: dict[str, Any] = {
         "scenario": scenario.name, "runtime": runtime, "mode": scenario.mode, "seed": scenario.seed,
+        # every node that left a record sealed its messages with the run's key
+        "sealed": any(records) and all(r["sealed"] for r in records if "sealed" in r),
         "bytes_up": sum(r.get("bytes_sent", 0) for r in training),
         "bytes_down": sum(r.get("bytes_received", 0) for r in training),
         "bytes_rejected": sum(r.get("bytes_rejected", 0) for r in records),

@@ -1,9 +1,11 @@
 """Controller checkpoints as bytes: weights, round, and the scenario they belong to.
 
 Layout: ``b"DTCK" | version u8 | 3 reserved | header length u32 | JSON header |
-float32 weights``.  The header holds the round, the scenario digest, the
-weights' length and their sha256, so a truncated or corrupted file is refused
-with a clear message instead of resuming from garbage.  Writing the bytes
+float32 weights | float64 state arrays``.  The header holds the round, the scenario
+digest, the weights' length and their sha256, and (only where the server's rule keeps
+state between rounds: FedAdam's moments) each state array's name and length and one
+sha256 of them all, so a truncated or corrupted file is refused with a clear message
+instead of resuming from garbage.  Writing the bytes
 atomically is the runtime's job (``core.rundir.atomic_write``).
 """
 
@@ -31,21 +33,27 @@ class Checkpoint:
     scenario_digest: str
     # Anything else worth keeping (bytes so far, failed rounds, ...).
     extra: dict = field(default_factory=dict)
+    # The server rule's state between rounds (core.fl.server_opt), float64 arrays by name.
+    state: dict = field(default_factory=dict)
 
 
 def encode_checkpoint(ckpt: Checkpoint) -> bytes:
     weights = np.ascontiguousarray(ckpt.weights, dtype="<f4")
-    header = json.dumps(
-        {
-            "round": ckpt.round,
-            "scenario": ckpt.scenario_digest,
-            "dim": int(weights.size),
-            "sha256": hashlib.sha256(weights.tobytes()).hexdigest(),
-            "extra": ckpt.extra,
-        },
-        sort_keys=True,
-    ).encode()
-    return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + weights.tobytes()
+    fields = {
+        "round": ckpt.round,
+        "scenario": ckpt.scenario_digest,
+        "dim": int(weights.size),
+        "sha256": hashlib.sha256(weights.tobytes()).hexdigest(),
+        "extra": ckpt.extra,
+    }
+    state = b""
+    if ckpt.state:  # (absent otherwise: a FedAvg checkpoint's bytes are what they were)
+        arrays = {name: np.ascontiguousarray(a, dtype="<f8") for name, a in ckpt.state.items()}
+        state = b"".join(a.tobytes() for a in arrays.values())
+        fields["state"] = [[name, int(a.size)] for name, a in arrays.items()]
+        fields["state_sha256"] = hashlib.sha256(state).hexdigest()
+    header = json.dumps(fields, sort_keys=True).encode()
+    return _PREFIX.pack(MAGIC, VERSION, len(header)) + header + weights.tobytes() + state
 
 
 def _is_int(value) -> bool:
@@ -99,11 +107,34 @@ def decode_checkpoint(data, *, expected_dim: int | None = None) -> Checkpoint:
         raise CheckpointError("checkpoint header's extra is not a JSON object")
     if expected_dim is not None and dim != expected_dim:
         raise CheckpointError(f"checkpoint holds {dim} weights, the model has {expected_dim}")
+    layout = _state_layout(header, dim)
+    want = 4 * dim + 8 * sum(n for _, n in layout)
     body = view[_PREFIX.size + header_len :]
-    if len(body) != 4 * dim:
-        state = "truncated" if len(body) < 4 * dim else "too long"
-        raise CheckpointError(f"checkpoint is {state}: {len(body)} of {4 * dim} weight bytes")
-    if hashlib.sha256(body).hexdigest() != sha:
+    if len(body) != want:
+        state = "truncated" if len(body) < want else "too long"
+        what = "weight and state" if layout else "weight"
+        raise CheckpointError(f"checkpoint is {state}: {len(body)} of {want} {what} bytes")
+    if hashlib.sha256(body[: 4 * dim]).hexdigest() != sha:
         raise CheckpointError("checkpoint weights do not match their checksum (corrupt file)")
-    weights = np.frombuffer(body, dtype="<f4").astype(np.float32)
-    return Checkpoint(round_, weights, digest, extra)
+    if layout and hashlib.sha256(body[4 * dim :]).hexdigest() != header.get("state_sha256"):
+        raise CheckpointError("checkpoint state does not match its checksum (corrupt file)")
+    weights = np.frombuffer(body[: 4 * dim], dtype="<f4").astype(np.float32)
+    arrays, at = {}, 4 * dim
+    for name, n in layout:
+        arrays[name] = np.frombuffer(body[at : at + 8 * n], dtype="<f8").astype(np.float64)
+        at += 8 * n
+    return Checkpoint(round_, weights, digest, extra, arrays)
+
+
+def _state_layout(header: dict, dim: int) -> list[tuple[str, int]]:
+    """The state arrays a header names, checked: [(name, length)], each one value per weight."""
+    layout = header.get("state", [])
+    if not isinstance(layout, list) or len(layout) > 16:
+        raise CheckpointError("checkpoint header's state is not a short list")
+    out = []
+    for item in layout:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and _is_int(item[1])
+                and item[1] == dim):
+            raise CheckpointError(f"checkpoint header names a bad state array: {str(item)[:40]}")
+        out.append((item[0], item[1]))
+    return out
