@@ -78,7 +78,7 @@ ROUND_START = _kind("round_start", "round attempt")
 SAMPLED = _kind("sampled", "round attempt available asked clients",
                 doc="the clients a round asks (fl.sample, fl.availability): how many were available, "
                     "how many and which were asked")
-UPDATE_ACCEPTED = _kind("update_accepted", "client round bytes num_samples sent_at comm_s")
+UPDATE_ACCEPTED = _kind("update_accepted", "client round bytes num_samples sent_at comm_s", "staleness")
 UPDATE_LATE = _kind("update_late", "client round current", limit=REFUSALS_PER_S)
 UPDATE_REJECTED = _kind("update_rejected", "reason", "src client round error", limit=REFUSALS_PER_S)
 ROUND_CLOSE = _kind("round_close", "round ready expected min clients timed_out note")
@@ -116,7 +116,7 @@ WORKER_END = _kind("worker_end", "steps model_sha256 bytes_sent bytes_received c
                    "stop_reason lost_ranks members generation")
 
 # --- geo-distributed training (core.geo) -------------------------------------------
-GEO_START = _kind("geo_start", "role site dim", "architecture compression")
+GEO_START = _kind("geo_start", "role site dim", "architecture compression authenticated")
 GEO_STEP = _kind("geo_step", "round loss compute_s comm_s bytes_sent",
                  doc="a worker's round: compute, then push to pull (comm_s)")
 GEO_ROUND = _kind("geo_round", "round role wait_s wan_s bytes_up bytes_down",

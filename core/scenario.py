@@ -72,6 +72,17 @@ class ServerOptSpec:
 
 
 @dataclass(frozen=True)
+class FedAsyncSpec:
+    """fedasync: x ← (1 − a)·x + a·x_k with a = alpha · s(staleness) (core/fl/staleness.py)."""
+
+    alpha: float = field(default=0.6, metadata=check(fraction))
+    staleness: Literal["constant", "poly", "hinge"] = "constant"
+    poly_a: float = field(default=0.5, metadata=check(non_negative))
+    hinge_a: float = field(default=10.0, metadata=check(non_negative))
+    hinge_b: float = field(default=4.0, metadata=check(non_negative))
+
+
+@dataclass(frozen=True)
 class FLSpec:
     clients: int = field(default=2, metadata=check(between(1, U16, "client ranks")))
     # Rounds, epochs and subsets travel in a TrainCmd as u32, u16 and u32.
@@ -97,10 +108,12 @@ class FLSpec:
     server_lr: float = field(default=1.0, metadata=check(positive))
     # The update rule: fedavg (the weighted mean delta, times server_lr); fedprox (fedavg, and each
     # client adds proximal_mu/2 · ||w − w_global||² to its loss); fedadam, fedyogi, fedadagrad
-    # (the mean delta drives a server optimizer, server_opt).
-    algorithm: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad"] = "fedavg"
+    # (the mean delta drives a server optimizer, server_opt); fedasync (no rounds: each update is
+    # mixed in as it comes, fl.fedasync, and its client asked again; fl.sample train at once).
+    algorithm: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "fedasync"] = "fedavg"
     proximal_mu: float = field(default=0.0, metadata=check(non_negative))
     server_opt: ServerOptSpec = field(default_factory=ServerOptSpec)
+    fedasync: FedAsyncSpec = field(default_factory=FedAsyncSpec)
     min_clients: int = field(default=1, metadata=check(positive))
     round_timeout_s: float = field(default=600.0, metadata=check(positive))
     barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
@@ -456,7 +469,7 @@ class Scenario:
         d = self.to_dict()
         d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
         if d["fl"]["algorithm"] == "fedavg" and not d["fl"]["proximal_mu"]:  # (digests from before the rules)
-            for key in ("algorithm", "proximal_mu", "server_opt"):
+            for key in ("algorithm", "proximal_mu", "server_opt", "fedasync"):
                 del d["fl"][key]
         d.pop("targets")  # what is measured, not what is trained
         for section in ("fl", "ddp", "ps", "geo"):  # what its mode does not train with

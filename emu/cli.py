@@ -65,9 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ScenarioError, KeyFileError) as err:
         print(f"emu: {err}", file=sys.stderr)
         return 2
-    if key is not None and not scenario.kind.seals_in_emu:
-        print(f"emu: mode {scenario.mode} does not seal its messages in emu yet (real mode seals every frame); "
-              "this run is not sealed (summary.json: sealed false)", file=sys.stderr)
     out = Path(args.out) if args.out else default_out(scenario.name)
     # as many workers as the cores hold at the scenario's threads: more would only share them
     jobs = args.jobs or cores.fitting(scenario.threads)

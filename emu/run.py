@@ -14,7 +14,7 @@ from dtemu.core.ml.workload import Workload
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
 from dtemu.core.runtime.wiring import roles
-from dtemu.core.scenario import CONTROLLER, Scenario
+from dtemu.core.scenario import Scenario
 from dtemu.host import cpu_arith
 from dtemu.host.datasets import load_for
 from dtemu.host.rundir import RunDir
@@ -42,8 +42,8 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
                       sites=scenario.site_of, wan=wan, framing=scenario.network.framing,
                       send_window=scenario.network.send_window_bytes)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed,
-                  shared_cores=scenario.compute.shared_cores)
-    for spec in roles(scenario, work, key, load_population(scenario), _residuals(scenario, run)):
+                  shared_cores=scenario.compute.shared_cores, key=key)
+    for spec in roles(scenario, work, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])
         if not timer.modelled:
             raise ValueError("compute.default.train_s_per_sample must be set for a model with no reference cost")
@@ -141,8 +141,7 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
         results = [done.value] + [world.nodes[n].result for n in scenario.node_names[1:]]
     stats = world.network.stats
     records = [node_record(scenario, n, r, stats[n].bytes_sent, stats[n].bytes_received,
-                           bytes_rejected=world.nodes[n].bytes_rejected,
-                           sealed=key is not None and scenario.kind.seals_in_emu)
+                           bytes_rejected=world.nodes[n].bytes_rejected, sealed=key is not None)
                for n, r in zip(scenario.node_names, results)]
     wire = sum(s.wire_bytes_sent for s in stats.values())
     extra = {"wire_bytes": wire}

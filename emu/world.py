@@ -162,7 +162,7 @@ class EmuNode:
         self.starts += 1
         self.inbox = _Inbox()
         faults = faultlib.NodeFaults(self.world.faults, self.world.seed, self.node, self.rank, self.world.crash_plan)
-        driver = Driver(self, faults)
+        driver = Driver(self, faults, self.world.key)
         self.process = self.world.env.process(self._life(driver, self.make_role(driver)))
         return self.process
 
@@ -204,8 +204,9 @@ class World:
 
     def __init__(self, env: simpy.Environment, network: Network,
                  log: Callable[[dict], None], save_checkpoint: Callable[[bytes], str],
-                 faults: FaultSpec | None = None, seed: int = 0, shared_cores: int = 0):
+                 faults: FaultSpec | None = None, seed: int = 0, shared_cores: int = 0, key: bytes | None = None):
         self.env = env
+        self.key = key  # the run's key: every node's driver seals with it (None: nothing is sealed)
         # compute.shared_cores: the cores every node's CPU work priced per MB queues for (None: no queue).
         self.cores = simpy.Resource(env, capacity=shared_cores) if shared_cores else None
         self.faults = faults or FaultSpec()

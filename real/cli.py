@@ -22,7 +22,6 @@ from pathlib import Path
 
 from dtemu.host.keys import load_key
 from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
-from dtemu.core.runtime.summary import DONE
 from dtemu.report.cli import add_commands
 from dtemu.report.cli import run as run_reader
 from dtemu.core.ps.spec import PS

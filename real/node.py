@@ -67,7 +67,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
          fired, wall_start: float, pace: float | None = None, links: bool = False) -> dict:
     if steps_with_torch_optim(scenario):
         warm_up()  # torch.optim's one-off costs now, not in the first round against its timeout
-    spec = role_of(scenario, rank, work, key, load_population(scenario) if rank == 0 else None)
+    spec = role_of(scenario, rank, work, load_population(scenario) if rank == 0 else None)
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
     whc_high = writer_history(scenario.kind.all_to_all, work.dim)
     hold_until_window_end()   # a rank down from the start comes up at its window's end, not before
@@ -80,7 +80,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
                                links=PacedLinks(scenario, name, pace or 1.0) if links else None)
         faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
                                      faultlib.CrashPlan(scenario.faults, set(fired)))
-        driver = Driver(prims, faults)
+        driver = Driver(prims, faults, key)
         driver.emit(ev.NODE_UP)
         result = run_blocking(driver.run(spec.start(driver, init)))
         assert result is not CRASHED  # a real crash has ended the process

@@ -28,13 +28,22 @@ GEO = {
 BLOCKS_JOINING = {**GEO, "geo": {**GEO["geo"], "dense_below": 1024, "joining": True}}
 
 
-@pytest.mark.parametrize("scenario", [GEO, BLOCKS_JOINING], ids=["pairs", "blocks_joining"])
-def test_real_geo_ends_with_emus_model(tmp_path, monkeypatch, scenario):
+# HiPS with dense fp32 pushes, every message sealed under --key-file (issue 26)
+HIPS = {**GEO, "geo": {**GEO["geo"], "compression": "none"}}
+KEY = "a geo key of at least sixteen bytes"
+
+
+@pytest.mark.parametrize("scenario, key", [(GEO, None), (BLOCKS_JOINING, None), (HIPS, KEY)],
+                         ids=["pairs", "blocks_joining", "hips_sealed"])
+def test_real_geo_ends_with_emus_model(tmp_path, monkeypatch, scenario, key):
     monkeypatch.setenv("DTEMU_DATA", DATA)
     path = scenario_file(tmp_path, scenario)
     out = tmp_path / "real"
     args = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(out), "--no-tui",
             "--timeout", "110", "--threads", "1", "--time-scale", "1", "--domain", str(new_domain())]
+    if key:
+        (tmp_path / "key").write_text(key)
+        args += ["--key-file", str(tmp_path / "key")]
     proc = subprocess.Popen(args, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
@@ -46,7 +55,8 @@ def test_real_geo_ends_with_emus_model(tmp_path, monkeypatch, scenario):
         kill_group(proc)
     assert proc.returncode == 0, err.decode()[-3000:]
     real = read_summary(out)
-    emu = run_emulation(parse_scenario(scenario), tmp_path / "emu")
+    emu = run_emulation(parse_scenario(scenario), tmp_path / "emu", key=key.encode() if key else None)
+    assert real["sealed"] == emu["sealed"] == bool(key)
     assert real["stop_reason"] == "done" and real["rounds"] == 4 and real["models_agree"]
     assert real["model_sha256"] == emu["model_sha256"]
     assert real["final_accuracy"] == emu["final_accuracy"]

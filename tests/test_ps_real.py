@@ -61,6 +61,22 @@ def test_fixed_iterations_give_the_same_model_in_emu_and_real(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sealed_esync_run_ends_with_emus_model(tmp_path):
+    """--key-file: every message in the run's envelope (and every frame tagged by the transport)."""
+    from test_real_mode import new_domain, real
+
+    (tmp_path / "key").write_text("an esync key of sixteen bytes or more")
+    out = tmp_path / "real"
+    done = real(["launch", scenario_file(tmp_path, PS), "--out", out, "--no-tui", "--timeout", 80, "--threads", 1,
+                 "--time-scale", 1, "--domain", new_domain(), "--key-file", tmp_path / "key"], 90)
+    assert done.returncode == 0, done.stderr + logs(out)
+    real_summary = read_summary(out)
+    emu = run_emulation(parse_scenario(PS), tmp_path / "emu", key=b"an esync key of sixteen bytes or more")
+    assert real_summary["sealed"] and emu["sealed"]
+    assert real_summary["model_sha256"] == emu["model_sha256"] and real_summary["rounds"] == 3
+    assert [e["authenticated"] for e in read_events(out) if e["kind"] == "run_start"] == [True]
+
+
 def test_adaptive_iterations_follow_the_measured_speeds(tmp_path):
     raw = {**PS, "name": "real_ps_adaptive",
            "ps": {**PS["ps"], "fixed_iterations": None, "rounds": 4},

@@ -179,3 +179,51 @@ def test_a_resumed_server_optimizer_makes_the_uninterrupted_model(tmp_path, rule
     resumed = run_emulation(fl_scenario(**{"fl.algorithm": rule, "fl.rounds": 4}), tmp_path / "resumed",
                             init=init, work=StandIn())
     assert resumed["model_sha256"] == full["model_sha256"]
+
+
+# --- fedasync: each update as it comes ----------------------------------------------------------
+
+@pytest.mark.parametrize("function, a, b, staleness, want", [
+    ("constant", 0.5, 4, 7, 1.0), ("poly", 0.5, 4, 3, 0.5), ("hinge", 10, 4, 4, 1.0), ("hinge", 10, 4, 6, 1 / 21)])
+def test_staleness_functions_by_hand(function, a, b, staleness, want):
+    from dtemu.core.fl.staleness import staleness_factor
+
+    assert staleness_factor(function, staleness, a, b) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["open", "sealed"])
+@pytest.mark.parametrize("codec", ["fp32", "q8", "sq8"])
+def test_fedasync_mixes_each_update_with_its_staleness(tmp_path, codec, sealed):
+    sc = fl_scenario(**{"fl.algorithm": "fedasync", "fl.codec": codec, "fl.sample": 3, "fl.rounds": 8,
+                        "fl.fedasync.staleness": "poly", "fl.error_feedback": codec != "fp32",
+                        "compute.nodes.client2.slowdown": 4})
+    summary = run_emulation(sc, tmp_path / "run", work=StandIn(), key=KEY if sealed else None)
+    assert summary["rounds"] == 8 and summary["updates"] == {"accepted": 8}
+    events = read_events(tmp_path / "run")
+    taken = [e for e in events if e["kind"] == "update_accepted"]
+    assert [e["round"] for e in taken] == list(range(1, 9))
+    assert max(e["staleness"] for e in taken) > 0          # the slow client's update is stale
+    assert len({e["client"] for e in taken}) > 3            # the freed places went to other clients
+    from dtemu.report.audit_fl import check_fl
+
+    assert check_fl(events, summary, True, sc.to_dict())[1] == []
+    again = run_emulation(sc, tmp_path / "again", work=StandIn(), key=KEY if sealed else None)
+    assert again["model_sha256"] == summary["model_sha256"]
+
+
+def test_fedasync_mixing_by_hand(tmp_path):
+    """Two clients, constant s: every update is x ← (1 − α)·x + α·(x_τ + Δ) with the StandIn's Δ."""
+    sc = fl_scenario(**{"fl.algorithm": "fedasync", "fl.clients": 1, "fl.rounds": 3, "fl.fedasync.alpha": 0.5})
+    summary = run_emulation(sc, tmp_path / "run", work=StandIn())
+    x = np.zeros(16, np.float32)
+    for _ in range(3):   # one client: never stale, always trained from the newest model (Δ = 1/100)
+        x = ((1 - 0.5) * x + 0.5 * (x + np.float32(0.01))).astype(np.float32)
+    from dtemu.core.ml.params import sha256_of
+
+    assert summary["model_sha256"] == sha256_of(x)
+
+
+def test_fedasync_refuses_a_compressed_downlink():
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({"name": "a", "fl": {"algorithm": "fedasync", "downlink_codec": "q8"}})
+    assert err.value.path == "fl.downlink_codec"

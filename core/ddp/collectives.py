@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dtemu.core.errors import CollectiveTimeout, FrameError, LossNotice  # noqa: F401  (the two first re-exported)
+from dtemu.core.errors import AuthError, CollectiveTimeout, FrameError, LossNotice  # noqa: F401  (re-exported)
 from dtemu.core.runtime.requests import Buffers, Recv, Send, WaitPeers
 from dtemu.core.wire.topics import COLL_FRAMES
 from dtemu.core.ddp.pipelined import pipelined_allreduce_mean
+from dtemu.core.runtime.refusal import refuse
 from dtemu.core import events as ev
 
 MAGIC = b"DTCF"
@@ -237,8 +238,8 @@ class Collective:
         self._control = {k: v for k, v in self._control.items() if k[0] >= group}
         self._control_asm = {k: v for k, v in self._control_asm.items() if k[0] >= group}
         future, self._future, self._future_bytes = self._future, [], 0
-        for msg in future:
-            self._file(msg)
+        for msg, data in future:
+            self._file(msg, data)
 
     @property
     def others(self) -> tuple[int, ...]:
@@ -274,7 +275,9 @@ class Collective:
         sent = 0
         for seq, chunk in enumerate(chunks):
             frame = encode_frame(Frame(group, round_, name, part, self.rank, self.world,
-                                       seq, len(chunks), len(payload), chunk), pieces=len(chunk) >= PIECES_FROM)
+                                       seq, len(chunks), len(payload), chunk),
+                                 pieces=len(chunk) >= PIECES_FROM and not self.ctx.sealed)
+            frame = self.ctx.seal(COLL_FRAMES, round_, frame)   # (the identity without a key)
             receivers = yield Send(COLL_FRAMES, frame, to=to)
             sent += len(frame) * receivers
         return sent
@@ -310,15 +313,19 @@ class Collective:
         self._finished_rounds.add((handle.round, handle.name, handle.part))
         return [out[r] for r in sorted(out)]
 
-    def _file(self, msg) -> None:
+    def _file(self, msg, data=None) -> None:
+        """File one message's frame; ``data``: the frame, already taken out of its envelope (a frame
+        of a newer generation kept for later, which must not be opened twice: it would be a replay)."""
         try:
-            f = decode_frame(msg.data, world=self.world, max_total=self.max_payload)
+            if data is None:
+                data = self.ctx.open(msg)
+            f = decode_frame(data, world=self.world, max_total=self.max_payload)
             if f.name in CONTROL_NAMES:
                 self._file_control(f, len(msg.data))
                 return
             if f.group > self.group:  # a newer generation, which this rank may be about to join
                 if self._future_bytes + len(msg.data) <= FUTURE_BYTES:
-                    self._future.append(msg)
+                    self._future.append((msg, data))
                     self._future_bytes += len(msg.data)
                 return
             if f.group != self.group or f.rank not in self.members:
@@ -344,10 +351,10 @@ class Collective:
             if asm.complete:
                 self._done[key] = asm.payload()
                 del self._assemblies[key]
-        except FrameError as err:
-            self.counts["malformed"] += 1
-            self.ctx.emit(ev.FRAME_REJECTED, src=msg.src, error=str(err))
-            self.ctx.refused(msg)
+        except (FrameError, AuthError) as err:
+            reason = getattr(err, "reason", "malformed")  # (an AuthError's: unsigned, forged, replayed)
+            refuse(self.ctx, self.counts, msg, reason, ev.FRAME_REJECTED, src=msg.src, error=str(err),
+                   **({"reason": reason} if reason != "malformed" else {}))
 
     def _file_control(self, f: Frame, nbytes: int) -> None:
         if f.group < self.group or f.rank == self.rank:

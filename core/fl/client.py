@@ -17,7 +17,7 @@ import numpy as np
 
 from dtemu.core.compression import codecs
 from dtemu.core.wire import messages
-from dtemu.core.wire.auth import Sealer
+from dtemu.core.wire.auth import Sealer  # (the type of ctx.sealer)
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, ModelDelta, Stop, TrainCmd
 from dtemu.core.fl.downlink import HeldModel
@@ -51,15 +51,14 @@ class _State:
         self.rejected: Counter = Counter()  # messages refused, by reason
 
 
-def client(ctx, scenario: Scenario, work: Workload, index: int, key: bytes | None = None,
-           residuals: Residuals | None = None):
+def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Residuals | None = None):
     """Client ``index`` (1-based); runs until the controller says Stop.
 
-    ``key``: the shared key that seals every message (core.auth); None: no sealing.
+    Every message goes through the context's sealing layer (core.wire.auth; the identity without a key).
     ``residuals``: where the error-feedback residuals of this process's clients live, a
     bounded number in memory (core.fl.residuals); None: this client keeps its own."""
     fl = scenario.fl
-    auth = Sealer(key, ctx.node, getattr(ctx, "incarnation", 0))
+    auth = ctx.sealer
     params = codecs.CodecParams(fl.codec, chunk=fl.chunk, density=fl.density)
     feedback = codecs.ErrorFeedback(params) if fl.error_feedback and fl.codec != "fp32" else None
     if feedback is not None and residuals is not None:

@@ -16,28 +16,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dtemu.core.compression import codecs
 from dtemu.core.wire import messages
-from dtemu.core.fl.aggregate import Update, check_update
+from dtemu.core.fl.aggregate import Update
+from dtemu.core.fl.inbox import ACCEPTED, UpdateInbox
 from dtemu.core.fl.server_opt import server_rule
-from dtemu.core.wire.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from dtemu.core.wire.auth import Sealer
-from dtemu.core.errors import AuthError, BarrierTimeout, CheckpointError, DecodeError, RejectedUpdate
-from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
+from dtemu.core.wire.checkpoint import decode_checkpoint
+from dtemu.core.errors import BarrierTimeout, CheckpointError
+from dtemu.core.wire.messages import Stop, TrainCmd
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime import points
-from dtemu.core.runtime.requests import Evaluate, Evaluations, Point, Recv, Send, Sleep, WaitPeers
+from dtemu.core.runtime.requests import Evaluations, Point, Recv, Send, Sleep, WaitPeers
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.core.fl.population import Population
 from dtemu.core.fl.downlink import Downlink
+from dtemu.core.fl import fedasync
+from dtemu.core.fl.steps import accepted, blob, checkpoint, evaluate, refuse_update
 from dtemu.core import events as ev
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
     from dtemu.core.scenario import Scenario
-
-FP32 = codecs.CodecParams("fp32")
-
 
 @dataclass
 class ControllerResult:
@@ -50,15 +48,16 @@ class ControllerResult:
     history: list = field(default_factory=list)  # (time, accuracy) of every evaluation
 
 
-def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = None, key: bytes | None = None,
+def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = None,
                population: Population | None = None):
-    """``key``: the shared key that seals every message (core.auth); None: no sealing.
+    """Every message goes through the context's sealing layer (core.wire.auth; the identity without a key).
     ``population``: who is available and asked each round (built from the scenario if None;
     a trace's windows come from the host)."""
     fl = scenario.fl
     clients = tuple(scenario.client_names)
     population = population or Population(scenario)
-    auth = Sealer(key, ctx.node, getattr(ctx, "incarnation", 0))
+    auth = ctx.sealer
+    inbox = UpdateInbox(frozenset(clients), work.dim, fl.max_update_norm, auth)
     result = ControllerResult(weights=work.initial_weights)
     strategy = server_rule(fl)  # fl.algorithm: FedAvg, or a server optimizer (core.fl.server_opt)
     start = 1
@@ -83,9 +82,29 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     yield from _barrier(ctx, fl, clients)
     # fl.downlink_codec: the model goes down as a compressed delta on the clients' reference
     downlink = Downlink(fl, clients) if fl.downlink_codec != "fp32" else None
-    first = downlink.full(start - 1, result.weights) if downlink else _blob(start - 1, result.weights)
+    first = downlink.full(start - 1, result.weights) if downlink else blob(start - 1, result.weights)
     yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, first))
 
+    if fl.algorithm == "fedasync":  # each update applied as it comes, then its client asked again
+        round_ = yield from fedasync.run(ctx, scenario, work, result, population, inbox, start)
+    else:
+        round_ = yield from _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start)
+
+    last = min(round_, fl.rounds)
+    yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, last, messages.encode(Stop(last, result.stop_reason))))
+    ctx.emit(ev.RUN_END, reason=result.stop_reason, rounds_completed=result.rounds_completed,
+             rounds_failed=result.rounds_failed, model_sha256=sha256_of(result.weights),
+             counts=dict(sorted(result.counts.items())))
+    evaluations = yield Evaluations()  # the driver logged each as it came (``eval``)
+    result.history = [(t, acc) for t, _, acc in evaluations if acc is not None]
+    result.final_accuracy = result.history[-1][1] if result.history else None
+    return result
+
+
+def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start):
+    """Synchronous rounds: a command to the clients asked, their updates until all are in or the
+    deadline, the rule over them, the checkpoint, the new model down, an evaluation."""
+    fl, clients, auth = scenario.fl, tuple(scenario.client_names), ctx.sealer
     round_, attempt = start, 0
     while round_ <= fl.rounds:
         cmd = TrainCmd(round_, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, round_, attempt))
@@ -101,7 +120,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)),
                    to=asked if population.sampled else None)
         if asked:
-            updates = yield from _collect(ctx, scenario, work.dim, cmd, asked, deadline, result.counts, auth)
+            updates = yield from _collect(ctx, inbox, cmd, asked, deadline, result.counts)
         else:  # no one there to ask: the round waits out its time (someone may come)
             updates = {}
             yield Sleep(max(0.0, deadline - ctx.now()))
@@ -132,36 +151,15 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
             if fl.on_failed_round == "retry" and attempt < fl.max_retries:
                 attempt += 1
                 continue
-        extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed,
-                 "counts": dict(result.counts)}
-        where = ctx.save_checkpoint(
-            encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra, strategy.state()))
-        )
-        ctx.emit(ev.CHECKPOINT, round=round_, path=where)
-        yield Point(points.CHECKPOINTED, round_)
+        yield from checkpoint(ctx, scenario, result, round_, strategy.state())
         if downlink is not None:
             yield from downlink.publish(ctx, round_, result.weights, auth.seal)
         else:
-            yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, _blob(round_, result.weights)))
-        if round_ % fl.eval_every == 0 or round_ == fl.rounds:
-            weights = result.weights
-            job = work.eval_job(weights) if hasattr(work, "eval_job") else None  # worker processes may share it
-            yield Evaluate(lambda: work.evaluate(weights), round=round_, samples=work.test_size, job=job)
+            yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, blob(round_, result.weights)))
+        yield from evaluate(fl, work, result.weights, round_)
         round_, attempt = round_ + 1, 0
 
-    last = min(round_, fl.rounds)
-    yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, last, messages.encode(Stop(last, result.stop_reason))))
-    ctx.emit(ev.RUN_END, reason=result.stop_reason, rounds_completed=result.rounds_completed,
-             rounds_failed=result.rounds_failed, model_sha256=sha256_of(result.weights),
-             counts=dict(sorted(result.counts.items())))
-    evaluations = yield Evaluations()  # the driver logged each as it came (``eval``)
-    result.history = [(t, acc) for t, _, acc in evaluations if acc is not None]
-    result.final_accuracy = result.history[-1][1] if result.history else None
-    return result
-
-
-def _blob(round_: int, weights: np.ndarray) -> bytes:
-    return messages.encode(ModelBlob.of(round_, codecs.encode(weights, FP32)))
+    return round_
 
 
 def _barrier(ctx, fl, clients):
@@ -175,67 +173,18 @@ def _barrier(ctx, fl, clients):
         raise BarrierTimeout(missing, fl.barrier_timeout_s)
 
 
-def _collect(ctx, scenario, dim, cmd, clients, deadline, counts, auth: Sealer):
+def _collect(ctx, inbox: UpdateInbox, cmd, clients, deadline, counts):
     """Updates for ``cmd`` until all are in or ``deadline``; everything else is counted."""
+    inbox.open_round(clients, cmd.round, cmd.seed)
     got: dict[str, Update] = {}
     while len(got) < len(clients):
         msg = yield Recv((CLIENT_UPDATE,), deadline)
         if msg is None:
             break
-        try:
-            sealed = auth.open(CLIENT_UPDATE, msg.src, msg.data)
-        except AuthError as err:
-            counts[err.reason] += 1
-            ctx.refused(msg)
-            ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason=err.reason, error=str(err))
+        verdict = inbox.offer(msg)
+        if verdict.kind != ACCEPTED:
+            refuse_update(ctx, counts, msg, verdict, current=cmd.round)
             continue
-        try:
-            up = messages.decode(sealed.data)
-            if not isinstance(up, ClientUpdate):
-                raise DecodeError(f"expected a ClientUpdate, got a {type(up).__name__}")
-            if auth.enabled and (up.client, up.round) != (sealed.sender, sealed.round):
-                raise AuthError("forged", f"{sealed.sender!r} signed an update of {up.client!r} "
-                                          f"for round {up.round} as round {sealed.round}")
-        except AuthError as err:
-            counts[err.reason] += 1
-            ctx.refused(msg)
-            ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason=err.reason, error=str(err))
-            continue
-        except DecodeError as err:
-            counts["malformed"] += 1
-            ctx.refused(msg)
-            ctx.emit(ev.UPDATE_REJECTED, src=msg.src, reason="malformed", error=str(err))
-            continue
-        if (up.round, up.seed) != (cmd.round, cmd.seed):
-            counts["late"] += 1
-            ctx.refused(msg)
-            ctx.emit(ev.UPDATE_LATE, client=up.client, round=up.round, current=cmd.round)
-            continue
-        if up.client not in clients or up.client in got:
-            reason = ("duplicate" if up.client in got else "not asked" if up.client in scenario.client_names
-                      else "unknown client")
-            counts[reason.replace(" ", "_")] += 1
-            ctx.refused(msg)
-            ctx.emit(ev.UPDATE_REJECTED, client=up.client, round=up.round, reason=reason)
-            continue
-        try:
-            payload = codecs.decode(up.packet, expected_dim=dim)
-            update = Update(up.client, up.num_samples, up.kind, payload)
-            check_update(update, dim, scenario.fl.max_update_norm)
-        except (DecodeError, RejectedUpdate) as err:
-            counts["rejected"] += 1
-            ctx.refused(msg)
-            ctx.emit(ev.UPDATE_REJECTED, client=up.client, round=up.round, reason="invalid", error=str(err))
-            continue
-        got[up.client] = update
-        counts["accepted"] += 1
-        ctx.emit(
-            ev.UPDATE_ACCEPTED,
-            client=up.client,
-            round=up.round,
-            bytes=len(msg.data),
-            num_samples=up.num_samples,
-            sent_at=msg.sent_at,
-            comm_s=msg.received_at - msg.sent_at,
-        )
+        got[verdict.up.client] = verdict.update
+        accepted(ctx, counts, msg, verdict)
     return got

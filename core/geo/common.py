@@ -10,11 +10,12 @@ import numpy as np
 import torch
 
 from dtemu.core import events as ev
-from dtemu.core.errors import GeoPayloadError
+from dtemu.core.errors import AuthError, GeoPayloadError
 from dtemu.core.geo.payload import BEAT, END, JOIN, STATE, Payload, decode, encode_dense
 from dtemu.core.ml import data as datasets
 from dtemu.core.runtime.requests import Recv
 from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH  # noqa: F401 (the roles' topics)
+from dtemu.core.runtime.refusal import refuse
 
 
 
@@ -173,21 +174,24 @@ class Inbox:
         return min(times) if times else None
 
     def _refuse(self, msg, reason: str, error: str = "") -> None:
-        self.result.rejected += 1
-        self.ctx.refused(msg)
-        self.ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=reason,
-                      **({"error": error} if error else {}))
+        self.result.rejected += 1   # (geo counts its refusals as one number)
+        refuse(self.ctx, None, msg, reason, ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=reason,
+               **({"error": error} if error else {}))
 
     def _decoded(self, msg, senders):
-        """``msg``'s payload, or None when it is refused (not from one of ``senders``, or malformed)."""
+        """(``msg``'s payload, the bytes inside its envelope: what a PS forwards), or None when it is
+        refused (not from one of ``senders``, not authentic under the run's key, or malformed)."""
         if msg.src not in senders:
             self._refuse(msg, "unknown_sender")
             return None
         try:
-            return decode(msg.data, self.dim)
+            inner = self.ctx.open(msg)
+            return decode(inner, self.dim), inner
+        except AuthError as err:
+            self._refuse(msg, err.reason, str(err))
         except GeoPayloadError as err:
             self._refuse(msg, "malformed", str(err))
-            return None
+        return None
 
     def collect(self, senders: list[str], round_: int, deadline: float | None, count_wan: bool = True):
         """{sender: (payload, raw bytes)} of ``round_``; fewer than ``senders`` when the deadline passed."""
@@ -215,9 +219,10 @@ class Inbox:
                     break
                 continue
             outsider = msg.src not in senders and msg.src in self.joinable
-            payload = self._decoded(msg, self.joinable if outsider else senders)
-            if payload is None:
+            opened = self._decoded(msg, self.joinable if outsider else senders)
+            if opened is None:
                 continue
+            payload, inner = opened
             self.heard[msg.src] = now
             if payload.kind in (BEAT, JOIN) and (outsider or (payload.kind == JOIN and round_ > 0)):
                 # a newcomer's hello, or a member that started again (it will not push this round)
@@ -239,7 +244,7 @@ class Inbox:
                 continue
             if payload.kind == STATE:   # the model of a run already going: for a newcomer, or from a restarted PS
                 if self.state_ok or (msg.src == self.restarts and payload.round >= round_):
-                    got[msg.src] = (payload, msg.data)
+                    got[msg.src] = (payload, inner)
                 else:
                     self._refuse(msg, "unexpected_state")
                 continue
@@ -249,9 +254,9 @@ class Inbox:
             if count_wan and self.site_of.get(msg.src) != self.site:
                 self.result.wan_received += len(msg.data)
             if payload.round > round_:
-                self.early[(payload.round, msg.src)] = (payload, msg.data)
+                self.early[(payload.round, msg.src)] = (payload, inner)
                 continue
-            got[msg.src] = (payload, msg.data)
+            got[msg.src] = (payload, inner)
         return got
 
     def collect_next(self, expected: dict[str, int], deadline: float | None):
@@ -266,14 +271,15 @@ class Inbox:
             if msg is None:
                 return None
             outsider = msg.src not in expected and msg.src in self.joinable
-            payload = self._decoded(msg, self.joinable if outsider else expected)
-            if payload is None:
+            opened = self._decoded(msg, self.joinable if outsider else expected)
+            if opened is None:
                 continue
+            payload, inner = opened
             if payload.kind in (BEAT, JOIN):
                 if self.site_of.get(msg.src) != self.site:
                     self.result.wan_received += len(msg.data)
                 if payload.kind == JOIN and self.joinable:
-                    return msg.src, payload, msg.data
+                    return msg.src, payload, inner
                 continue
             if outsider:
                 self._refuse(msg, "unknown_sender")   # not a member (yet): its pushes are not used
@@ -285,9 +291,9 @@ class Inbox:
             if self.site_of.get(msg.src) != self.site:
                 self.result.wan_received += len(msg.data)
             if payload.round > want:
-                self.early[(payload.round, msg.src)] = (payload, msg.data)
+                self.early[(payload.round, msg.src)] = (payload, inner)
                 continue
-            return msg.src, payload, msg.data
+            return msg.src, payload, inner
 
 
 def sent_across(result: GeoResult, site_of: dict[str, str], site: str, dst: str, nbytes: int,

@@ -71,11 +71,12 @@ class _Base:
         self.result = GeoResult(role=role, site=self.site)
         self.workers_total = len(scenario.training_nodes)
         ctx.emit(ev.GEO_START, role=role, site=self.site, dim=self.dim, architecture=self.g.architecture,
-                 compression=self.g.compression)
+                 compression=self.g.compression, authenticated=ctx.sealed)
 
     def send(self, topic: str, data: bytes, to: str, init: bool = False):
-        yield Send(topic, data, to=to)
-        sent_across(self.result, self.site_of, self.site, to, len(data), init)
+        sealed = self.ctx.seal(topic, 0, data)   # (the identity without a key)
+        yield Send(topic, sealed, to=to)
+        sent_across(self.result, self.site_of, self.site, to, len(sealed), init)
 
     def cpu(self, op: str, nbytes: int, fn):
         """``fn()``: CPU work ``op`` on ``nbytes`` (core.runtime.compute.CPU_OPS), a ``Compute`` that

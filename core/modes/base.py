@@ -48,9 +48,6 @@ class Mode:
     # Does its leader choose whom to ask each round (fl.sample, fl.availability: core.fl.population;
     # host.traces builds it, with a trace's windows)?
     chooses_clients: bool = False
-    # Do its roles seal their messages with the run's key (core.wire.auth) in emu?  (Real mode's
-    # transport seals every frame of every mode.)
-    seals_in_emu: bool = False
     # Which nodes can crash at protocol points (faults.crashes), by node kind; {}: none.
     crash_points: dict[str, tuple[str, ...]] = {}
     # Where its audit and report page live ("module:function"), so that core names them without
@@ -74,8 +71,11 @@ class Mode:
         """Each node's site ({} without network.sites): where the scenario placed it."""
         return {node: name for name, site in s.network.sites.items() for node in site.nodes}
 
+    # What the run counts its progress in (the dashboard's header): rounds (or global versions), steps.
+    unit: str = "round"
+
     def rounds(self, s) -> int | None:
-        """The rounds (or global versions) the run makes; None where it counts steps instead."""
+        """How many of its units the run makes (None: not known in advance)."""
         return None
 
     def batch_size(self, s) -> int:
@@ -95,7 +95,7 @@ class Mode:
         return False
 
     # --- running -------------------------------------------------------
-    def role_of(self, s, rank: int, work, key=None, population=None, residuals=None):
+    def role_of(self, s, rank: int, work, population=None, residuals=None):
         """The RoleSpec (core.runtime.wiring) of ``rank``."""
         raise NotImplementedError
 

@@ -20,6 +20,11 @@ class DataParallel(Mode):
     def training_nodes(self, s):
         return s.worker_names
 
+    unit = "step"
+
+    def rounds(self, s):
+        return s.ddp.max_steps  # (None: every epoch to its end)
+
     def parties(self, s):
         return s.ddp.workers
 
@@ -34,7 +39,7 @@ class DataParallel(Mode):
             raise ScenarioError("ddp.min_workers",
                                 f"expected 1..{s.ddp.workers} (ddp.workers), got {s.ddp.min_workers}")
 
-    def role_of(self, s, rank, work, key=None, population=None, residuals=None):
+    def role_of(self, s, rank, work, population=None, residuals=None):
         from dtemu.core.ddp.worker import worker
         from dtemu.core.wire.topics import COLL_FRAMES
 

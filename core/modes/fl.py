@@ -12,7 +12,6 @@ class FederatedLearning(Mode):
     name = "fl"
     digest_sections = frozenset({"fl"})
     trains_as_jobs = True
-    seals_in_emu = True
     chooses_clients = True
     crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_fl:check_fl"
@@ -40,23 +39,26 @@ class FederatedLearning(Mode):
             raise ScenarioError("fl.proximal_mu", "fedprox needs a proximal term: set fl.proximal_mu > 0")
         if fl.proximal_mu and fl.algorithm != "fedprox":
             raise ScenarioError("fl.proximal_mu", f"the proximal term is fedprox's; fl.algorithm is {fl.algorithm}")
-        if fl.algorithm in SECOND_MOMENTS and fl.server_lr != 1.0:
+        if fl.algorithm == "fedasync" and fl.downlink_codec != "fp32":
+            raise ScenarioError("fl.downlink_codec", "fedasync sends each client the whole model it is to train "
+                                                     "from (clients hold different versions): use fp32")
+        if fl.algorithm in (*SECOND_MOMENTS, "fedasync") and fl.server_lr != 1.0:
             raise ScenarioError("fl.server_lr", f"{fl.algorithm} steps by fl.server_opt.eta; fl.server_lr is "
                                                 "fedavg's and fedprox's")
 
     def takes_corrupt(self, s, node):
         return node != CONTROLLER
 
-    def role_of(self, s, rank, work, key=None, population=None, residuals=None):
+    def role_of(self, s, rank, work, population=None, residuals=None):
         from dtemu.core.fl.client import client
         from dtemu.core.fl.controller import controller
         from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 
         if rank == 0:  # (names without the list of every node: once per rank is quadratic at 10,000)
             return RoleSpec(rank, CONTROLLER, (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB),
-                            lambda ctx, init: controller(ctx, s, work, init, key, population))
+                            lambda ctx, init: controller(ctx, s, work, init, population))
         return RoleSpec(rank, f"client{rank}", (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,),
-                        lambda ctx, init: client(ctx, s, work, rank, key, residuals))
+                        lambda ctx, init: client(ctx, s, work, rank, residuals))
 
     def record(self, s, name, result, time_to_accuracy):
         from dtemu.core.ml.params import sha256_of

@@ -63,7 +63,7 @@ class GeoDistributed(Mode):
         if s.faults.crashes or s.faults.corrupt:
             raise ScenarioError("faults", "geo mode takes faults.offline and delivery faults only")
 
-    def role_of(self, s, rank, work, key=None, population=None, residuals=None):
+    def role_of(self, s, rank, work, population=None, residuals=None):
         """The master and the root PS (global or flat) in the central site; local PSs and workers."""
         from dtemu.core.geo import roles as geo
         from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH

@@ -32,7 +32,7 @@ class ParameterServer(Mode):
     def validate(self, s):
         validate_ps(s.ps)
 
-    def role_of(self, s, rank, work, key=None, population=None, residuals=None):
+    def role_of(self, s, rank, work, population=None, residuals=None):
         from dtemu.core.ps.server import parameter_server
         from dtemu.core.ps.state_server import state_server
         from dtemu.core.ps.worker import ps_worker

@@ -47,6 +47,7 @@ from dtemu.core.ps.strategies import make_strategy
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
 from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE, SS_STATE
+from dtemu.core.runtime.refusal import refuse
 
 
 @dataclass
@@ -99,15 +100,19 @@ class _Server:
 
     def state(self, msg_type: int, k: int, r: int) -> Send:
         st = pm.Status(k, 0, r, 0.0, 0.0, self.ctx.now())
-        return Send(SS_STATE, pm.encode_state(pm.StateMsg(msg_type, self.rank_of[PS], self.rank_of[SS], st)),
-                    to=SS)
+        data = pm.encode_state(pm.StateMsg(msg_type, self.rank_of[PS], self.rank_of[SS], st))
+        return Send(SS_STATE, self.ctx.seal(SS_STATE, r, data), to=SS)
+
+    def send_model(self, data: bytes, to: str | None = None) -> Send:
+        """``data`` (a model, or Stop) to the workers (or one), sealed under the run's key."""
+        return Send(PS_MODEL, self.ctx.seal(PS_MODEL, self.out.version, data), to=to)
 
     def decode(self, msg):
         """An update, join or not-finite report from a worker, or None (refused and counted).  An
         update whose vector is not finite is its not-finite report."""
         try:
             try:
-                m = pm.decode_ps(msg.data, self.work.dim)
+                m = pm.decode_ps(self.ctx.open(msg), self.work.dim)
             except NotFiniteError as err:
                 if err.report is None:
                     raise
@@ -117,14 +122,12 @@ class _Server:
             if m.worker not in self.ranks or self.name_of[m.worker] != msg.src:
                 raise DecodeError(f"names rank {m.worker}, came from {msg.src!r}")
             return m
-        except DecodeError as err:
-            self.refuse(msg, "malformed", str(err))
+        except DecodeError as err:  # (an AuthError is one, with its reason: unsigned, forged, replayed)
+            self.refuse(msg, getattr(err, "reason", "malformed"), str(err))
             return None
 
     def refuse(self, msg, reason: str, error: str = "") -> None:
-        self.out.counts[reason] += 1
-        self.ctx.refused(msg)
-        self.ctx.emit(ev.UPDATE_REJECTED, reason=reason, src=msg.src, error=error)
+        refuse(self.ctx, self.out.counts, msg, reason, ev.UPDATE_REJECTED, reason=reason, src=msg.src, error=error)
 
     def not_finite(self, msg, m: pm.NotFinite) -> bool:
         """Count a worker's not-finite update; True when the model has diverged (K such reports about
@@ -181,7 +184,8 @@ def parameter_server(ctx, scenario, work, init: bytes | None = None):
     peers = tuple(ps.worker_names) + ((SS,) if s.uses_ss else ())
     matched = yield WaitPeers(peers, deadline=ctx.now() + ps.barrier_timeout_s)
     ctx.emit(ev.BARRIER, matched=len(matched), missing=sorted(set(peers) - set(matched)))
-    ctx.emit(ev.RUN_START, clients=ps.workers, rounds=ps.rounds, first_round=s.out.version, dim=work.dim)
+    ctx.emit(ev.RUN_START, clients=ps.workers, rounds=ps.rounds, first_round=s.out.version, dim=work.dim,
+             authenticated=ctx.sealed)
     if not s.resumed:
         yield from s.evaluate(force=True)
     if ps.asynchronous:  # (both loops end at once if the model diverged)
@@ -191,7 +195,7 @@ def parameter_server(ctx, scenario, work, init: bytes | None = None):
     out = s.out
     if s.time_up() and out.version < ps.rounds and not s.diverged:
         out.stop_reason = "done"  # the scenario's time budget is the end it asked for
-    yield Send(PS_MODEL, pm.encode_ps(pm.PsStop(out.version)))
+    yield s.send_model(pm.encode_ps(pm.PsStop(out.version)))
     if s.uses_ss:
         yield s.state(pm.STOP, s.rank_of[PS], out.version)
     if s.evaluated != out.version:
@@ -214,7 +218,7 @@ def _synchronous(s: _Server):
         yield Point(points.ROUND, version)
         model = s.model_bytes(selected)
         if version > first or s.resumed:  # (the first model goes to each worker as it joins)
-            yield Send(PS_MODEL, model)
+            yield s.send_model(model)
         if s.uses_ss:
             yield s.state(pm.RESET, s.rank_of[PS], version)
         updates: dict[int, pm.Update] = {}
@@ -227,7 +231,7 @@ def _synchronous(s: _Server):
                 break
             m = s.decode(msg)
             if isinstance(m, pm.Join):
-                yield Send(PS_MODEL, model, to=msg.src)
+                yield s.send_model(model, to=msg.src)
             elif isinstance(m, (pm.Update, pm.NotFinite)):
                 if m.version != version:
                     s.refuse(msg, "late" if m.version < version else "future", f"version {m.version}, now {version}")
@@ -303,7 +307,7 @@ def _asynchronous(s: _Server):
             ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
                      samples=m.samples, staleness=staleness, loss=round(m.loss, 6))
         base[m.worker] = out.weights
-        yield Send(PS_MODEL, s.model_bytes(), to=msg.src)
+        yield s.send_model(s.model_bytes(), to=msg.src)
         if isinstance(m, pm.Update):
             before = len(out.history)
             yield from s.evaluate()

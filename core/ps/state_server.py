@@ -22,12 +22,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from dtemu.core import events as ev
-from dtemu.core.errors import StateMessageError
+from dtemu.core.errors import AuthError, StateMessageError
 from dtemu.core.ps import messages as sm
 from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.state_table import StateTable
 from dtemu.core.runtime.requests import Recv, Send
 from dtemu.core.wire.topics import SS_REPLY, SS_STATE
+from dtemu.core.runtime.refusal import refuse
 
 
 @dataclass
@@ -51,7 +52,7 @@ def state_server(ctx, node_names: list[str], worker_ranks: list[int], needed: bo
     while True:
         msg = yield Recv((SS_STATE,))
         try:
-            m = sm.decode_state(msg.data)
+            m = sm.decode_state(ctx.open(msg))
             sender = rank_of.get(msg.src)
             if m.sender != sender:
                 raise StateMessageError("sender", f"claims rank {m.sender}, came from {msg.src!r}")
@@ -65,10 +66,9 @@ def state_server(ctx, node_names: list[str], worker_ranks: list[int], needed: bo
                     raise StateMessageError("future_round", f"round {m.status.r}, the PS is in {ps_round}")
             else:
                 raise StateMessageError("type", f"{sm.MSG_TYPES[m.msg_type]} is not for the state server")
-        except StateMessageError as err:
-            out.rejected[err.reason] += 1
-            ctx.refused(msg)
-            ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=err.reason, error=str(err))
+        except (StateMessageError, AuthError) as err:  # (each says its reason)
+            refuse(ctx, out.rejected, msg, err.reason, ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src,
+                   reason=err.reason, error=str(err))
             continue
         st = m.status
         if m.msg_type == sm.STOP:
@@ -97,6 +97,6 @@ def state_server(ctx, node_names: list[str], worker_ranks: list[int], needed: bo
             out.queries += 1
             out.answers[sm.ACTIONS[action]] += 1
             reply = sm.StateMsg(sm.RESPONSE, rank_of[SS], m.sender, m.status, action)
-            yield Send(SS_REPLY, sm.encode_state(reply), to=msg.src)
+            yield Send(SS_REPLY, ctx.seal(SS_REPLY, st.r, sm.encode_state(reply)), to=msg.src)
     ctx.emit(ev.SS_END, queries=out.queries, answers=dict(out.answers), rejected=dict(out.rejected))
     return out

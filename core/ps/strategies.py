@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dtemu.core.fl.staleness import mix, staleness_factor
 from dtemu.core.ps.messages import Update
 from dtemu.core.ps.spec import PSSpec
 
@@ -127,17 +128,11 @@ class FedAsync(Asynchronous):
 
     def mixing(self, staleness: int) -> float:
         ps = self.ps
-        if ps.staleness == "poly":
-            s = (staleness + 1) ** (-ps.poly_a)
-        elif ps.staleness == "hinge":
-            s = 1.0 if staleness <= ps.hinge_b else 1.0 / (ps.hinge_a * (staleness - ps.hinge_b) + 1)
-        else:
-            s = 1.0
-        return ps.fedasync_alpha * s
+        a_or_exponent = ps.poly_a if ps.staleness == "poly" else ps.hinge_a
+        return ps.fedasync_alpha * staleness_factor(ps.staleness, staleness, a_or_exponent, ps.hinge_b)
 
     def apply(self, weights, update, staleness, base):
-        a = self.mixing(staleness)
-        return ((1 - a) * weights + a * (base + update.delta)).astype(np.float32)
+        return mix(weights, base + update.delta, self.mixing(staleness))
 
 
 STRATEGIES = {"esync": Strategy, "ssgd": Strategy, "fedavg": Strategy, "feddrop": FedDrop, "tifl": TiFL,

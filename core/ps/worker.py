@@ -39,6 +39,7 @@ from dtemu.core.ps.strategies import local_iterations
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
 from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE, SS_REPLY, SS_STATE
+from dtemu.core.runtime.refusal import refuse
 
 
 @dataclass
@@ -78,13 +79,11 @@ class _Worker:
     def take(self, msg) -> None:
         """Keep the newest model (or Stop) from one message of the server."""
         try:
-            m = pm.decode_ps(msg.data, self.work.dim)
+            m = pm.decode_ps(self.ctx.open(msg), self.work.dim)
             if msg.src != PS or not isinstance(m, (pm.Model, pm.PsStop)):
                 raise DecodeError(f"{type(m).__name__} from {msg.src!r}")
         except DecodeError as err:
-            self.out.rejected["malformed"] += 1
-            self.ctx.refused(msg)
-            self.ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason="malformed", error=str(err))
+            self.refuse(msg, err)
             return
         if isinstance(m, pm.PsStop):
             self.stop = True
@@ -100,9 +99,20 @@ class _Worker:
                 return
             self.take(msg)
 
+    def refuse(self, msg, err: Exception) -> None:
+        """Count, charge and log a message refused (an AuthError says its own reason)."""
+        reason = getattr(err, "reason", "malformed")
+        refuse(self.ctx, self.out.rejected, msg, reason, ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src,
+               reason=reason, error=str(err))
+
     def state(self, msg_type: int, i: int, r: int) -> Send:
         st = pm.Status(self.rank, i, r, self.c, self.m, self.ctx.now())
-        return Send(SS_STATE, pm.encode_state(pm.StateMsg(msg_type, self.rank, self.ss_rank, st)), to=SS)
+        data = pm.encode_state(pm.StateMsg(msg_type, self.rank, self.ss_rank, st))
+        return Send(SS_STATE, self.ctx.seal(SS_STATE, r, data), to=SS)
+
+    def push(self, data: bytes, version: int) -> Send:
+        """An update (or join, or not-finite report) to the server, sealed under the run's key."""
+        return Send(PS_UPDATE, self.ctx.seal(PS_UPDATE, max(version, 0), data), to=PS)
 
     def ask(self, i: int, r: int):
         """QUERY the state server; its action (no answer in time: SYNC)."""
@@ -114,13 +124,11 @@ class _Worker:
                 self.out.query_timeouts += 1
                 return pm.SYNC
             try:
-                reply = pm.decode_state(msg.data)
+                reply = pm.decode_state(self.ctx.open(msg))
                 if msg.src != SS or reply.msg_type != pm.RESPONSE or reply.status.k != self.rank:
                     raise DecodeError(f"not a response to rank {self.rank} from the state server")
             except DecodeError as err:
-                self.out.rejected["malformed"] += 1
-                self.ctx.refused(msg)
-                self.ctx.emit(ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason="malformed", error=str(err))
+                self.refuse(msg, err)
                 continue
             if reply.status.i == i and reply.status.r == r:
                 return reply.action
@@ -133,7 +141,7 @@ def ps_worker(ctx, scenario, work, rank: int):
     adaptive = w.plan is None
     peers = (PS, SS) if adaptive else (PS,)
     yield WaitPeers(peers, deadline=ctx.now() + ps.barrier_timeout_s)
-    yield Send(PS_UPDATE, pm.encode_ps(pm.Join(rank)), to=PS)
+    yield w.push(pm.encode_ps(pm.Join(rank)), 0)
     last_push: tuple[int, bytes] | None = None
     version = -1
     while not w.stop:
@@ -147,7 +155,7 @@ def ps_worker(ctx, scenario, work, rank: int):
         model, w.pending = w.pending, None
         w.floor = model.version + 1
         if last_push is not None and model.version == version:
-            yield Send(PS_UPDATE, last_push[1], to=PS)  # the server restarted without it
+            yield w.push(last_push[1], version)  # the server restarted without it (sealed anew: not a replay)
             ctx.emit(ev.UPDATE_RESENT, round=version, bytes=len(last_push[1]))
             last_push = None
             continue
@@ -197,13 +205,13 @@ def ps_worker(ctx, scenario, work, rank: int):
         delta = flatten(w.model) - base
         if not np.isfinite(delta).all():
             ctx.emit(ev.UPDATE_NOT_FINITE, round=version)
-            yield Send(PS_UPDATE, pm.encode_ps(pm.NotFinite(version, rank, i)), to=PS)
+            yield w.push(pm.encode_ps(pm.NotFinite(version, rank, i)), version)
             w.floor = version  # the server's answer may be this version again: train on it anew
             w.out.not_finite += 1
             continue
         data = pm.encode_ps(pm.Update(version, rank, i, samples, loss_sum / max(samples, 1), delta))
         yield Point(points.UPLOAD, version)
-        yield Send(PS_UPDATE, data, to=PS)
+        yield w.push(data, version)
         last_push = (version, data)
         w.floor = version
         w.out.rounds += 1

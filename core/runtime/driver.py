@@ -41,6 +41,7 @@ from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.limits import EventLimiter
 from dtemu.core.runtime.requests import (Compute, Evaluate, Evaluations, Message, Point, Recv, Send, Sleep,
                                          WaitPeers)
+from dtemu.core.wire.auth import Sealer, SealingLayer
 
 Gen = Generator[Any, Any, Any]
 
@@ -114,12 +115,16 @@ class Crashed:
 CRASHED = Crashed()
 
 
-class Driver:
+class Driver(SealingLayer):
     """Drives one role on one node; also the role's ``Context``."""
 
-    def __init__(self, prims: Primitives, faults: faultlib.NodeFaults):
+    def __init__(self, prims: Primitives, faults: faultlib.NodeFaults, key: bytes | None = None):
         self.prims = prims
         self.node = prims.node
+        # The sealing layer (core.wire.auth): every role seals what it sends and opens what it
+        # receives through it; without a key both are the identity.  One per life: a restarted
+        # node's sequence numbers go on above its last life's (its incarnation).
+        self.sealer = Sealer(key, self.node, getattr(prims, "incarnation", 0))
         self.faults = faults
         self.limiter = EventLimiter()
         self.bytes_rejected = 0  # of messages the role read and refused
@@ -164,6 +169,7 @@ class Driver:
 
     def save_checkpoint(self, data: bytes) -> str:
         return self.prims.save_checkpoint(data)
+
 
     # --- the loop ------------------------------------------------------
     def run(self, role) -> Gen:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from dtemu.core.wire.auth import Sealer, SealingLayer
+
 
 class Buffers:
     """The bytes of a message given as its pieces (a frame's header and its body), so that the
@@ -173,9 +175,17 @@ class Context(Protocol):
     def refused(self, msg: "Message") -> None:
         """The role read ``msg`` and refused it (its bytes are not counted as accepted traffic)."""
 
+    # The sealing layer (core.wire.auth), the identity without the run's key: a role seals what it
+    # sends and opens what it receives through it, and refuses what ``open`` raises (AuthError).
+    sealed: bool
+
+    def seal(self, topic: str, round_: int, data: bytes) -> bytes: ...
+
+    def open(self, msg: "Message") -> bytes: ...
+
 
 @dataclass
-class RecordingContext:
+class RecordingContext(SealingLayer):
     """A Context for tests and tools: a fixed or advancing clock, events in a list."""
 
     node: str = "test"
@@ -183,6 +193,10 @@ class RecordingContext:
     events: list[dict] = field(default_factory=list)
     checkpoints: list[bytes] = field(default_factory=list)
     bytes_rejected: int = 0
+    key: bytes | None = None  # the run's key: seal and open as a driver would
+
+    def __post_init__(self):
+        self.sealer = Sealer(self.key, self.node)
 
     def now(self) -> float:
         return self.time

@@ -15,12 +15,12 @@ from dtemu.core.scenario import Scenario
 __all__ = ["RoleSpec", "readers_of", "role_of", "roles"]
 
 
-def role_of(scenario: Scenario, rank: int, work, key: bytes | None = None, population=None,
-            residuals=None) -> RoleSpec:
-    """The role of ``rank``; ``key`` seals messages (core.wire.auth); ``population``: who the leader
+def role_of(scenario: Scenario, rank: int, work, population=None, residuals=None) -> RoleSpec:
+    """The role of ``rank`` (its messages are sealed by the driver's layer, core.runtime.driver);
+    ``population``: who the leader
     asks each round (a trace's windows, read by the host); ``residuals``: the FL clients'
     error-feedback residuals, bounded in memory (core.fl.residuals)."""
-    return scenario.kind.role_of(scenario, rank, work, key, population, residuals)
+    return scenario.kind.role_of(scenario, rank, work, population, residuals)
 
 
 def readers_of(scenario: Scenario) -> dict[str, frozenset[str]] | None:
@@ -30,5 +30,5 @@ def readers_of(scenario: Scenario) -> dict[str, frozenset[str]] | None:
     return scenario.kind.readers_of(scenario)
 
 
-def roles(scenario: Scenario, work, key: bytes | None = None, population=None, residuals=None) -> list[RoleSpec]:
-    return [role_of(scenario, rank, work, key, population, residuals) for rank in range(len(scenario.node_names))]
+def roles(scenario: Scenario, work, population=None, residuals=None) -> list[RoleSpec]:
+    return [role_of(scenario, rank, work, population, residuals) for rank in range(len(scenario.node_names))]

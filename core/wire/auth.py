@@ -113,6 +113,26 @@ class Sealer:
         self._seen[(sender, topic)] = (top, recent)
 
 
+class SealingLayer:
+    """What a Context lends its role for sealing (core.runtime.driver, and tests' contexts): its
+    ``sealer`` seals what the role sends and opens what it receives; without a key, the identity."""
+
+    sealer: Sealer
+
+    @property
+    def sealed(self) -> bool:
+        return self.sealer.enabled
+
+    def seal(self, topic: str, round_: int, data: bytes) -> bytes:
+        """``data`` in the run's envelope (as it is, without a key)."""
+        return self.sealer.seal(topic, round_, data)
+
+    def open(self, msg) -> bytes:
+        """The message inside ``msg``'s envelope; AuthError (a DecodeError with a ``reason``:
+        unsigned, forged, replayed) for the role to refuse."""
+        return self.sealer.open(msg.topic, msg.src, msg.data).data
+
+
 def peek_inner(data: bytes) -> bytes:
     """The message inside an envelope, unverified (fault injection looks at it); else ``data``."""
     if len(data) < _HEADER.size or data[:4] != MAGIC:

@@ -1,0 +1,104 @@
+"""fl.algorithm fedasync: the controller applies each update as it comes (core.fl.staleness) and
+asks its client again, on the model it has now.
+
+``fl.sample`` (or every client) is how many train at once.  At the start they are drawn from
+the clients available; each time one answers, its update is mixed into the model
+(x ← (1 − a)·x + a·(x_τ + Δ), a = fl.fedasync.alpha · s(t − τ), τ the version it trained
+from), the new version is checkpointed (and evaluated, every fl.eval_every), and one client
+is drawn from those available and not at work (the one just back among them) and sent that
+model and a command.  A client silent for fl.round_timeout_s is given up and replaced.  Each
+applied update is one of fl.rounds; the events say so as a round of one update
+(round_start, update_accepted with its staleness, round_close, aggregated, checkpoint), so that
+the audit, the report and the dashboard read a fedasync run as they read any other.
+
+The model goes down whole (fl.downlink_codec fp32): each client trains from its own version.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dtemu.core import events as ev
+from dtemu.core.fl.inbox import ACCEPTED
+from dtemu.core.fl.staleness import mix, staleness_factor
+from dtemu.core.fl.steps import accepted, blob, checkpoint, evaluate, refuse_update
+from dtemu.core.ml.params import sha256_of
+from dtemu.core.ml.workload import round_seed
+from dtemu.core.runtime import points
+from dtemu.core.runtime.requests import Point, Recv, Send, Sleep
+from dtemu.core.wire import messages
+from dtemu.core.wire.messages import TrainCmd
+from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+
+_PICK = 0xA5C  # (the stream that draws the next client, apart from the rounds' sampling)
+GIVEN_UP = (-1, -1)  # the command a client given up is to answer: none, so its update is late
+
+
+def run(ctx, scenario, work, result, population, inbox, start: int):
+    """Apply updates until fl.rounds versions are made; returns the last version."""
+    fl, auth, rule = scenario.fl, ctx.sealer, scenario.fl.fedasync
+    version = start - 1
+    bases: dict[int, np.ndarray] = {version: result.weights}   # the models clients are training from
+    at_work: dict[str, tuple[int, float]] = {}                   # client -> (its base version, deadline)
+    asks = 0
+
+    def ask(client: str):
+        nonlocal asks
+        asks += 1
+        cmd = TrainCmd(version + 1, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, version + 1, asks))
+        inbox.expect(client, cmd.round, cmd.seed)
+        at_work[client] = (version, ctx.now() + fl.round_timeout_s)
+        yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, version, blob(version, bases[version])), to=(client,))
+        yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, cmd.round, messages.encode(cmd)), to=(client,))
+
+    def refill():
+        """Draw clients from those available and not at work until fl.sample of them are."""
+        free = [c for c in population.online(ctx.now()) if c not in at_work]
+        rng = np.random.default_rng([scenario.seed, _PICK, version, asks])
+        while len(at_work) < population.asked and free:
+            yield from ask(free.pop(int(rng.integers(len(free)))))
+
+    yield from refill()
+    while version < fl.rounds:
+        if not at_work:  # no one there to ask: wait a round's time for someone to come
+            yield Sleep(fl.round_timeout_s)
+            yield from refill()
+            continue
+        deadline = min(d for _, d in at_work.values())
+        msg = yield Recv((CLIENT_UPDATE,), deadline)
+        if msg is None:   # the client due first is given up, and replaced
+            gone = [c for c, (_, d) in at_work.items() if d <= ctx.now()]
+            for c in gone:
+                del at_work[c]
+                inbox.expected[c] = GIVEN_UP  # what it still sends is late
+            ctx.emit(ev.ROUND_FAILED, round=version + 1, ready=0, min=1, policy="replace")
+            result.rounds_failed += 1
+            yield from refill()
+            continue
+        verdict = inbox.offer(msg)
+        if verdict.kind != ACCEPTED:
+            refuse_update(ctx, result.counts, msg, verdict, current=version + 1)
+            continue
+        client = verdict.up.client
+        base, _ = at_work.pop(client)
+        inbox.expected.pop(client, None)
+        staleness = version - base
+        a = rule.alpha * staleness_factor(rule.staleness, staleness,
+                                          rule.poly_a if rule.staleness == "poly" else rule.hinge_a, rule.hinge_b)
+        version += 1
+        ctx.emit(ev.ROUND_START, round=version, attempt=0)
+        accepted(ctx, result.counts, msg, verdict, round_=version, staleness=staleness)
+        ctx.emit(ev.ROUND_CLOSE, round=version, ready=1, expected=1, min=1, clients=[client], timed_out=False,
+                 note=f"{client}'s update from version {base} (staleness {staleness}, mixed at {a:.4g})")
+        result.weights = mix(result.weights, bases[base] + verdict.update.payload.to_dense(), a)
+        result.rounds_completed += 1
+        bases[version] = result.weights
+        for v in [v for v in bases if v != version and all(b != v for b, _ in at_work.values())]:
+            del bases[v]   # no client trains from it any more
+        ctx.emit(ev.AGGREGATED, round=version, model_sha256=sha256_of(result.weights))
+        yield Point(points.AGGREGATED, version)
+        yield from checkpoint(ctx, scenario, result, version, {})
+        yield from evaluate(fl, work, result.weights, version)
+        if version < fl.rounds:
+            yield from refill()
+    return version

@@ -1,0 +1,64 @@
+"""What a controller does around an update rule, the same under synchronous rounds (core.fl.controller)
+and fedasync's one update at a time (core.fl.fedasync): log an update taken or refused, save a
+checkpoint, send the model down, evaluate."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dtemu.core import events as ev
+from dtemu.core.compression import codecs
+from dtemu.core.fl.inbox import LATE, Verdict
+from dtemu.core.runtime import points
+from dtemu.core.runtime.refusal import refuse
+from dtemu.core.runtime.requests import Evaluate, Point
+from dtemu.core.wire import messages
+from dtemu.core.wire.checkpoint import Checkpoint, encode_checkpoint
+from dtemu.core.wire.messages import ModelBlob
+
+FP32 = codecs.CodecParams("fp32")
+
+
+def blob(round_: int, weights: np.ndarray) -> bytes:
+    """The whole model of ``round_`` as it goes down (fp32)."""
+    return messages.encode(ModelBlob.of(round_, codecs.encode(weights, FP32)))
+
+
+def checkpoint(ctx, scenario, result, round_: int, state: dict):
+    """Save what a restarted controller resumes from after ``round_`` (``result``: its ControllerResult,
+    whose tallies the checkpoint keeps too)."""
+    extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed,
+             "counts": dict(result.counts)}
+    where = ctx.save_checkpoint(encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra, state)))
+    ctx.emit(ev.CHECKPOINT, round=round_, path=where)
+    yield Point(points.CHECKPOINTED, round_)
+
+
+def evaluate(fl, work, weights, round_: int):
+    """Evaluate after ``round_`` if fl.eval_every says so (and after the last)."""
+    if round_ % fl.eval_every == 0 or round_ == fl.rounds:
+        job = work.eval_job(weights) if hasattr(work, "eval_job") else None  # worker processes may share it
+        yield Evaluate(lambda: work.evaluate(weights), round=round_, samples=work.test_size, job=job)
+
+
+def accepted(ctx, counts, msg, verdict: Verdict, round_: int | None = None, **extra) -> None:
+    """Count and log an update taken, as part of ``round_`` (None: the round its command named)."""
+    up = verdict.up
+    counts["accepted"] += 1
+    ctx.emit(ev.UPDATE_ACCEPTED, client=up.client, round=up.round if round_ is None else round_, bytes=len(msg.data),
+             num_samples=up.num_samples, sent_at=msg.sent_at, comm_s=msg.received_at - msg.sent_at, **extra)
+
+
+def refuse_update(ctx, counts, msg, verdict: Verdict, current: int) -> None:
+    """Count and log an update the inbox would not accept, with the fields its event has always had."""
+    up, reason = verdict.up, verdict.reason
+    if verdict.kind == LATE:
+        refuse(ctx, counts, msg, "late", ev.UPDATE_LATE, client=up.client, round=up.round, current=current)
+    elif up is None:  # not authentic, or not an update at all
+        refuse(ctx, counts, msg, reason, ev.UPDATE_REJECTED, src=msg.src, reason=reason, error=verdict.error)
+    elif reason == "rejected":  # decoded, but not a usable update (its packet, NaN, its norm)
+        refuse(ctx, counts, msg, reason, ev.UPDATE_REJECTED, client=up.client, round=up.round, reason="invalid",
+               error=verdict.error)
+    else:  # duplicate, not asked, unknown client
+        refuse(ctx, counts, msg, reason.replace(" ", "_"), ev.UPDATE_REJECTED, client=up.client, round=up.round,
+               reason=reason)
