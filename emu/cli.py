@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else default_out(scenario.name)
     # as many workers as the cores hold at the scenario's threads: more would only share them
     jobs = args.jobs or cores.fitting(scenario.threads)
+    if (args.jobs or args.executor != "local") and not scenario.trains_as_jobs:
+        # Said, not silently ignored: only FL clients hand their training out as jobs so far.
+        print(f"emu: mode {scenario.mode} trains inside this process; --jobs and --executor place FL "
+              "clients' training only (the run is the same either way)", file=sys.stderr)
     if jobs > 1 and args.executor == "local" and scenario.trains_as_jobs:
         from .pool import prestart
 

@@ -112,3 +112,12 @@ def test_shipped_scenario_runs(tmp_path, name):
 
 def test_data_root_comes_from_the_environment():
     assert resolve_root(None) == Path(os.environ["DTEMU_DATA"])
+
+
+def test_jobs_outside_fl_are_said_to_do_nothing(tmp_path, capsys):
+    """--jobs places FL clients' training; a ddp run says so rather than ignoring it silently."""
+    path = tmp_path / "s.yaml"
+    path.write_text("name: ddp-jobs\nmode: ddp\nmodel: small_cnn\nddp: {workers: 2, max_steps: 1, batch_size: 8}\n"
+                    "data: {test_samples: 100}\n")
+    assert emu_main(["run", str(path), "--no-tui", "--jobs", "2", "--out", str(tmp_path / "run")]) == 0
+    assert "trains inside this process" in capsys.readouterr().err

@@ -13,7 +13,8 @@ from torch import nn
 from dtemu.core.errors import RejectedUpdate, ScenarioError
 from dtemu.core.ml.models import MODELS, build_model, model_cost
 from dtemu.core.ml.params import flatten, load_flat, num_params, sha256_of
-from dtemu.core.ml.train import TrainResult, evaluate, train_local
+from dtemu.core.ml.evaluation import evaluate
+from dtemu.core.ml.train import TrainResult, train_local
 from helpers import DATA, needs_mnist
 
 

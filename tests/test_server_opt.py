@@ -227,3 +227,32 @@ def test_fedasync_refuses_a_compressed_downlink():
     with pytest.raises(ScenarioError) as err:
         parse_scenario({"name": "a", "fl": {"algorithm": "fedasync", "downlink_codec": "q8"}})
     assert err.value.path == "fl.downlink_codec"
+
+
+def test_dcasgd_compensation_by_hand():
+    """g' = g + λ·g⊙g⊙(w_now − w_then), elementwise, in float32 (ps dcasgd and geo's MixedSync)."""
+    from dtemu.core.fl.staleness import compensated
+
+    g = np.array([1.0, -2.0, 0.5], np.float32)
+    now, then = np.array([0.3, 0.0, -1.0], np.float32), np.array([0.1, 0.5, -1.0], np.float32)
+    out = compensated(g, 0.5, now, then)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, [1.0 + 0.5 * 1 * 0.2, -2.0 + 0.5 * 4 * -0.5, 0.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("sets, path", [
+    (["fl.algorithm=fedmagic"], "fl.algorithm"),
+    (["fl.algorithm=fedyogi", "fl.server_opt.beta2=1.5"], "fl.server_opt.beta2"),
+    (["fl.algorithm=fedasync", "fl.downlink_codec=s4"], "fl.downlink_codec"),
+])
+def test_the_cli_refuses_a_bad_rule_with_its_key_and_exit_2(tmp_path, capsys, sets, path):
+    from dtemu.emu.cli import main
+
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: bad-rule\n")
+    args = ["run", str(scenario), "--no-tui", "--out", str(tmp_path / "run")]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 2
+    assert path in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -25,7 +25,7 @@ from dtemu.core.ml.data import round_subset
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.params import flatten, load_flat
 from dtemu.host.scenario_file import load_scenario
-from dtemu.core.ml.train import evaluate
+from dtemu.core.ml.evaluation import evaluate
 from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.host.datasets import load_for
 from dtemu.emu.run import run_emulation

@@ -22,6 +22,7 @@ import torch
 
 from dtemu.core.ddp.collectives import Collective, mean_in_rank_order
 from dtemu.core.ddp.optstate import pack_buffers, unpack_buffers
+from dtemu.core.ml.params import grads_vector, load_grads
 
 
 class Exchange(Protocol):
@@ -54,19 +55,6 @@ class Exchange(Protocol):
         """Take the leader's ``state_bytes``; checks all of it before it changes anything."""
 
 
-def _flat_grads(params) -> np.ndarray:
-    return torch.cat([p.grad.reshape(-1) for p in params]).numpy()
-
-
-def _set_grads(params, flat: np.ndarray) -> None:
-    offset = 0
-    src = torch.from_numpy(flat)
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(src[offset : offset + n].view_as(p))
-        offset += n
-
-
 class DenseExchange:
     """The baseline: dense gradients, allreduce (gather, ring or pipelined), momentum SGD."""
 
@@ -85,7 +73,7 @@ class DenseExchange:
         return 1.0
 
     def compress(self, step: int) -> bytes:
-        self._flat = _flat_grads(self.params)
+        self._flat = grads_vector(self.params)
         return self._flat.tobytes()
 
     def send(self, coll: Collective, step: int, payload: bytes):
@@ -104,7 +92,7 @@ class DenseExchange:
 
     def apply(self, coll: Collective, step: int) -> None:
         mean = mean_in_rank_order(coll.collect(self._handle)) if self.algorithm == "gather" else self._mean
-        _set_grads(self.params, mean)
+        load_grads(self.params, mean)
         self.opt.step()
 
     # --- after a loss --------------------------------------------------

@@ -40,10 +40,9 @@ another notice a loss within one step of each other, well inside the window.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 

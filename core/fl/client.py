@@ -9,9 +9,8 @@ goes back encoded with the scenario's codec.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 

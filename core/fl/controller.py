@@ -9,10 +9,9 @@ non-finite updates are counted, logged and left out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 

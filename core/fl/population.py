@@ -24,10 +24,9 @@ but the seed and who is available.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import bisect
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 

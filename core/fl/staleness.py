@@ -1,5 +1,7 @@
-"""FedAsync's rule (Xie et al., "Asynchronous Federated Optimization", 2019), written once for the
-FL controller (fl.algorithm fedasync) and the parameter server (ps.algorithm fedasync):
+"""The rules for an update made on a model that has moved since, each written once.
+
+FedAsync (Xie et al., "Asynchronous Federated Optimization", 2019), for the FL controller
+(fl.algorithm fedasync) and the parameter server (ps.algorithm fedasync):
 
     x ← (1 − a)·x + a·x_k,   a = α · s(t − τ)
 
@@ -8,6 +10,11 @@ x_k the model a client trained from version τ, t the server's version now, and 
     constant  s = 1
     poly      s = (staleness + 1)^(−a)
     hinge     s = 1 for staleness ≤ b, else 1 / (a·(staleness − b) + 1)
+
+DC-ASGD's delay compensation (Zheng et al., 2017), for the parameter server (ps.algorithm
+dcasgd) and geo's MixedSync global PS (geo.dcasgd_lambda):
+
+    g' = g + λ·g⊙g⊙(w_now − w_then)
 """
 
 from __future__ import annotations
@@ -24,6 +31,11 @@ def staleness_factor(function: str, staleness: int, a: float, b: float) -> float
     if function == "hinge":
         return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1)
     return 1.0
+
+
+def compensated(g: np.ndarray, lam: float, now: np.ndarray, then: np.ndarray) -> np.ndarray:
+    """DC-ASGD's gradient ``g`` (float32) corrected for the model having moved from ``then`` to ``now``."""
+    return g + np.float32(lam) * g * g * (now - then)
 
 
 def mix(weights: np.ndarray, trained: np.ndarray, a: float) -> np.ndarray:

@@ -13,6 +13,7 @@ from dtemu.core import events as ev
 from dtemu.core.errors import AuthError, GeoPayloadError
 from dtemu.core.geo.payload import BEAT, END, JOIN, STATE, Payload, decode, encode_dense
 from dtemu.core.ml import data as datasets
+from dtemu.core.ml.batches import epoch_order
 from dtemu.core.runtime.requests import Recv
 from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH  # noqa: F401 (the roles' topics)
 from dtemu.core.runtime.refusal import refuse
@@ -117,8 +118,7 @@ def round_batch(work, scenario, index: int, round_: int) -> np.ndarray:
     b = scenario.geo.batch_size
     per_epoch = max(1, len(shard) // b)
     epoch, i = divmod(round_ - 1, per_epoch)
-    order = shard[np.random.default_rng([scenario.seed, index, epoch]).permutation(len(shard))]
-    return order[i * b:(i + 1) * b]
+    return epoch_order(shard, (scenario.seed, index), epoch)[i * b:(i + 1) * b]
 
 
 # --- receiving a round ---------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dtemu.core.fl.staleness import compensated
 from dtemu.core.geo.common import Applier, get_vector
 
 
@@ -46,6 +47,6 @@ def mixed_apply(applier: Applier, model, grad: np.ndarray, pulled: np.ndarray, d
     """MixedSync's global step: a site's gradient of its round ``round_`` (DC-ASGD: g + lambda
     g*g*(w_now - w_when_pulled)) applied at that round's learning rate; the weights after it."""
     if dcasgd_lambda > 0:
-        grad = grad + np.float32(dcasgd_lambda) * grad * grad * (get_vector(model) - pulled)
+        grad = compensated(grad, dcasgd_lambda, get_vector(model), pulled)
     applier.apply(grad, round_)
     return get_vector(model)

@@ -20,9 +20,8 @@ import numpy as np
 
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.params import flatten, load_flat
-from dtemu.core.ml.train import TrainResult, evaluate, train_local
-
-EVAL_BATCH = 1000  # core.ml.train.evaluate's batch: a part of an evaluation starts on one of its borders
+from dtemu.core.ml.evaluation import EVAL_BATCH, evaluate
+from dtemu.core.ml.train import TrainResult, train_local
 
 
 @dataclass(frozen=True, eq=False)

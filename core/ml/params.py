@@ -57,6 +57,21 @@ def load_flat(model: nn.Module, vec: np.ndarray) -> None:
             off += n
 
 
+def grads_vector(params) -> np.ndarray:
+    """The parameters' gradients as one flat vector (their dtype; a data-parallel step's payload)."""
+    return torch.cat([p.grad.reshape(-1) for p in params]).numpy()
+
+
+def load_grads(params, flat: np.ndarray) -> None:
+    """Write a flat vector back into the parameters' gradients (the inverse of grads_vector)."""
+    offset = 0
+    src = torch.from_numpy(flat)
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(src[offset : offset + n].view_as(p))
+        offset += n
+
+
 def sha256_of(vec: np.ndarray) -> str:
     """Hex SHA-256 of the vector as little-endian float32 bytes."""
     data = np.ascontiguousarray(vec, dtype="<f4")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dtemu.core.ml.batches import epoch_order
 from dtemu.core.ml.sgd import SGD
 
 
@@ -64,7 +65,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(seed)
         for epoch in range(epochs):
-            order = torch.from_numpy(indices[np.random.default_rng([seed, epoch]).permutation(n)])
+            order = torch.from_numpy(epoch_order(indices, (seed,), epoch))
             for start in range(0, n, batch_size):
                 idx = order[start:start + batch_size]
                 opt.zero_grad()
@@ -88,23 +89,6 @@ def _add_proximal(params, anchor, mu: float) -> None:
     for p, p0 in zip(params, anchor):
         if p.grad is not None:
             p.grad.add_(p - p0, alpha=mu)
-
-
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-             batch_size: int = 1000) -> tuple[int, int]:
-    """(correct, total) of argmax predictions, in eval mode without gradients;
-    the model's previous train/eval mode is restored."""
-    was_training = model.training
-    model.eval()
-    correct = torch.zeros((), dtype=torch.int64)
-    try:
-        with torch.no_grad():
-            for start in range(0, len(x), batch_size):
-                pred = model(x[start:start + batch_size]).argmax(dim=1)
-                correct += (pred == y[start:start + batch_size]).sum()
-    finally:
-        model.train(was_training)
-    return int(correct), len(x)
 
 
 def compute_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx, *, seed: int) -> float:

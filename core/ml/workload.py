@@ -8,16 +8,17 @@ over) and the partition is computed once, deterministically from the scenario's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dtemu.core.ml import data as datasets
+from dtemu.core.ml.batches import epoch_order
 from dtemu.core.ml.models import build_model, model_cost
 from dtemu.core.ml.params import flatten
-from dtemu.core.ml.train import compute_gradients, evaluate
+from dtemu.core.ml.evaluation import evaluate
+from dtemu.core.ml.train import compute_gradients
 from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
@@ -93,7 +94,7 @@ class Workload:
 
     def worker_batches(self, rank: int, epoch: int) -> list[np.ndarray]:
         shard = self.partitions[rank]
-        order = shard[np.random.default_rng([self.scenario.seed, rank, epoch]).permutation(len(shard))]
+        order = epoch_order(shard, (self.scenario.seed, rank), epoch)
         b = self.scenario.ddp.batch_size
         return [order[i * b : (i + 1) * b] for i in range(self.steps_per_epoch)]
 

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dtemu.core.ml.batches import epoch_order
+from dtemu.core.ml.evaluation import accuracy_and_loss
 from dtemu.core.ml.params import flatten
 
 
@@ -24,8 +26,7 @@ class BatchStream:
         self._order = self._permute()
 
     def _permute(self) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, self.rank, self.epoch])
-        return self.indices[rng.permutation(len(self.indices))]
+        return epoch_order(self.indices, (self.seed, self.rank), self.epoch)
 
     @property
     def per_epoch(self) -> int:
@@ -69,14 +70,7 @@ def xavier_weights(model: nn.Module, seed: int) -> np.ndarray:
 
 
 def evaluate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) on (x, y), in eval mode without gradients."""
-    model.eval()
-    correct, loss = 0, 0.0
-    with torch.no_grad():
-        for start in range(0, len(x), batch_size):
-            out = model(x[start:start + batch_size])
-            target = y[start:start + batch_size]
-            loss += float(F.cross_entropy(out, target, reduction="sum"))
-            correct += int((out.argmax(dim=1) == target).sum())
+    """(accuracy, mean cross-entropy) on (x, y) (core.ml.evaluation); the model left in train mode."""
+    out = accuracy_and_loss(model, x, y, batch_size)
     model.train()
-    return correct / max(len(x), 1), loss / max(len(x), 1)
+    return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtemu.core.fl.staleness import mix, staleness_factor
+from dtemu.core.fl.staleness import compensated, mix, staleness_factor
 from dtemu.core.ps.messages import Update
 from dtemu.core.ps.spec import PSSpec
 
@@ -119,7 +119,7 @@ class DCASGD(Asynchronous):
     def apply(self, weights, update, staleness, base):
         eta = self.ps.lr
         g = -update.delta / eta
-        g = g + self.ps.dcasgd_lambda * g * g * (weights - base)
+        g = compensated(g, self.ps.dcasgd_lambda, weights, base)
         return (weights - self.ps.global_lr * eta * g).astype(np.float32)
 
 
