@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dtemu.emu.run import run_emulation
 from dtemu.host.scenario_file import load_scenario
+from dtemu.core.modes import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,8 @@ def pinned() -> dict:
 
 
 def result_of(summary: dict, mode: str) -> tuple:
-    return (summary["model_sha256"], summary["final_accuracy"], summary["steps" if mode == "ddp" else "rounds"],
+    unit = MODES[mode].unit + "s"   # rounds, or steps
+    return (summary["model_sha256"], summary["final_accuracy"], summary[unit],
             summary["bytes_up"], summary["bytes_down"], summary["time_s"])
 
 

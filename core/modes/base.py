@@ -54,6 +54,9 @@ class Mode:
     # importing what reads run folders.
     audit: str | None = None
     report: str = ""
+    # What the run counts its progress in (summary.json's key, the dashboard's header): rounds (or
+    # global versions), steps.
+    unit: str = "round"
 
     # --- nodes ---------------------------------------------------------
     def node_names(self, s) -> list[str]:
@@ -70,9 +73,6 @@ class Mode:
     def site_of(self, s) -> dict[str, str]:
         """Each node's site ({} without network.sites): where the scenario placed it."""
         return {node: name for name, site in s.network.sites.items() for node in site.nodes}
-
-    # What the run counts its progress in (the dashboard's header): rounds (or global versions), steps.
-    unit: str = "round"
 
     def rounds(self, s) -> int | None:
         """How many of its units the run makes (None: not known in advance)."""
