@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario value, e.g. --set fl.codec=q8 (repeatable)")
     run.add_argument("--out", help="run folder (default: runs/<name>-<date>-<time>)")
     run.add_argument("--no-tui", action="store_true", help="no live dashboard")
-    run.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
+    run.add_argument("--key-file", help="shared key that seals every message (HMAC-SHA256); "
                                         "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
     run.add_argument("--jobs", type=int, default=None, metavar="N",
                      help="worker processes that train the clients of a round at the same time, for the same "

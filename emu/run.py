@@ -68,7 +68,7 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
     """Run ``scenario`` in virtual time; returns the summary also written to ``out_dir``.
 
     ``work`` replaces the scenario's learning task (tests use a stand-in);
-    ``key`` seals every FL message (core.wire.auth); ``jobs`` > 1: clients train in that
+    ``key`` seals every message (core.wire.auth); ``jobs`` > 1: clients train in that
     many worker processes (``executor`` "local"), or as Ray tasks (``executor`` "ray", on
     the cluster at ``address`` or a local Ray), for the same result (emu.executor).
     """

@@ -65,7 +65,7 @@ def _common(p: argparse.ArgumentParser, out_default: str) -> None:
                    help="stretch every duration of the scenario (timeouts, fault times) X times; "
                         "real launch's default measures this machine against the scenario's compute model "
                         "(real/calibrate.py), real run's is 1; --time-scale 1 turns it off")
-    p.add_argument("--key-file", help="shared key that seals every FL message (HMAC-SHA256); "
+    p.add_argument("--key-file", help="shared key that seals every message (HMAC-SHA256); "
                                       "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
     p.add_argument("--links", choices=("scenario", "machine"), default=None,
                    help="scenario: each message takes the time the scenario's links give it, stretched by the "

@@ -35,7 +35,7 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
              fired: Iterable[int] = (), append: bool = False, pace: float | None = None,
              links: bool = False) -> dict:
     """Run ``rank``; returns its record (``core.runtime.summary.node_record``), also written to
-    ``out/summary.json`` with real mode's extras.  ``key`` seals FL messages (core.wire.auth);
+    ``out/summary.json`` with real mode's extras.  ``key`` seals every message (core.wire.auth, through the driver);
     ``fired``: the faults.crashes this rank already went through (a restarted rank), ``append``:
     keep its events; ``pace``: the time scale a launch runs at (a training job then lasts the scenario's
     modelled time times it, real.primitives); ``links``: messages take the scenario's links' time, times
