@@ -29,15 +29,6 @@ class NotAudited(Exception):
     """A run folder of a mode the audit has no checks for."""
 
 
-def _mode(folder: Path, summary: dict) -> str:
-    if summary.get("mode"):
-        return summary["mode"]
-    for path in (folder / "scenario.json", folder / "rank0" / "scenario.json"):
-        if path.exists():
-            return json.loads(path.read_text()).get("mode") or "fl"
-    return "fl"
-
-
 def audit(folder: str | Path) -> dict:
     folder = Path(folder)
     events, torn = read_events_partial(folder)
@@ -54,11 +45,12 @@ def audit(folder: str | Path) -> dict:
             faults["dropout"] += 1
         elif e["kind"] == ev.NODE_DOWN and e["node"] != "controller":
             faults["node_down"] += 1
-    mode = _mode(folder, summary)
+    scenario = _scenario(folder)
+    mode = summary.get("mode") or scenario.get("mode") or "fl"
     kind = MODES.get(mode)
     if kind is None or kind.audit is None:
         raise NotAudited(f"{folder} is a {mode} run: emu audit checks {', '.join(AUDITED)} runs")
-    fields, problems = resolve(kind.audit)(events, summary, finished, _scenario(folder))
+    fields, problems = resolve(kind.audit)(events, summary, finished, scenario)
     return {"run": str(folder), "mode": mode, "finished": finished, "runtime": summary.get("runtime"),
             **fields, "faults": dict(sorted(faults.items())), "frames_rejected": _frames(events),
             "torn_event_lines": torn, "lost_data": len(problems), "problems": problems[:20],

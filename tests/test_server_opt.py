@@ -188,7 +188,7 @@ def test_a_resumed_server_optimizer_makes_the_uninterrupted_model(tmp_path, rule
 def test_staleness_functions_by_hand(function, a, b, staleness, want):
     from dtemu.core.fl.staleness import staleness_factor
 
-    assert staleness_factor(function, staleness, a, b) == pytest.approx(want)
+    assert staleness_factor(function, staleness, a, a, b) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["open", "sealed"])

@@ -31,7 +31,6 @@ from dtemu.core.wire.messages import TrainCmd
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 
 _PICK = 0xA5C  # (the stream that draws the next client, apart from the rounds' sampling)
-GIVEN_UP = (-1, -1)  # the command a client given up is to answer: none, so its update is late
 
 
 def run(ctx, scenario, work, result, population, inbox, start: int):
@@ -70,7 +69,7 @@ def run(ctx, scenario, work, result, population, inbox, start: int):
             gone = [c for c, (_, d) in at_work.items() if d <= ctx.now()]
             for c in gone:
                 del at_work[c]
-                inbox.expected[c] = GIVEN_UP  # what it still sends is late
+                inbox.give_up(c)
             ctx.emit(ev.ROUND_FAILED, round=version + 1, ready=0, min=1, policy="replace")
             result.rounds_failed += 1
             yield from refill()
@@ -81,10 +80,9 @@ def run(ctx, scenario, work, result, population, inbox, start: int):
             continue
         client = verdict.up.client
         base, _ = at_work.pop(client)
-        inbox.expected.pop(client, None)
+        inbox.settled(client)
         staleness = version - base
-        a = rule.alpha * staleness_factor(rule.staleness, staleness,
-                                          rule.poly_a if rule.staleness == "poly" else rule.hinge_a, rule.hinge_b)
+        a = rule.alpha * staleness_factor(rule.staleness, staleness, rule.poly_a, rule.hinge_a, rule.hinge_b)
         version += 1
         ctx.emit(ev.ROUND_START, round=version, attempt=0)
         accepted(ctx, result.counts, msg, verdict, round_=version, staleness=staleness)

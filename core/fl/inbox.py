@@ -17,6 +17,7 @@ from dtemu.core.wire.messages import ClientUpdate
 from dtemu.core.wire.topics import CLIENT_UPDATE
 
 ACCEPTED, LATE, DUPLICATE, REFUSED = "accepted", "late", "duplicate", "refused"
+GIVEN_UP = (-1, -1)  # the command a client given up is to answer: none, so its update is late
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class UpdateInbox:
     def expect(self, client: str, round_: int, seed: int) -> None:
         self.expected[client] = (round_, seed)
         self.answered.discard(client)
+
+    def settled(self, client: str) -> None:
+        """``client``'s command is answered (fedasync): nothing more is expected from it for now."""
+        self.expected.pop(client, None)
+
+    def give_up(self, client: str) -> None:
+        """``client`` answered too late to wait for (fedasync): whatever it still sends is late."""
+        self.expected[client] = GIVEN_UP
 
     def open_round(self, clients, round_: int, seed: int) -> None:
         """A synchronous round: ``clients`` are asked the same command; nothing else is expected."""

@@ -24,12 +24,12 @@ import numpy as np
 FUNCTIONS = ("constant", "poly", "hinge")
 
 
-def staleness_factor(function: str, staleness: int, a: float, b: float) -> float:
-    """s(staleness) of ``function``; ``a`` and ``b``: poly's exponent, hinge's slope and knee."""
+def staleness_factor(function: str, staleness: int, poly_a: float, hinge_a: float, hinge_b: float) -> float:
+    """s(staleness) of ``function``: poly's exponent, hinge's slope and knee as named."""
     if function == "poly":
-        return (staleness + 1) ** (-a)
+        return (staleness + 1) ** (-poly_a)
     if function == "hinge":
-        return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1)
+        return 1.0 if staleness <= hinge_b else 1.0 / (hinge_a * (staleness - hinge_b) + 1)
     return 1.0
 
 

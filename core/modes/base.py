@@ -120,7 +120,7 @@ class Mode:
 
     def progress(self, summary: dict) -> str:
         """How far the run got, in a few words (emu run's last line)."""
-        return f"{summary.get('rounds', 0)} rounds"
+        return f"{summary['rounds']} rounds ({summary['rounds_failed']} failed)"
 
     def stopped_early(self, summary: dict) -> str | None:
         """Why a rank's run counts as stopped rather than done (real run's exit code), or None."""

@@ -77,6 +77,3 @@ class FederatedLearning(Mode):
                 "rounds": lead.get("rounds", 0), "rounds_failed": lead.get("rounds_failed", 0),
                 "stop_reason": lead.get("stop_reason", "the controller left no record"),
                 "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256")}
-
-    def progress(self, summary):
-        return f"{summary['rounds']} rounds ({summary['rounds_failed']} failed)"

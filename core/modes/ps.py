@@ -69,6 +69,3 @@ class ParameterServer(Mode):
         from dtemu.core.ps.summary import ps_summary
 
         return ps_summary(s, records, time_to_accuracy([]), time_s)
-
-    def progress(self, summary):
-        return f"{summary['rounds']} rounds ({summary['rounds_failed']} failed)"

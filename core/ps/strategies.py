@@ -128,8 +128,7 @@ class FedAsync(Asynchronous):
 
     def mixing(self, staleness: int) -> float:
         ps = self.ps
-        a_or_exponent = ps.poly_a if ps.staleness == "poly" else ps.hinge_a
-        return ps.fedasync_alpha * staleness_factor(ps.staleness, staleness, a_or_exponent, ps.hinge_b)
+        return ps.fedasync_alpha * staleness_factor(ps.staleness, staleness, ps.poly_a, ps.hinge_a, ps.hinge_b)
 
     def apply(self, weights, update, staleness, base):
         return mix(weights, base + update.delta, self.mixing(staleness))
