@@ -16,7 +16,7 @@ from dtemu.host import cpu_arith
 from dtemu.host.rundir import read_summary
 from helpers import needs_mnist
 
-KNOBS = (*cpu_arith.PORTABLE, cpu_arith.SWITCH)
+KNOBS = (*cpu_arith.KNOBS, cpu_arith.SWITCH)
 x86_avx2 = pytest.mark.skipif(platform.machine().lower() not in cpu_arith._X86 or cpu_arith._has_avx2() is False,
                               reason="the portable kernels are AVX2's: an x86-64 host with AVX2")
 
@@ -26,7 +26,7 @@ import json, os, sys
 import torch
 from dtemu.host import cpu_arith
 print(json.dumps({{"capability": torch.backends.cpu.get_cpu_capability(),
-                   "env": {{k: os.environ.get(k) for k in cpu_arith.PORTABLE}},
+                   "env": {{k: os.environ.get(k) for k in cpu_arith.KNOBS if os.environ.get(k) is not None}},
                    "describe": cpu_arith.describe()}}))
 """
 
@@ -56,14 +56,36 @@ def test_a_value_the_user_set_wins():
 
 def test_native_leaves_the_libraries_to_choose():
     got = probe("import dtemu.emu.run", DTEMU_CPU_ARITH="native")
-    assert got["env"] == {k: None for k in cpu_arith.PORTABLE}
+    assert got["env"] == {}
     assert got["describe"]["arith"] == "native" and got["describe"]["fixed"] is False
+
+
+@x86_avx2
+def test_exact_sets_every_library_at_its_most_portable():
+    got = probe("import dtemu.emu.run", DTEMU_CPU_ARITH="exact")
+    assert got["capability"] == "DEFAULT"
+    assert got["env"] == cpu_arith.SETTINGS["exact"]
+    assert got["describe"]["arith"] == "exact" and got["describe"]["numpy_simd"] in ([], None)
+
+
+@x86_avx2
+@pytest.mark.parametrize("asked", ["portable", "AVX2", "no-such-setting"])
+def test_the_old_name_and_a_typo_both_mean_the_default(asked):
+    got = probe("import dtemu.emu.run", DTEMU_CPU_ARITH=asked)
+    assert got["env"] == cpu_arith.PORTABLE and got["describe"]["arith"] == "avx2"
+
+
+@x86_avx2
+def test_the_fingerprint_tells_the_settings_apart_and_not_the_runs():
+    runs = {m: probe("import dtemu.emu.run", DTEMU_CPU_ARITH=m)["describe"]["fingerprint"] for m in ("avx2", "exact")}
+    assert runs["avx2"] != runs["exact"]
+    assert probe("import dtemu.host", DTEMU_CPU_ARITH="exact")["describe"]["fingerprint"] == runs["exact"]
 
 
 def test_torch_loaded_before_dtemu_is_said_not_hidden():
     got = probe("import torch; import dtemu.emu.run")
     assert got["describe"]["fixed"] is False
-    assert got["env"] == {k: None for k in cpu_arith.PORTABLE}  # setting them now would change nothing
+    assert got["env"] == {}  # setting them now would change nothing
 
 
 @needs_mnist
@@ -78,4 +100,4 @@ def test_the_summary_names_the_arithmetic(tmp_path, monkeypatch):
     run_emulation(scenario, tmp_path / "run")
     got = read_summary(tmp_path / "run")["platform"]
     assert got == cpu_arith.describe()
-    assert set(got) >= {"torch", "numpy", "cpu_capability", "onednn_max_isa", "mkl_cbwr", "fixed"}
+    assert set(got) >= {"torch", "numpy", "cpu_capability", "onednn_max_isa", "mkl_cbwr", "fixed", "fingerprint"}
