@@ -1,0 +1,56 @@
+"""Every shipped scenario, cut to a few rounds or steps, still ends with its pinned result.
+
+The whole scenarios take 1.5 hours (tests/test_shipped_scenarios.py, slow);
+these cuts (tests/pins.py's CUTS) keep each one's roles, codecs and faults and
+take about a minute together, so a change that moves a result shows in the
+default run.  They run in one fresh interpreter under ``DTEMU_CPU_ARITH=exact``,
+whose arithmetic the probe found the same on Intel and AMD hosts, so the same
+pins hold on whichever host the tests land on; a host whose fingerprint has no
+pins skips them and says which fingerprint it has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtemu.host import cpu_arith
+from helpers import DATA, needs_mnist
+from pins import CUTS, FAST, FAST_ARITH, HOSTS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fast_results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("fast-pins")
+    # without the knobs this process's own setting put in its environment (a value set wins)
+    env = {k: v for k, v in os.environ.items() if k not in cpu_arith.KNOBS}
+    env.update(DTEMU_CPU_ARITH=FAST_ARITH, DTEMU_DATA=DATA)
+    done = subprocess.run([sys.executable, "-m", "tools.pin_scenarios", "--fast", "--out", str(out / "runs"),
+                           "--json", str(out / "fast.json")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    if not (out / "fast.json").exists():
+        pytest.fail(f"the fast pins did not run:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return {r["name"]: r for r in json.loads((out / "fast.json").read_text())}
+
+
+@needs_mnist
+@pytest.mark.parametrize("name", sorted(CUTS))
+def test_cut_scenario_keeps_its_result(name, fast_results):
+    got = fast_results[name]
+    fp = got["platform"]["fingerprint"]
+    assert got["platform"]["arith"] == FAST_ARITH and got["platform"]["fixed"]
+    if fp not in FAST:
+        pytest.skip(f"no fast pins for this host's arithmetic (fingerprint {fp}; pinned: {HOSTS}); "
+                    "`DTEMU_CPU_ARITH=exact python -m tools.pin_scenarios --fast` makes them")
+    result, pin = got["result"], FAST[fp][name]
+    for field, a, b in zip(("model_sha256", "final_accuracy", "rounds or steps", "bytes_up", "bytes_down"),
+                           result, pin):
+        assert a == b, f"{field}: {a!r}, pinned {b!r}"
+    assert result[5] == pytest.approx(pin[5], abs=1e-9), f"time_s: {result[5]!r}, pinned {pin[5]!r}"
