@@ -17,7 +17,7 @@ from pathlib import Path
 from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
 from dtemu.host.keys import load_key
 from dtemu.host import cores
-from dtemu.host.scenario_file import check_model, load_scenario, read_init
+from dtemu.host.scenario_file import check_code, load_scenario, read_init
 from dtemu.report.cli import add_commands
 from dtemu.report.cli import run as run_reader
 
@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario value, e.g. --set fl.codec=q8 (repeatable)")
     run.add_argument("--out", help="run folder (default: runs/<name>-<date>-<time>)")
     run.add_argument("--no-tui", action="store_true", help="no live dashboard")
+    run.add_argument("--no-code", action="store_true",
+                     help="refuse a scenario that names code (model or data.factory as package.module:factory), "
+                          "before any of it is imported: for scenario files from elsewhere")
     run.add_argument("--key-file", help="shared key that seals every message (HMAC-SHA256); "
                                         "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
     run.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -58,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("report", "audit"):
         return run_reader(args)
     try:
-        scenario = load_scenario(args.scenario, args.overrides)
+        scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
         init = read_init(scenario)
         key, _ = load_key(args.key_file)
-        check_model(scenario)  # a factory that is no model is refused before any data is read
+        check_code(scenario)  # code the scenario names that fails is refused before a run folder exists
     except (ScenarioError, KeyFileError) as err:
         print(f"emu: {err}", file=sys.stderr)
         return 2

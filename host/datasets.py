@@ -13,7 +13,6 @@ import functools
 import gzip
 import hashlib
 import http.client
-import importlib
 import logging
 import os
 import tempfile
@@ -26,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dtemu.core.errors import DataError
+from dtemu.core.ml import user_code
 from dtemu.core.ml.data import Dataset, dataset_from, images_and_labels, parse_idx
 from dtemu.core.scenario import Scenario
 
@@ -255,16 +255,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None) -> Dataset:
 def load_dataset_factory(spec: str) -> Dataset:
     """A scenario's own data: ``package.module:factory`` called with no
     arguments, returning a Dataset or (x_train, y_train, x_test, y_test)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise DataError(f"data factory {spec!r} is not of the form package.module:factory")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise DataError(f"data factory {spec!r} cannot be imported: {e}") from e
-    if not callable(factory):
-        raise DataError(f"data factory {spec!r} is a {type(factory).__name__}, not a function")
-    return dataset_from(factory(), spec)
+    factory = user_code.load("data.factory", spec, "data factory")
+    return dataset_from(user_code.call("data.factory", spec, "data factory", factory), spec)
 
 
 def load_for(scenario: Scenario) -> Dataset:

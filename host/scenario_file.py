@@ -13,12 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from dtemu.core import bounded_yaml
-from dtemu.core.errors import CheckpointError, ScenarioError
+from dtemu.core.errors import CheckpointError, DataError, ScenarioError
+from dtemu.core.ml import user_code
 from dtemu.core.scenario import Scenario, parse_scenario
 from dtemu.core.wire.checkpoint import decode_checkpoint
 
 
-def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
+def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bool = True) -> Scenario:
+    """The scenario at ``path`` with ``overrides``; ``allow_code=False`` (``--no-code``) refuses one
+    that names code (core.ml.user_code)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -32,7 +35,10 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ScenarioError("", f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    return parse_scenario(bounded_yaml.load(text, str(path)), overrides)
+    scenario = parse_scenario(bounded_yaml.load(text, str(path)), overrides)
+    if not allow_code:
+        user_code.refuse_code(scenario)
+    return scenario
 
 
 def read_init(scenario: Scenario, resuming_a_crash: bool = False) -> bytes | None:
@@ -59,9 +65,17 @@ def read_init(scenario: Scenario, resuming_a_crash: bool = False) -> bytes | Non
     return data
 
 
-def check_model(scenario: Scenario) -> None:
-    """Build the scenario's model once, so that a model factory that is not one (it fails, or
-    returns no ``torch.nn.Module``) is a ScenarioError naming ``model`` before anything starts."""
+def check_code(scenario: Scenario) -> None:
+    """Run the code the scenario names once, so that a factory that fails, exits, or returns the
+    wrong thing is a ScenarioError naming its key before anything starts: the model is built,
+    and a data factory called (its data set is kept for the run: host.datasets caches it)."""
     from dtemu.core.ml.models import build_model  # torch: only when a run is about to start
 
     build_model(scenario.model, seed=scenario.seed)
+    if scenario.data.factory:
+        from dtemu.host.datasets import load_dataset_factory
+
+        try:
+            load_dataset_factory(scenario.data.factory)
+        except DataError as err:  # what it returned is no data set: the scenario's error too
+            raise ScenarioError("data.factory", str(err)) from None

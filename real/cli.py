@@ -27,7 +27,7 @@ from dtemu.report.cli import run as run_reader
 from dtemu.core.ps.spec import PS
 from dtemu.core.scenario import CONTROLLER, stretched
 from dtemu.host.rundir import CHECKPOINT
-from dtemu.host.scenario_file import check_model, load_scenario, read_init
+from dtemu.host.scenario_file import check_code, load_scenario, read_init
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
 EXIT_PEER_LOST = 5
@@ -45,6 +45,8 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+NO_CODE_HELP = ("refuse a scenario that names code (model or data.factory as package.module:factory), "
+                "before any of it is imported: for scenario files from elsewhere")
 DATA_HELP = ("Data: the MNIST / Fashion-MNIST archives are looked up under the scenario's data.root, "
              "else $DTEMU_DATA, else ~/.cache/dtemu (layout <root>/MNIST/raw/*.gz); missing ones are "
              "downloaded. Without internet, point DTEMU_DATA (or data.root) at a folder holding them.")
@@ -56,6 +58,8 @@ def _common(p: argparse.ArgumentParser, out_default: str) -> None:
                    help="override a scenario value (repeatable)")
     p.add_argument("--out", help=f"run folder (default: {out_default})")
     p.add_argument("--no-tui", action="store_true", help="no live dashboard")
+    p.add_argument("--no-code", action="store_true",
+                   help=NO_CODE_HELP)
     p.add_argument("--domain", type=int, default=None, help="DDS domain id (default $DTEMU_DDS_DOMAIN or 0)")
     p.add_argument("--profile", default="loopback", choices=["loopback", "lan"],
                    help="CycloneDDS profile (lan: peers from --peers or $DTEMU_DDS_PEERS)")
@@ -105,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("report", "audit"):
         return run_reader(args)
     try:
-        scenario = load_scenario(args.scenario, args.overrides)
+        scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
         key, key_from = load_key(args.key_file)
-        check_model(scenario)  # a factory that is no model is refused before any process starts
+        check_code(scenario)  # code the scenario names that fails is refused before any process starts
     except (ScenarioError, KeyFileError) as err:
         print(f"real: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -108,6 +108,8 @@ def launch(args, scenario: Scenario) -> int:
                "--threads", str(threads), "--profile", args.profile, "--time-scale", repr(scale)]
         if args.links is not None:
             cmd += ["--links", args.links]
+        if args.no_code:
+            cmd += ["--no-code"]
         for o in args.overrides:
             cmd += ["--set", o]
         if restart:

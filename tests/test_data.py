@@ -23,7 +23,7 @@ from dtemu.core.ml.data import (
 )
 from dtemu.host import datasets as data
 from dtemu.host.datasets import ensure_archives, load_dataset, load_dataset_factory, read_idx, resolve_root
-from dtemu.core.errors import DataError
+from dtemu.core.errors import DataError, ScenarioError
 from helpers import DATA, needs_mnist
 
 ARCHIVES = tuple(data.SOURCES["mnist"].md5)
@@ -206,10 +206,13 @@ def test_load_dataset_factory():
     assert ds.y_test.dtype == torch.int64 and ds.y_test.tolist() == [0, 1, 2, 0, 1]
     with pytest.raises(DataError, match="4-tuple"):
         load_dataset_factory(f"{__name__}:_not_a_dataset")
-    with pytest.raises(DataError, match="cannot be imported"):
+    # the code it names failing is the scenario's error, at its key (the CLIs exit 2)
+    with pytest.raises(ScenarioError, match="data.factory: .*cannot be imported"):
         load_dataset_factory(f"{__name__}:nope")
-    with pytest.raises(DataError, match="package.module:factory"):
+    with pytest.raises(ScenarioError, match="package.module:factory"):
         load_dataset_factory("no_colon")
+    with pytest.raises(ScenarioError, match="data.factory: .*SystemExit"):
+        load_dataset_factory("sys:exit")
 
 
 # --- partitioners --------------------------------------------------------------

@@ -24,10 +24,21 @@ CASES = {
     "not_a_model": ("name: x\nmodel: 'os:getcwd'\n", "model: model factory 'os:getcwd' returned str"),
     "failing_factory": ("name: x\nmodel: 'os:system'\n", "model: model factory 'os:system' failed"),
     "missing_factory": ("name: x\nmodel: 'no_such_module_x:f'\n", "model: model factory"),
+    # the user's code exiting or interrupting is the scenario's error too, never a silent exit 0
+    "exiting_factory": ("name: x\nmodel: 'sys:exit'\n", "model: model factory 'sys:exit' failed: SystemExit"),
+    "interrupting_factory": ("name: x\nmodel: 'test_hostile_scenarios:interrupt'\n",
+                             "failed: KeyboardInterrupt: pressed by a factory"),
+    "exiting_data_factory": ("name: x\ndata: {factory: 'sys:exit'}\n",
+                             "data.factory: data factory 'sys:exit' failed: SystemExit"),
+    "no_data_set": ("name: x\ndata: {factory: 'os:getcwd'}\n", "data.factory: data factory 'os:getcwd' returned str"),
     "not_utf8": (b"name: \xff\xfe\n", "is not UTF-8 text"),
     "not_yaml": ("name: [unclosed\n", "is not valid YAML"),
     "not_a_checkpoint": ("name: x\nfl: {init_path: SCENARIO}\n", "fl.init_path:"),
 }
+
+
+def interrupt():
+    raise KeyboardInterrupt("pressed by a factory")
 
 
 def write_case(case: str, folder: Path) -> Path:
@@ -63,3 +74,31 @@ def test_resuming_a_checkpoint_already_at_the_last_round_says_what_to_do(tmp_pat
     assert emu_main(["run", str(path), "--no-tui", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "checkpoint of round 3, and fl.rounds is 3" in err and "--set fl.rounds=13" in err
+
+
+@pytest.mark.parametrize("spec", ["model: 'code_that_ran:factory'", "data: {factory: 'code_that_ran:factory'}"])
+def test_no_code_refuses_a_scenario_that_names_code_before_importing_it(spec, tmp_path, capsys, monkeypatch):
+    (tmp_path / "code_that_ran.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\ndef factory(): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: x\n{spec}\n")
+    code = emu_main(["run", str(path), "--no-tui", "--no-code", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "names code" in err and "--no-code" in err, err
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()
+
+
+def test_no_code_lets_a_registered_model_through():
+    from dtemu.host.scenario_file import load_scenario
+
+    shipped = Path(__file__).resolve().parents[1] / "scenarios" / "fl_codecs.yaml"
+    assert load_scenario(shipped, allow_code=False).model == "mnist_cnn"
+
+
+def test_real_refuses_code_too(tmp_path, capsys):
+    from dtemu.real.cli import main as real_main
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: x\nmodel: 'os:getcwd'\n")
+    assert real_main(["launch", str(path), "--no-tui", "--no-code", "--out", str(tmp_path / "run")]) == 2
+    assert "names code" in capsys.readouterr().err

@@ -6,7 +6,6 @@ Every model maps (N, 1, 28, 28) images to (N, 10) log-probabilities.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dtemu.core.errors import ScenarioError
+from dtemu.core.ml import user_code
 
 
 class MnistCnn(nn.Module):
@@ -118,10 +118,6 @@ MODELS: dict[str, ModelInfo] = {
 }
 
 
-def _is_factory_spec(spec: str) -> bool:
-    return ":" in spec
-
-
 def _unknown(spec: str) -> ScenarioError:
     return ScenarioError(
         "model", f"unknown model {spec!r}; known: {', '.join(sorted(MODELS))}, "
@@ -132,15 +128,9 @@ def _unknown(spec: str) -> ScenarioError:
 def _factory(spec: str) -> Callable[[], nn.Module]:
     if spec in MODELS:
         return MODELS[spec].factory
-    if not _is_factory_spec(spec):
+    if not user_code.names_code(spec):
         raise _unknown(spec)
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise _unknown(spec)
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ScenarioError("model", f"model factory {spec!r} cannot be imported: {e}") from e
+    return user_code.load("model", spec, "model factory")
 
 
 def build_model(spec: str, seed: int) -> nn.Module:
@@ -149,10 +139,8 @@ def build_model(spec: str, seed: int) -> nn.Module:
     factory = _factory(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        try:
-            model = factory()
-        except Exception as err:  # a factory that is not one (``os:getcwd``), or that fails
-            raise ScenarioError("model", f"model factory {spec!r} failed: {type(err).__name__}: {err}") from None
+        # a factory that is not one (``os:getcwd``), that fails, or that exits (``sys:exit``)
+        model = user_code.call("model", spec, "model factory", factory)
     if not isinstance(model, nn.Module):
         raise ScenarioError("model", f"model factory {spec!r} returned {type(model).__name__}, "
                             "not a torch.nn.Module")
@@ -163,6 +151,6 @@ def model_cost(spec: str) -> float | None:
     """Reference train seconds per sample; None for a factory (unmeasured)."""
     if spec in MODELS:
         return MODELS[spec].train_s_per_sample
-    if _is_factory_spec(spec):
+    if user_code.names_code(spec):
         return None
     raise _unknown(spec)

@@ -1,0 +1,62 @@
+"""Code a scenario names (``model`` or ``data.factory`` as ``package.module:factory``).
+
+A scenario that names code is code: loading it imports a module and calls a
+function, with this process's rights.  So, for files from elsewhere, a CLI's
+``--no-code`` refuses every such key before anything is imported
+(``refuse_code``).  When code is allowed, whatever it does wrong, on import or
+when called, is a ``ScenarioError`` naming its key (the CLIs exit 2): an
+exception, and also ``SystemExit`` or ``KeyboardInterrupt`` raised by the user's
+code (``sys:exit`` as a model used to end ``emu run`` with status 0 and no word).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Callable
+
+from dtemu.core.errors import ScenarioError
+
+if TYPE_CHECKING:
+    from dtemu.core.scenario import Scenario
+
+FORM = "package.module:factory"
+
+
+def names_code(spec: str | None) -> bool:
+    """Is this a ``package.module:factory`` spec (rather than a registered name)?"""
+    return bool(spec) and ":" in spec
+
+
+def code_keys(scenario: Scenario) -> dict[str, str]:
+    """Every key of the scenario that names code, with what it names."""
+    keys = {"model": scenario.model, "data.factory": scenario.data.factory}
+    return {key: spec for key, spec in keys.items() if names_code(spec)}
+
+
+def refuse_code(scenario: Scenario) -> None:
+    """``--no-code``: refuse a scenario that names code, before any of it is imported."""
+    for key, spec in code_keys(scenario).items():
+        raise ScenarioError(key, f"{spec!r} names code ({FORM}), and --no-code refuses scenarios that run "
+                                 "code; use a registered name, or drop --no-code for a file you trust")
+
+
+def load(key: str, spec: str, what: str) -> Callable[[], Any]:
+    """The function ``spec`` names; any failure to import it is a ScenarioError at ``key``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ScenarioError(key, f"{what} {spec!r} is not of the form {FORM}")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except BaseException as err:  # the module may raise anything at import, SystemExit included
+        raise ScenarioError(key, f"{what} {spec!r} cannot be imported: {type(err).__name__}: {err}") from None
+    if not callable(fn):
+        raise ScenarioError(key, f"{what} {spec!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def call(key: str, spec: str, what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``; anything it raises (SystemExit, KeyboardInterrupt too) is a ScenarioError at ``key``."""
+    try:
+        return fn()
+    except BaseException as err:  # the user's code: exiting or interrupting is its failure, not ours
+        raise ScenarioError(key, f"{what} {spec!r} failed: {type(err).__name__}: {err}") from None
