@@ -251,7 +251,7 @@ class VaryingSlowdown:
 class CpuCosts:
     """Emu only: seconds of a node's CPU per MB (1e6 bytes) of the model's fp32 vector (4 bytes a
     parameter) for the work a role does outside training (core.runtime.compute.CPU_OPS); 0: free.
-    Geo's roles charge them (core.geo.roles); ``python -m tools.geo_cpu_costs`` measures them."""
+    Geo's roles charge them (core.geo.roles); ``emu calibrate`` measures them (emu.costs)."""
 
     encode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))    # a vector into a dense payload
     sum_s_per_mb: float = field(default=0.0, metadata=check(non_negative))       # one dense payload added to a sum
@@ -306,6 +306,9 @@ class ComputeModel:
     # ``decode_s_per_mb``): at most that many such jobs run at once, the others wait their turn
     # (as real ranks on one machine do); 0: every node has cores of its own.
     shared_cores: int = field(default=0, metadata=check(non_negative))
+    # A calibration profile (``emu calibrate``) whose costs the loader applied (host.profile): its
+    # path, made absolute; the values it set are in the keys above.
+    profile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -497,6 +500,7 @@ class Scenario:
             del d["compute"]["default"]["cpu"]
         if not d["compute"]["shared_cores"]:
             del d["compute"]["shared_cores"]
+        del d["compute"]["profile"]  # where the costs came from; the costs themselves are above
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 

@@ -19,7 +19,10 @@ from dtemu.host.keys import load_key
 from dtemu.host import cores
 from dtemu.host.scenario_file import check_code, load_scenario, read_init
 from dtemu.report.cli import add_commands
+from dtemu.host import soak
 from dtemu.report.cli import run as run_reader
+
+from . import calibrate, sweep
 
 DATA_HELP = ("Data: the MNIST / Fashion-MNIST archives are looked up under the scenario's data.root, "
              "else $DTEMU_DATA, else ~/.cache/dtemu (layout <root>/MNIST/raw/*.gz); missing ones are "
@@ -39,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-code", action="store_true",
                      help="refuse a scenario that names code (model or data.factory as package.module:factory), "
                           "before any of it is imported: for scenario files from elsewhere")
+    run.add_argument("--profile", metavar="FILE",
+                     help="apply a calibration profile (emu calibrate): this machine's costs, before --set")
     run.add_argument("--key-file", help="shared key that seals every message (HMAC-SHA256); "
                                         "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
     run.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -49,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="local: a process pool on this machine; ray: Ray tasks (pip install 'dtemu[ray]')")
     run.add_argument("--address", help="--executor ray: the Ray cluster to join (default: a local Ray)")
     add_commands(sub)
+    soak.add_parser(sub, "emu")
+    sweep.add_parser(sub)
+    calibrate.add_parser(sub)
     return p
 
 
@@ -60,8 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("report", "audit"):
         return run_reader(args)
+    if args.command == "soak":
+        return soak.main(args, "emu")
+    if args.command == "sweep":
+        return sweep.main(args)
+    if args.command == "calibrate":
+        return calibrate.main(args)
     try:
-        scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
+        scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code, profile=args.profile)
         init = read_init(scenario)
         key, _ = load_key(args.key_file)
         check_code(scenario)  # code the scenario names that fails is refused before a run folder exists

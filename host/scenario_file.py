@@ -15,13 +15,16 @@ from pathlib import Path
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import CheckpointError, DataError, ScenarioError
 from dtemu.core.ml import user_code
+from dtemu.host import profile as profiles
 from dtemu.core.scenario import Scenario, parse_scenario
 from dtemu.core.wire.checkpoint import decode_checkpoint
 
 
-def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bool = True) -> Scenario:
+def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bool = True,
+                  profile: str | Path | None = None) -> Scenario:
     """The scenario at ``path`` with ``overrides``; ``allow_code=False`` (``--no-code``) refuses one
-    that names code (core.ml.user_code)."""
+    that names code (core.ml.user_code).  A calibration profile (``profile``, else the scenario's
+    ``compute.profile``) sets its costs first, then ``overrides`` (host.profile)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -35,7 +38,12 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ScenarioError("", f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    scenario = parse_scenario(bounded_yaml.load(text, str(path)), overrides)
+    raw = bounded_yaml.load(text, str(path))
+    scenario = parse_scenario(raw, overrides)
+    if profile is not None or scenario.compute.profile:
+        where = Path(profile).resolve() if profile is not None else profiles.resolve(scenario.compute.profile, path)
+        costs = profiles.assignments(profiles.read_profile(where))
+        scenario = parse_scenario(raw, [*costs, *overrides, f"{profiles.KEY}={where}"])
     if not allow_code:
         user_code.refuse_code(scenario)
     return scenario

@@ -28,6 +28,8 @@ from dtemu.core.ps.spec import PS
 from dtemu.core.scenario import CONTROLLER, stretched
 from dtemu.host.rundir import CHECKPOINT
 from dtemu.host.scenario_file import check_code, load_scenario, read_init
+from dtemu.host import soak
+from dtemu.real import rogue
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
 EXIT_PEER_LOST = 5
@@ -101,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(launch, "runs/<name>-real-<date>-<time>")
     launch.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
     add_commands(sub)
+    soak.add_parser(sub, "real")
+    rogue.add_parser(sub)
     return p
 
 
@@ -108,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("report", "audit"):
         return run_reader(args)
+    if args.command == "soak":
+        return soak.main(args, "real")
+    if args.command == "rogue":
+        return rogue.main(args)
     try:
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
         key, key_from = load_key(args.key_file)

@@ -114,7 +114,7 @@ def _whc_high(whc_high: Optional[str] = None) -> str:
 
 def whc_high_bytes(whc_high: Optional[str] = None) -> int:
     """The writer history high-water mark real mode runs with, in bytes: what emu's
-    ``network.send_window_bytes`` models (tools/transport_costs.py)."""
+    ``network.send_window_bytes`` models (dtemu.emu.costs, `emu calibrate`)."""
     whc = _whc_high(whc_high)
     unit = _SIZE_RE.match(whc).group(1) or ""
     return int(whc[: len(whc) - len(unit)]) * _UNITS[unit]

@@ -11,9 +11,10 @@ def add_commands(sub) -> None:
                          description="Figures and a Markdown table comparing run folders (emu or real).")
     rep.add_argument("runs", nargs="+", metavar="RUN", help="run folders (events.jsonl, summary.json, ...)")
     rep.add_argument("--out", default="report", help="folder for the figures and the table (default: report)")
-    aud = sub.add_parser("audit", help="the faults an FL run met, and whether any data was lost",
-                         description="Count an FL run's faults and updates and check that nothing was lost "
-                                     "(works on a run that was killed or is still going). Exit 1 if data was lost.")
+    aud = sub.add_parser("audit", help="the faults a run met, and whether any data was lost (every mode)",
+                         description="Count a run's faults and updates (or steps, iterations, rounds) and check "
+                                     "that nothing was lost, for any mode (works on a run that was killed or is "
+                                     "still going). Exit 1 if data was lost.")
     aud.add_argument("run", metavar="RUN", help="run folder")
     aud.add_argument("--json", action="store_true", help="print JSON")
 

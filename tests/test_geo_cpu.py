@@ -97,7 +97,7 @@ def test_a_node_s_own_rates_replace_the_default_block(tmp_path):
 
 def test_the_tool_measures_every_op_and_emu_takes_its_keys():
     from dtemu.core.scenario import parse_scenario
-    from tools.geo_cpu_costs import cpu_sets, geo_cpu_costs
+    from dtemu.emu.costs import cpu_sets, geo_cpu_costs
 
     s = geo_scenario(**{"geo.compression": "bisparse_fp16"})
     costs = geo_cpu_costs(s, reps=1)

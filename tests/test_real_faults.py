@@ -264,13 +264,13 @@ ROGUE = {
 
 
 def sealed_run_beside_a_rogue(tmp_path, monkeypatch, *rogue_args):
-    """ROGUE's three ranks under a key, with tools.rogue (no key) on their domain; every rank
+    """ROGUE's three ranks under a key, with `real rogue` (no key) on their domain; every rank
     must end well.  Returns (key, ranks, what the rogue published)."""
     key = bytes(range(32)).hex()
     monkeypatch.setenv("DTEMU_KEY", key)
     ranks = Ranks(scenario_file(tmp_path, ROGUE), tmp_path)
     report = tmp_path / "rogue.json"
-    rogue = subprocess.Popen([sys.executable, "-m", "tools.rogue", "--domain", str(ranks.domain), "--duration", "200",
+    rogue = subprocess.Popen([sys.executable, "-m", "dtemu.real.cli", "rogue", "--domain", str(ranks.domain), "--duration", "200",
                               "--report", str(report), *rogue_args], cwd=ROOT, env={**env(), "DTEMU_KEY": ""},
                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -34,7 +34,7 @@ def launch(scenario: Path, out: Path, domain: int, key_file: Path, flood: float 
            "--domain", str(domain), "--timeout", "300", "--time-scale", "1"]
     rogue = None
     if flood is not None:
-        rogue = subprocess.Popen([sys.executable, "-m", "tools.rogue", "--domain", str(domain), "--duration", "300",
+        rogue = subprocess.Popen([sys.executable, "-m", "dtemu.real.cli", "rogue", "--domain", str(domain), "--duration", "300",
                                   "--flood", str(flood), "--report", str(out.parent / f"{out.name}-rogue.json")],
                                  env={**os.environ, "DTEMU_KEY": "", "DTEMU_KEY_FILE": ""},
                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

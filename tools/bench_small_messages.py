@@ -98,6 +98,28 @@ def write(domain: int, n: int, size: int, gap_s: float) -> dict:
     return {"send_us": round(1e6 * send_cpu / n, 1), "dds_write_us": round(1e6 * write_cpu[0] / n, 1)}
 
 
+def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> dict[str, float]:
+    """Seconds of CPU per message, whatever its size: the writer's ``send`` and the reader process
+    (its receive thread, the hand-off, the thread in ``recv``), over DDS on loopback."""
+    import os
+    import subprocess
+    import sys
+
+    domain = 140 + os.getpid() % 30
+    rx = subprocess.Popen([sys.executable, "-m", "tools.bench_small_messages", "--read", "thread", "--domain",
+                           str(domain), "--messages", str(messages)], stdout=subprocess.PIPE, text=True)
+    try:
+        if rx.stdout.readline().strip() != "ready":
+            raise RuntimeError("the reader failed to start")
+        wrote = write(domain, messages, size, gap_ms / 1000)
+        read = json.loads(rx.communicate(timeout=120)[0].strip().splitlines()[-1])
+    finally:
+        if rx.poll() is None:
+            rx.kill()
+            rx.wait()
+    return {"send": wrote["send_us"] * 1e-6, "recv": read["process_us"] * 1e-6}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--messages", type=int, default=10000)

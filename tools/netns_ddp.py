@@ -13,7 +13,7 @@ send and applying after the wait, both put before the send: the events give
 their sum only) -- are given back to emu's compute model step by step, and the
 gradients are computed for real (DGC's payload size depends on them), so only
 emu's network and runtime decide the rest.  Twice: with the model of real mode's
-transport (tools/transport_costs.py: headers, the writer's history, the
+transport (dtemu.emu.costs, `emu calibrate`: headers, the writer's history, the
 receivers' decoding measured here) and with emu's defaults.
 
 Per step and per run (mean over the workers):
@@ -128,7 +128,7 @@ def markdown(result: dict) -> str:
              f"{cfg['workers']} workers, {cfg['steps']} steps, links {cfg['mbps']:g} Mbit/s each way, "
              f"measured UDP RTT {cfg['rtt_ms']:.3f} ms (netem {'yes' if cfg['netem'] else 'not in this kernel'}); "
              f"emu latency_ms per link {cfg['emu_latency_ms']:.4f}; decoding {cfg['decode_s_per_mb'] * 1e3:.3f} "
-             "ms/MB (tools/transport_costs.py)."]
+             "ms/MB (dtemu.emu.costs, `emu calibrate`)."]
     if result.get("wire_overhead"):
         lines += ["", "Bytes on the shaped uplinks (tc) against the payload each worker sent: "
                   + ", ".join(f"{k} +{v['overhead_pct']:.2f}%" for k, v in result["wire_overhead"].items()) + "."]
@@ -147,7 +147,7 @@ def run(scenario_path: str = "scenarios/ddp_baseline.yaml", *, steps: int = 8, m
     from dtemu.host.scenario_file import load_scenario
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
-    from tools.transport_costs import ddp_decode_cost, run_window, transport_sets
+    from dtemu.emu.costs import ddp_decode_cost, run_window, transport_sets
 
     out = Path(out or ROOT / "runs" / f"netns-ddp-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -509,7 +509,7 @@ def markdown(result: dict) -> str:
              f"emu latency_ms per link {cfg['emu_latency_ms']:.4f}; emu train_s_per_sample "
              + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in cfg["train_s_per_sample"].items()) + ".",
              "", "Emu's model of real mode's transport (`" + "`, `".join(cfg.get("transport_sets", [])) + "`); "
-             "decoding measured on this machine (tools/transport_costs.py): "
+             "decoding measured on this machine (dtemu.emu.costs, `emu calibrate`): "
              + ", ".join(f"{k} {v * 1e3:.3f} ms/MB" for k, v in cfg.get("decode_s_per_mb", {}).items()) + "."]
     if result.get("wire_overhead"):
         lines += ["", "Bytes on the shaped links (tc) against the payload the node sent: "
@@ -604,7 +604,7 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
         mbps: float = 100.0, delay_ms: float = 2.0, extra_sets: list[str] = (), out: Path | None = None,
         keep: bool = False, timeout_s: float = 600.0, test_samples: int = 2000, reuse: Path | None = None) -> dict:
     from dtemu.host.scenario_file import load_scenario
-    from tools.transport_costs import fl_decode_costs, transport_sets
+    from dtemu.emu.costs import fl_decode_costs, transport_sets
 
     out = Path(out or ROOT / "runs" / f"netns-fl-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -43,9 +43,9 @@ Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
    real, with the model of real mode's transport (``network.framing: rtps``,
    ``network.send_window_bytes``, every node's ``decode_s_per_mb`` as measured here
    for a geo payload of this model) and the roles' CPU outside the gradient
-   (``compute.default.cpu``: every op's rate measured here by tools.geo_cpu_costs,
+   (``compute.default.cpu``: every op's rate measured here by dtemu.emu.costs (`emu calibrate`),
    one thread) and a message's own CPU (``send_s_per_message``, ``recv_s_per_message``:
-   measured over DDS on loopback, geo_cpu_costs.message_costs), on
+   measured over DDS on loopback, tools.bench_small_messages.message_costs), on
    ``compute.shared_cores`` = this machine's cores, which every rank shares for real;
 2. the same replay, that CPU on cores of each node's own (no sharing);
 3. the same replay with the CPU ops but not the messages' own CPU;
@@ -227,22 +227,6 @@ def compare(real_events: list[dict], emu_events: list[dict]) -> dict:
 def calibrate(real_events: list[dict], batch: int) -> dict[str, float]:
     """worker -> mean seconds per sample of its measured gradient computations."""
     return {node: statistics.fmean(per.values()) / batch for node, per in compute_times(real_events).items()}
-
-
-def geo_decode_cost(dim: int, fp16: bool, reps: int = 7) -> float:
-    """Seconds per MB for a rank receiving a dense geo payload of ``dim`` entries: one copy (the
-    transport's reassembly), the payload decoded and checked, and made dense (core.geo.common.Inbox)."""
-    import numpy as np
-
-    from dtemu.core.geo.payload import decode, encode_dense
-    from tools.transport_costs import _median_s
-
-    msg = encode_dense(1, np.random.default_rng(0).standard_normal(dim).astype(np.float32) * 0.05, fp16)
-
-    def receive():
-        decode(bytes(bytearray(msg)), dim).dense()
-
-    return _median_s(receive, reps) / (len(msg) / 1e6)
 
 
 def wan_overhead(qdisc: dict[str, str], events: list[dict], site_of: dict[str, str], sites: list[str],
@@ -500,8 +484,8 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
     from dtemu.host.scenario_file import load_scenario
-    from tools.geo_cpu_costs import cpu_sets, geo_cpu_costs, message_costs
-    from tools.transport_costs import transport_sets
+    from dtemu.emu.costs import cpu_sets, geo_cpu_costs, geo_decode_cost, transport_sets
+    from tools.bench_small_messages import message_costs
 
     out = Path(out or ROOT / "runs" / f"netns-geo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)

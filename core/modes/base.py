@@ -54,6 +54,9 @@ class Mode:
     # importing what reads run folders.
     audit: str | None = None
     report: str = ""
+    # What ``emu calibrate`` measures for it beyond the training step ("module:function" of
+    # emu.costs, taking the scenario and repetitions, returning --set assignments).
+    costs: str = "dtemu.emu.costs:transport_only_sets"
     # What the run counts its progress in (summary.json's key, the dashboard's header): rounds (or
     # global versions), steps.
     unit: str = "round"

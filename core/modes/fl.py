@@ -16,6 +16,7 @@ class FederatedLearning(Mode):
     crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_fl:check_fl"
     report = "dtemu.report.fl:write_fl_report"
+    costs = "dtemu.emu.costs:fl_sets"
 
     def node_names(self, s):
         return [CONTROLLER] + s.client_names

@@ -1,7 +1,7 @@
-"""Soak test: a long FL run under random faults, then an audit of what it lost (nothing, we hope).
+"""``emu soak`` / ``real soak``: a long FL run under random faults, then an audit of what it lost.
 
-    python -m tools.soak emu  --rounds 1000 --seed 1 --out runs/soak-emu
-    python -m tools.soak real --rounds 60   --seed 1 --out runs/soak-real
+    emu soak  [--rounds 1000] [--seed 1] [--clients 4] [--out runs/soak-emu-<date>] [--key-file F]
+    real soak [--rounds 60]   [--seed 1] [--clients 3] [--out runs/soak-real-<date>] [--key-file F]
 
 The faults are drawn from ``--seed`` into an ordinary scenario file
 (``soak.yaml`` in the run folder, so a run can be repeated or inspected):
@@ -17,7 +17,6 @@ completed round was lost or counted twice; the table goes to ``soak.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -29,7 +28,8 @@ import numpy as np
 import yaml
 
 from dtemu.core.scenario import CLIENT_CRASH_POINTS, CONTROLLER_CRASH_POINTS, parse_scenario
-from dtemu.report.audit import audit
+
+DEFAULTS = {"emu": {"rounds": 1000, "clients": 4}, "real": {"rounds": 60, "clients": 3}}
 
 CORRUPTIONS = ("nan", "inf", "scale", "garbage", "stale")
 
@@ -81,26 +81,32 @@ def soak_scenario(mode: str, rounds: int, seed: int, clients: int = 4) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["emu", "real"])
-    p.add_argument("--rounds", type=int, default=None, help="default: 1000 (emu) / 60 (real)")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--clients", type=int, default=None, help="default: 4 (emu) / 3 (real)")
-    p.add_argument("--out", required=True)
+def add_parser(sub, mode: str) -> None:
+    """The ``soak`` subcommand of ``emu`` (mode "emu") or ``real`` (mode "real")."""
+    d = DEFAULTS[mode]
+    p = sub.add_parser("soak", help="a long FL run under random faults, then an audit of what it lost",
+                       description=__doc__.split("\n\n")[2].replace("\n", " "))
+    p.add_argument("--rounds", type=int, default=d["rounds"], help=f"rounds (default: {d['rounds']})")
+    p.add_argument("--seed", type=int, default=1, help="draws the faults (default: 1)")
+    p.add_argument("--clients", type=int, default=d["clients"], help=f"clients (default: {d['clients']})")
+    p.add_argument("--out", help=f"folder for soak.yaml, the run and soak.json (default: runs/soak-{mode}-<date>-<time>)")
     p.add_argument("--key-file", help="seal every message with this key")
-    args = p.parse_args(argv)
-    rounds = args.rounds or (1000 if args.mode == "emu" else 60)
-    clients = args.clients or (4 if args.mode == "emu" else 3)
-    out = Path(args.out)
+
+
+def main(args, mode: str) -> int:
+    """Draw the faults, run the soak scenario in ``mode``, audit it; exit 1 if it failed or lost data."""
+    from dtemu.report.audit import audit
+
+    rounds, clients = args.rounds, args.clients
+    out = Path(args.out or f"runs/soak-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    raw = soak_scenario(args.mode, rounds, args.seed, clients)
+    raw = soak_scenario(mode, rounds, args.seed, clients)
     parse_scenario(raw)  # refuse a bad draw before anything starts
     path = out / "soak.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     run = out / "run"
     started = time.monotonic()
-    if args.mode == "emu":
+    if mode == "emu":
         cmd = [sys.executable, "-m", "dtemu.emu.cli", "run", str(path), "--out", str(run), "--no-tui"]
     else:
         cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(run), "--no-tui",
@@ -109,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--key-file", args.key_file]
     done = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     result = audit(run)
-    result.update(command=" ".join(["python -m tools.soak", args.mode, "--rounds", str(rounds), "--seed",
-                                    str(args.seed), "--out", str(out)]),
+    result.update(command=" ".join([mode, "soak", "--rounds", str(rounds), "--seed", str(args.seed),
+                                    "--clients", str(clients), "--out", str(out)]),
                   exit_code=done.returncode, wall_s=round(time.monotonic() - started, 1),
                   planned={"client_crashes": sum(c["node"] != "controller" for c in raw["faults"]["crashes"]),
                            "controller_crashes": sum(c["node"] == "controller" for c in raw["faults"]["crashes"]),
@@ -119,7 +125,3 @@ def main(argv: list[str] | None = None) -> int:
     (out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0 if done.returncode == 0 and result["lost_data"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

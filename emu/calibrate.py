@@ -1,0 +1,88 @@
+"""``emu calibrate``: what a scenario's roles cost on this machine, written as a profile.
+
+    emu calibrate SCENARIO [--set KEY=VALUE] [--out PROFILE.yaml] [--reps N]
+
+It measures, on this machine and with this process's arithmetic:
+
+- the training step of the scenario's model at its training batch, threads,
+  optimizer, and its data set's input shape (best of three timings of eight
+  warm steps: other load only slows a step down);
+- what the mode's roles spend outside training, as the mode names it
+  (emu.costs: FL's and DDP's decoding per MB, geo's decoding and its roles' CPU
+  per op), and real mode's framing and writer history.
+
+It writes them to a profile (host.profile) that records the machine.
+``emu run SCENARIO --profile FILE``, or ``compute.profile: FILE`` in the
+scenario, applies it: emu then predicts what this machine would take, before
+anything runs for real.  Not measured yet: per-message CPU over DDS
+(``python -m tools.bench_small_messages``), codec encoding at FL clients, and
+cores shared by ranks (``compute.shared_cores``, set by hand).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure what a scenario's roles cost on this machine (a profile)",
+                       description=" ".join(__doc__.split("\n\n")[2:]).replace("\n", " "))
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario value before measuring (repeatable)")
+    p.add_argument("--out", help="profile file to write (default: profiles/<name>-<host>.yaml)")
+    p.add_argument("--reps", type=int, default=7, help="repetitions of each timing, median taken (default: 7)")
+    p.add_argument("--no-code", action="store_true", help="refuse a scenario that names code (as emu run)")
+
+
+def measure(scenario, reps: int = 7) -> dict:
+    """The profile of ``scenario`` on this machine (host.profile's format)."""
+    import torch
+    import yaml
+
+    from dtemu.host import profile as profiles
+    from dtemu.host.datasets import load_for
+    from dtemu.host.train_cost import measured_s_per_sample
+    from dtemu.report.resolve import resolve
+
+    data = load_for(scenario)
+    shape = (tuple(data.x_train.shape[1:]), int(torch.max(data.y_train)) + 1)
+    train = min(measured_s_per_sample(scenario, shape=shape) for _ in range(3))
+    assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps)]
+    sets = {}
+    for a in assignments:
+        key, _, value = a.partition("=")
+        sets[key] = yaml.safe_load(value)
+    return {"format": profiles.FORMAT, "machine": profiles.machine(),
+            "measured": {"scenario": scenario.name, "mode": scenario.mode, "model": scenario.model,
+                         "batch_size": scenario.kind.batch_size(scenario), "threads": scenario.threads,
+                         "input_shape": list(shape[0]), "classes": shape[1], "reps": reps},
+            "sets": sets}
+
+
+def main(args) -> int:
+    import yaml
+
+    from dtemu.core.errors import ScenarioError
+    from dtemu.host.scenario_file import check_code, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
+        check_code(scenario)
+    except ScenarioError as err:
+        print(f"emu calibrate: {err}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    profile = measure(scenario, args.reps)
+    host = profile["machine"]["cpu"].split(" (")[0].replace(" ", "_")
+    out = Path(args.out or f"profiles/{scenario.name}-{host}.yaml")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = (f"# emu calibrate {args.scenario}" + "".join(f" --set {s}" for s in args.overrides)
+            + f"  ({time.perf_counter() - t0:.0f} s)\n# apply: emu run {args.scenario} --profile {out}\n")
+    out.write_text(head + yaml.safe_dump(profile, sort_keys=False))
+    for key, value in profile["sets"].items():
+        print(f"  {key}: {value}")
+    print(f"{scenario.name}: profile of {profile['machine']['cpu']} -> {out}")
+    return 0

@@ -1,0 +1,239 @@
+"""What a scenario's roles cost this machine's CPU outside the network: measured, not fitted.
+
+Each function times the code real mode runs, on messages and vectors of the
+scenario's model, median of a few repetitions, and says it in the unit of the
+emu key that charges it (seconds per MB, 1e6 bytes):
+
+- FL: a client receiving the model (one copy as the transport's reassembly,
+  decoded, checked, decoded again into the weights), the controller an update
+  (decoded, checked): ``compute.<node>.decode_s_per_mb``;
+- DDP: one collective frame received;
+- geo: a dense payload received, and the roles' own CPU per op
+  (``compute.default.cpu``: encode, sum, sparsify, merge, densify, apply);
+- every mode: real mode's framing and writer history (``network.framing``,
+  ``network.send_window_bytes``).
+
+Each mode names its own (``Mode.costs``, "module:function" returning ``--set``
+assignments); ``emu calibrate`` writes them into a profile, and the netns
+testbeds (tools/netns_*.py) into their emu replays.  One thread on an idle
+core: what ranks sharing cores cost each other is ``compute.shared_cores``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import numpy as np
+
+from dtemu.core.modes import MODES
+from dtemu.core.runtime.compute import CPU_OPS
+from dtemu.real.config import whc_high_bytes, writer_history
+
+FL_WINDOW = whc_high_bytes()  # real mode's writer history outside DDP ("2MiB", or $DTEMU_DDS_WHC_HIGH)
+
+
+def median_s(fn, reps: int = 7) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_window(mode: str, model_params: int, real_dir=None) -> int:
+    """The writer history (bytes) a real run of ``mode`` had: what its ranks' summaries
+    recorded (``real.writer_history``), else what real mode would choose now
+    (``real.config.writer_history``).  Emu's ``network.send_window_bytes`` follows it."""
+    from pathlib import Path
+
+    if real_dir is not None:
+        for summary in sorted(Path(real_dir).glob("*/summary.json")):
+            try:
+                recorded = json.loads(summary.read_text()).get("real", {}).get("writer_history")
+            except (OSError, ValueError):
+                continue
+            if recorded:
+                return whc_high_bytes(recorded)
+    return whc_high_bytes(writer_history(MODES[mode].all_to_all, model_params))
+
+
+def fl_decode_costs(dim: int, reps: int = 7) -> dict[str, float]:
+    """Seconds per MB for an FL client receiving the model and the controller an fp32 update."""
+    import torch
+
+    from dtemu.core.compression import codecs
+    from dtemu.core.fl.aggregate import Update, check_update
+    from dtemu.core.fl.downlink import HeldModel
+    from dtemu.core.wire import messages
+
+    torch.set_num_threads(1)
+    w = np.random.default_rng(0).standard_normal(dim).astype(np.float32) * 0.05
+    packet = codecs.encode(w, codecs.CodecParams("fp32"))
+    blob = messages.encode(messages.ModelBlob.of(1, packet))
+    update = messages.encode(messages.ClientUpdate(round=1, seed=1, client="client1", num_samples=500,
+                                                   kind="delta", steps=8, loss=0.1, packet=packet))
+
+    def client():
+        data = bytes(bytearray(blob))
+        m = messages.decode(data)
+        codecs.decode(m.packet, expected_dim=dim)
+        held = HeldModel()
+        held.take_full(m.round, data)
+        held.weights(dim)
+
+    def controller():
+        data = bytes(bytearray(update))
+        up = messages.decode(data)
+        payload = codecs.decode(up.packet, expected_dim=dim)
+        check_update(Update(up.client, up.num_samples, up.kind, payload), dim, None)
+
+    return {"client": median_s(client, reps) / (len(blob) / 1e6),
+            "controller": median_s(controller, reps) / (len(update) / 1e6),
+            "model_bytes": len(blob), "update_bytes": len(update)}
+
+
+def ddp_decode_cost(reps: int = 7) -> float:
+    """Seconds per MB for a DDP rank receiving one full collective frame."""
+    from dtemu.core.ddp import collectives
+
+    size = collectives.FRAME_BYTES
+    frame = bytes(64) + np.random.default_rng(0).bytes(size)
+
+    def receive():
+        data = bytes(bytearray(frame))
+        head = memoryview(data)[:64]
+        bytes(head)
+        np.frombuffer(memoryview(data)[64:], dtype=np.uint8).copy()
+
+    return median_s(receive, reps) / (len(frame) / 1e6)
+
+
+def geo_decode_cost(dim: int, fp16: bool, reps: int = 7) -> float:
+    """Seconds per MB for a rank receiving a dense geo payload of ``dim`` entries: one copy (the
+    transport's reassembly), the payload decoded and checked, and made dense (core.geo.common.Inbox)."""
+    import numpy as np
+
+    from dtemu.core.geo.payload import decode, encode_dense
+
+    msg = encode_dense(1, np.random.default_rng(0).standard_normal(dim).astype(np.float32) * 0.05, fp16)
+
+    def receive():
+        decode(bytes(bytearray(msg)), dim).dense()
+
+    return median_s(receive, reps) / (len(msg) / 1e6)
+
+
+def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
+    """{op: seconds per MB of the model's fp32 vector} for ``scenario``'s model and geo settings."""
+    import torch
+
+    from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
+    from dtemu.core.geo.common import Applier, grad_vector, site_downlink, worker_optimizer_momentum
+    from dtemu.core.geo.payload import decode, encode_dense, sum_sparse
+    from dtemu.core.geo.roles import _encode_bisparse
+    from dtemu.core.geo.sums import site_share
+    from dtemu.core.ml.models import build_model
+
+    torch.set_num_threads(scenario.threads)
+    g = scenario.geo
+    model = build_model(scenario.model, scenario.seed)
+    sizes = [p.numel() for p in model.parameters()]
+    dim = sum(sizes)
+    mb = 4 * dim / 1e6
+    rng = np.random.default_rng(0)
+
+    def vec() -> np.ndarray:
+        return (rng.standard_normal(dim) * 1e-2).astype(np.float32)
+
+    for p in model.parameters():
+        p.grad = torch.from_numpy(rng.standard_normal(p.numel()).astype(np.float32)).view_as(p)
+    n = max(1, g.workers_per_site)
+    pushes = {f"w{i}": (decode(encode_dense(1, vec(), g.fp16), dim), b"") for i in range(n)}
+    costs = {
+        "encode": median_s(lambda: encode_dense(1, grad_vector(model), g.fp16), reps) / mb,
+        "sum": median_s(lambda: site_share(pushes, list(pushes), dim, 2 * n, n, g.sync), reps) / mb / n,
+    }
+    applier = Applier(model, g.lr_at, worker_optimizer_momentum(g), False)
+    update = vec() * np.float32(1e-3)
+    costs["apply"] = median_s(lambda: applier.apply(update, 1), reps) / mb
+
+    # BiSparse: each site's sparsifier after a few rounds (its residual is what it would be), the
+    # sites' payloads as the global PS gets them, their merged aggregate as a local PS gets it.
+    sites = 2
+    blocks = whole_blocks(sizes, g.dense_below)
+    sparsifiers = [ResidualSparsifier(sizes, g.density, g.sample_ratio, g.residual_momentum, scenario.seed, s,
+                                      g.dense_below, g.momentum_masking, half_whole=g.fp16) for s in range(sites)]
+    r = 5
+    for r in range(1, 6):
+        payloads = [decode(_encode_bisparse(r, dim, sp.blocks, *sp.compress(vec(), r, g.density), g.fp16), dim)
+                    for sp in sparsifiers]
+    share = vec()
+    costs["sparsify"] = median_s(lambda: _encode_bisparse(
+        r, dim, sparsifiers[0].blocks, *sparsifiers[0].compress(share, r, g.density), g.fp16), reps) / mb
+    costs["merge"] = median_s(lambda: _encode_bisparse(r, dim, blocks, *sum_sparse(payloads, dim), g.fp16),
+                               reps) / mb / sites
+    merged = _encode_bisparse(r, dim, blocks, *sum_sparse(payloads, dim), g.fp16)
+    pull = decode(merged, dim)
+    costs["densify"] = median_s(lambda: site_downlink(pull, merged, g.fp16), reps) / mb
+    assert set(costs) == set(CPU_OPS)
+    return costs
+
+
+def transport_sets(decode: dict[str, float], window: int = FL_WINDOW) -> list[str]:
+    """emu --set overrides of real mode's transport: headers, writer history, decoding per node."""
+    sets = ["network.framing=rtps", f"network.send_window_bytes={window}"]
+    sets += [f"compute.nodes.{node}.decode_s_per_mb={cost:.6g}" for node, cost in sorted(decode.items())]
+    return sets
+
+
+def cpu_sets(costs: dict[str, float], shared_cores: int = 0, messages: dict[str, float] | None = None) -> list[str]:
+    """emu --set overrides: every node's CPU rates (compute.default.cpu), the cost of a message
+    (``message_costs``) and the shared cores."""
+    # .6e: YAML reads 9e-05 as a string, 9.000000e-05 as a number
+    sets = [f"compute.default.cpu.{op}_s_per_mb={costs[op]:.6e}" for op in CPU_OPS]
+    if messages:
+        sets += [f"compute.default.{side}_s_per_message={messages[side]:.6e}" for side in ("send", "recv")]
+    if shared_cores:
+        sets.append(f"compute.shared_cores={shared_cores}")
+    return sets
+
+
+
+
+def dim_of(scenario) -> int:
+    from dtemu.core.ml.models import build_model
+    from dtemu.core.ml.params import num_params
+
+    return num_params(build_model(scenario.model, scenario.seed))
+
+
+# --- each mode's costs (core.modes names them: Mode.costs) ---------------------------------
+
+def fl_sets(scenario, reps: int = 7) -> list[str]:
+    """A client's and the controller's decoding, and real mode's transport."""
+    costs = fl_decode_costs(dim_of(scenario), reps)
+    return transport_sets({}, run_window(scenario.mode, dim_of(scenario))) + [
+        f"compute.default.decode_s_per_mb={costs['client']:.6e}",
+        f"compute.nodes.{scenario.node_names[0]}.decode_s_per_mb={costs['controller']:.6e}"]
+
+
+def ddp_sets(scenario, reps: int = 7) -> list[str]:
+    """A collective frame's decoding on every rank, and real mode's transport (a deep writer history)."""
+    return transport_sets({}, run_window(scenario.mode, dim_of(scenario))) + [
+        f"compute.default.decode_s_per_mb={ddp_decode_cost(reps):.6e}"]
+
+
+def geo_sets(scenario, reps: int = 7) -> list[str]:
+    """A dense payload's decoding on every rank, the roles' CPU per op, and real mode's transport."""
+    decode = geo_decode_cost(dim_of(scenario), scenario.geo.fp16, reps)
+    return (transport_sets({}, run_window(scenario.mode, dim_of(scenario)))
+            + [f"compute.default.decode_s_per_mb={decode:.6e}"] + cpu_sets(geo_cpu_costs(scenario, reps)))
+
+
+def transport_only_sets(scenario, reps: int = 7) -> list[str]:
+    """Real mode's transport alone (mode ps: its messages' decoding is not measured yet)."""
+    return transport_sets({}, run_window(scenario.mode, dim_of(scenario)))

@@ -1,0 +1,83 @@
+"""What one training step of a scenario's model costs on this machine, alone or with others.
+
+Both runtimes' calibrations read it: ``real launch`` stretches a scenario's
+durations by it (real.calibrate), and ``emu calibrate`` writes it into a
+profile (emu.calibrate).  The step is the scenario's own: its model, its
+optimizer, its training batch (the mode's ``batch_size``), its threads, and the
+data set's input shape and classes when given (28x28 and 10 otherwise).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import torch
+import torch.nn.functional as F
+
+from dtemu.core.ml.models import build_model
+from dtemu.core.ml.sgd import SGD
+from dtemu.core.ml.train import steps_with_torch_optim
+from dtemu.core.scenario import Scenario
+
+MNIST_SHAPE = ((1, 28, 28), 10)  # (input shape, classes) when the caller does not say
+
+STEPS = 8  # timed steps, after two untimed ones
+MAX_TOGETHER = 16  # processes measured at once (more ranks than this share the cores alike)
+TOGETHER_TIMEOUT_S = 120.0
+
+
+def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, shape=MNIST_SHAPE) -> float:
+    """Seconds per training sample of the scenario's model on this machine, with its threads
+    (``barrier``: wait there after the untimed steps, so that processes measured together overlap;
+    ``shape``: (input shape, classes) of the data set)."""
+    batch = scenario.kind.batch_size(scenario)
+    (dims, classes) = shape
+    model = build_model(scenario.model, seed=scenario.seed)
+    # the optimizer its training nodes step with
+    opt = (torch.optim.SGD if steps_with_torch_optim(scenario) else SGD)(model.parameters(), lr=0.01)
+    x, y = torch.randn(batch, *dims), torch.randint(0, classes, (batch,))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(scenario.threads)
+    try:
+        for i in range(steps + 2):
+            if i == 2:
+                if barrier is not None:
+                    barrier.wait(timeout=TOGETHER_TIMEOUT_S)
+                t0 = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return (time.perf_counter() - t0) / (steps * batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed_together(scenario: Scenario, barrier, results) -> None:
+    """One of several processes that train at once (a child of ``measured_together``)."""
+    torch.set_num_threads(scenario.threads)
+    results.put(measured_s_per_sample(scenario, barrier, steps=3 * STEPS))
+
+
+def measured_together(scenario: Scenario, ranks: int) -> float:
+    """Seconds per training sample when ``ranks`` processes train at once, as a launch's do (median).
+
+    Oversubscribed cores cost more than their share: eight torch threads on two cores spin and
+    wait for one another, so four ranks of two threads each train ten times slower or worse, not
+    four.  Only measuring it says how much."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(ranks), ctx.Queue()
+    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results), daemon=True)
+             for _ in range(ranks)]
+    for p in procs:
+        p.start()
+    try:
+        costs = sorted(results.get(timeout=TOGETHER_TIMEOUT_S) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return costs[len(costs) // 2]
+
+

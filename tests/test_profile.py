@@ -1,0 +1,80 @@
+"""Calibration profiles: ``emu calibrate`` measures a scenario's costs here, a scenario or
+``emu run --profile`` applies them before its own --set, and a file that is no profile, or
+that would change the training, is refused at ``compute.profile`` with exit 2."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dtemu.core.errors import ScenarioError
+from dtemu.emu.cli import main as emu_main
+from dtemu.host.profile import read_profile
+from dtemu.host.scenario_file import load_scenario
+from helpers import needs_mnist
+
+TINY = "name: tiny\nmodel: small_cnn\ndata: {test_samples: 200}\nfl: {clients: 2, rounds: 1, subset: 64, batch_size: 32}\n"
+
+
+def write_profile(path, sets: dict, **extra) -> None:
+    path.write_text(yaml.safe_dump({"format": 1, "machine": {"cpu": "test"}, "sets": sets, **extra}))
+
+
+def test_a_scenario_names_its_profile_relative_to_its_folder_and_its_own_sets_win(tmp_path):
+    (tmp_path / "profiles").mkdir()
+    write_profile(tmp_path / "profiles" / "here.yaml", {"compute.default.train_s_per_sample": 2.5e-4,
+                                                        "compute.nodes.controller.decode_s_per_mb": 1e-3,
+                                                        "network.framing": "rtps"})
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY + "compute: {profile: profiles/here.yaml}\n")
+    s = load_scenario(path)
+    assert s.compute.default.train_s_per_sample == 2.5e-4 and s.network.framing == "rtps"
+    assert s.compute.nodes["controller"].decode_s_per_mb == 1e-3
+    assert s.compute.profile == str((tmp_path / "profiles" / "here.yaml").resolve())
+    assert load_scenario(path, ["compute.default.train_s_per_sample=1.0e-3"]).compute.default.train_s_per_sample == 1e-3
+    # the same costs written out by hand give the same digest: the path is not part of it
+    by_hand = tmp_path / "t.yaml"
+    by_hand.write_text(TINY + "compute: {default: {train_s_per_sample: 2.5e-4}, nodes: {controller: "
+                       "{decode_s_per_mb: 1.0e-3}}}\nnetwork: {framing: rtps}\n")
+    assert load_scenario(by_hand).digest() == s.digest()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("format: 1\nsets: {fl.lr: 10.0}\n", "sets only the machine's costs"),
+    ("format: 1\nsets: {compute.default: {slowdown: 2}}\n", "must be a single value"),
+    ("name: not a profile\n", "is not a dtemu profile"),
+    ("format: 2\nsets: {}\n", "is not a dtemu profile"),
+])
+def test_what_is_no_profile_is_refused_at_its_key(tmp_path, text, message):
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(ScenarioError, match=message) as err:
+        read_profile(tmp_path / "p.yaml")
+    assert err.value.path == "compute.profile"
+
+
+def test_a_missing_profile_is_exit_2(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY)
+    assert emu_main(["run", str(path), "--no-tui", "--profile", str(tmp_path / "nope.yaml"),
+                     "--out", str(tmp_path / "run")]) == 2
+    assert "compute.profile: cannot read profile" in capsys.readouterr().err
+
+
+@needs_mnist
+def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, capsys):
+    from helpers import DATA
+
+    monkeypatch.setenv("DTEMU_DATA", DATA)
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY)
+    assert emu_main(["calibrate", str(path), "--reps", "1", "--out", str(tmp_path / "p.yaml")]) == 0
+    profile = read_profile(tmp_path / "p.yaml")
+    assert profile["measured"]["batch_size"] == 32 and profile["measured"]["input_shape"] == [1, 28, 28]
+    assert profile["machine"]["fingerprint"] and profile["machine"]["cores"] >= 1
+    sets = profile["sets"]
+    assert sets["compute.default.train_s_per_sample"] > 0 and sets["compute.default.decode_s_per_mb"] > 0
+    assert sets["compute.nodes.controller.decode_s_per_mb"] > 0 and sets["network.framing"] == "rtps"
+    s = load_scenario(path, profile=tmp_path / "p.yaml")
+    assert s.compute.default.train_s_per_sample == pytest.approx(sets["compute.default.train_s_per_sample"], rel=1e-6)
+    assert emu_main(["run", str(path), "--no-tui", "--profile", str(tmp_path / "p.yaml"),
+                     "--out", str(tmp_path / "run")]) == 0
