@@ -3,7 +3,7 @@
 torch's OpenMP threads spin after each parallel region, waiting for the next
 one.  Alone on its cores that is fast; beside other training processes it burns
 the cores they need.  Measured on 2 cores (small CNN, batch 32, ms per sample
-per process; ``python -m tools.bench_oversubscribe``, docs/results.md "Cores
+per process; ``python -m tools.bench_oversubscribe``, docs/notebook/ "Cores
 shared by training processes"): 4 processes x 2 threads 4.06-8.3 with the
 runtime's spinning, 0.84-1.06 with ``OMP_WAIT_POLICY=PASSIVE``; 1 process x 2
 threads 0.25 spinning and 0.27 passive.

@@ -6,7 +6,7 @@ has: ATen's own kernels (``ATEN_CPU_CAPABILITY``), oneDNN's convolutions
 sums in its own order, and MKL and oneDNN also choose by vendor and cache size,
 so the same scenario and seed can end with another ``model_sha256`` on another
 host.  ``DTEMU_CPU_ARITH`` picks one of three settings (measured in
-docs/results.md, "The same model on any x86-64 host"):
+docs/notebook/2026-11-23-07-one-driver-one-package-the-layout-of-issue-9.md, "The same model on any x86-64 host"):
 
 - ``avx2`` (the default; ``portable`` is its old name): all three capped at
   AVX2.  Fast (within 2% of native at 2 threads on an AVX-512 AMD EPYC), and the
@@ -104,9 +104,11 @@ def describe() -> dict:
     import torch
 
     from dtemu.host import arith_fingerprint
+    from dtemu.host.profile import cpu_model
 
     state = fix()
     return {
+        "cpu": cpu_model(),
         "machine": platform.machine(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,

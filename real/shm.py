@@ -3,7 +3,7 @@
 Over loopback UDP a 1 MiB frame costs about 1 ms of CPU on the way out (the
 copy into CycloneDDS's sample, 16 datagrams through the kernel, flow control)
 and as much on the way in (the kernel's copy, the fragments gathered into one
-sample, the copy into a Python ``bytes``): docs/results.md, "Collectives
+sample, the copy into a Python ``bytes``): docs/notebook/, "Collectives
 against gloo".  CycloneDDS moves large samples between processes of one host
 through shared memory itself (iceoryx / PSMX), but the cyclonedds-python wheel
 used here ships without it.  This module is that path, for the transport:
@@ -65,7 +65,7 @@ NAMES_AT = 64              # (sender, destination): node names are at most 128 c
 STATES_AT = 4096           # one int64 per slot: 0 free, else the token of what it holds
 MAX_SLOTS = (HEADER - STATES_AT) // 8
 SLOT_BYTES = 1 << 20       # one frame of the transport's (real.reassembly.FRAME_BYTES)
-DEFAULT_SLOTS = 4          # 4 MiB a pool; 8 measured the same (docs/results.md)
+DEFAULT_SLOTS = 4          # 4 MiB a pool; 8 measured the same (docs/notebook/)
 MIN_BYTES = 64 << 10       # smaller payloads go inline: a reference is not worth it
 MAX_OPEN = 512             # pools a receiver keeps mapped
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)   # Linux 5.14

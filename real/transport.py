@@ -58,7 +58,7 @@ Design
   takes and reassembles their samples itself, through the same checks (bad
   input counted and dropped, tags verified, events), under the lock the
   receive thread takes too.  That spares a thread's wake-up and a hand-off
-  per answer (docs/results.md, the state server's answer time).  What arrives
+  per answer (docs/notebook/, the state server's answer time).  What arrives
   there while nobody waits is taken by the receive thread every 0.2 s, and a
   message the receive thread queues on another topic the caller waits for
   wakes it.  A message's ``received_at`` is when it was taken.
@@ -136,7 +136,7 @@ _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
 # Topics whose addressed messages travel on per-node DDS topics (see the module docstring):
 # collective frames, the state server's answers (on the shared topic, each of 12 workers woke
 # for, took and dropped the 11 answers of every query round that were not its own: half of the
-# round trip, docs/results.md) and the parameter server's models to one worker (an asynchronous
+# round trip, docs/notebook/) and the parameter server's models to one worker (an asynchronous
 # server's answer to each update went to every worker) and geo's pushes and pulls (on the shared
 # topic the global PS's answer to one site reached every rank of every site, across the WAN:
 # docs/netns.md, "Geo sites over namespaces").
@@ -146,7 +146,7 @@ ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.P
 # their samples itself (see the module docstring), which spares the receive thread's wake-up and
 # its hand-off to the caller on every message: a worker's answers from the state server, and the
 # state server's own input (it only ever reads ps/state; no one else subscribes to it).  The
-# state server's round trip, docs/results.md.
+# state server's round trip, docs/notebook/.
 CALLER_TAKES = (wire_topics.SS_REPLY, wire_topics.SS_STATE)
 # Topics whose messages that came through shared memory may be delivered as read-only views of a
 # slot of the sender's pool (a memoryview), not copies: collective frames, whose consumer sums them

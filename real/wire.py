@@ -171,7 +171,7 @@ def encode_frame(f: Frame, endianness: Endianness | None = None, use_version_2: 
 # (src, dst, topic, v2, little) -> the bytes up to msg_id: encapsulation header, the three strings,
 # the padding after them.  A node sends with a handful of (src, dst, topic): each frame packs
 # only its numbers behind a cached prefix (a quarter of the time of building it, per message
-# of the state server's round trip, docs/results.md).  Bounded: cleared when full.
+# of the state server's round trip, docs/notebook/).  Bounded: cleared when full.
 _PREFIXES: dict[tuple, bytes] = {}
 _MAX_PREFIXES = 4096
 _TAIL = {True: struct.Struct("<QIIQI"), False: struct.Struct(">QIIQI")}  # msg_id part parts total len(payload)

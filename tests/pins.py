@@ -23,7 +23,7 @@ Pin = (model_sha256, final_accuracy, rounds or steps, bytes_up, bytes_down, time
 Moved on purpose:
 - every model once: torch's kernels fixed at AVX2 with MKL in its reproducible mode
   (host.cpu_arith).  The pins before were made on a host that was not recorded and
-  did not reproduce on an AVX2 one (docs/results.md, "The same model on any x86-64
+  did not reproduce on an AVX2 one (docs/notebook/, "The same model on any x86-64
   host").  Rounds, the training nodes' bytes and virtual times stayed, except where
   the bytes follow the gradients' values (ddp_dgc's sparse selections; geo_bisparse_fp16's
   WAN pairs, hence its time).

@@ -68,3 +68,15 @@ def test_a_sweep_tabulates_each_run_and_goes_on_where_it_stopped(tmp_path, capsy
     assert emu_main(argv) == 0  # both finished: read back, not run again
     assert "[1/2]" not in capsys.readouterr().out
     assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["runs"] == table["runs"]
+
+
+def test_the_real_cli_loads_no_transport_until_a_rank_runs():
+    """Loading CycloneDDS when `real` starts (with the rogue verb) made a restarted controller
+    miss its clients' resent updates (tests/test_real_faults.py, launch with crashes): the
+    verbs load what they need when they run."""
+    import subprocess
+    import sys
+
+    code = "import sys, dtemu.real.cli, dtemu.emu.cli; print('cyclonedds' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

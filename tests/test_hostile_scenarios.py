@@ -1,5 +1,5 @@
 """Hostile scenario files: each refused, exit 2, a message naming the key or the limit, and
-nothing left behind (no run folder).  How fast: ``python -m tools.bench_hostile`` (docs/results.md)."""
+nothing left behind (no run folder).  How fast: ``python -m tools.bench_hostile`` (docs/notebook/)."""
 
 from pathlib import Path
 

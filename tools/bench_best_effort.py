@@ -5,7 +5,7 @@ reader (no transport of ours), one message every 0.3 ms so that each travels alo
     python -m tools.bench_best_effort [--messages 5000]
 
 Prints, per QoS and twice each: the writer thread's CPU per ``write`` and the reader process's
-CPU per message taken (docs/results.md, "The state server's answer time").  Loopback only.
+CPU per message taken (docs/notebook/2026-11-23-09-esync-issue-10.md, "The state server's answer time").  Loopback only.
 """
 
 import argparse

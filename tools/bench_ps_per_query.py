@@ -9,7 +9,7 @@
   straggler search, each alone (µs per call).
 
 To compare with older code, run it with that code first on ``PYTHONPATH`` (a ``git archive``
-of the commit as a ``dtemu`` package); docs/results.md, "The state server's answer time".
+of the commit as a ``dtemu`` package); docs/notebook/2026-11-23-09-esync-issue-10.md, "The state server's answer time".
 """
 
 from __future__ import annotations

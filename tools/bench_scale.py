@@ -13,7 +13,7 @@
         the scenario's size (60 samples, its epochs and batch) one after another, side by
         side, against one alone
 
-Results go to docs/results.md ("Thousands of clients (issue 12)").
+Results go to docs/notebook/ ("Thousands of clients (issue 12)").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What one small message costs in CPU over DDS on loopback, on each side: the floor under the
-state server's round trip (docs/results.md, "The state server's answer time").
+state server's round trip (docs/notebook/2026-11-23-09-esync-issue-10.md, "The state server's answer time").
 
     python -m tools.bench_small_messages [--messages 10000] [--gap-ms 0.3] [--bytes 48] [--domain D]
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 from dtemu.host import cpu_arith
+from dtemu.host.profile import cpu_model
 
 TRAIN = r"""
 import sys, time
@@ -67,19 +68,6 @@ def run(env: dict, threads: int = 2) -> str:
     done = subprocess.run([sys.executable, "-c", TRAIN, str(threads)], capture_output=True, text=True,
                           env={**clean, cpu_arith.SWITCH: "native", **env}, timeout=600)
     return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
-
-
-def cpu_model() -> str:
-    """The host's CPU as /proc/cpuinfo names it (vendor, model name, family and model)."""
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
-    except OSError:
-        return "unknown"
-    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
 
 Prints how many finite values (and infinities) convert differently (0 expected) and how many
 NaNs do (their payload bits may differ: no decoder accepts a NaN), then the same for every half
-through from_half.  docs/results.md, "GeoMX (issue 11), part 7".
+through from_half.  docs/notebook/2026-11-24-19-geomx-issue-11-part-7-the-shipped-scenarios-at-1200-rounds-f.md, "GeoMX (issue 11), part 7".
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ BARRIER_ROUND = 0xFFFFFFFF  # reserved round id of the barrier
 FRAME_BYTES = (1 << 20) - 1024
 # Pieces of the pipelined allreduce (core.ddp.pipelined), one frame each.  Whole frames:
 # in real mode a frame costs ~0.17 ms of CPU besides its bytes (~0.3 ms per MB), so
-# 256 KiB pieces spent more on frames than they won by overlapping (docs/results.md).
+# 256 KiB pieces spent more on frames than they won by overlapping (docs/notebook/).
 PIECE_BYTES = FRAME_BYTES
 # Frames with bodies from this size on are sent as their pieces (encode_frame): the join is a copy
 # of the body that real mode's shared-memory path would make twice.

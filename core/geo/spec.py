@@ -72,7 +72,7 @@ class GeoSpec:
     lr: float = field(default=0.05, metadata=check(positive))
     # A step schedule, as torch's MultiStepLR counts epochs: after each of these rounds the learning
     # rate is multiplied by lr_gamma, on every node that applies an update.  Empty: geo.lr throughout.
-    # (Cutting it before the models have learnt freezes them early: docs/results.md, GeoMX part 6.)
+    # (Cutting it before the models have learnt freezes them early: docs/notebook/, GeoMX part 6.)
     lr_milestones: list[int] = field(default_factory=list, metadata=check(increasing_rounds))
     lr_gamma: float = field(default=0.1, metadata=check(fraction))
     # SGD momentum at the workers (dense variants); BiSparse keeps it in its residuals instead.

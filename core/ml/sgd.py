@@ -2,7 +2,7 @@
 
 torch.optim's first optimizer imports torch._dynamo: 1.06 s of CPU per process here,
 which each of emu's pool workers paid before its first client, and a short run's
-start-up waited for (docs/results.md, "emu's overhead on a short run").  For CPU
+start-up waited for (docs/notebook/2026-11-25-21-real-mode-at-the-machine-s-speed-issue-27.md, "emu's overhead on a short run").  For CPU
 tensors torch.optim.SGD takes its single-tensor path (its foreach and fused kernels
 are for accelerators: ``_default_to_fused_or_foreach``); ``step`` below is that path
 (``torch.optim.sgd._single_tensor_sgd``, torch 2.13) operation for operation, so the

@@ -51,7 +51,7 @@ class PSSpec:
     fixed_iterations: int | None = field(default=None, metadata=check(positive))
     # esync: the most local iterations a worker runs in a round; there it SYNCs without asking.  On
     # non-IID data a fast party's many iterations on its few labels drift from the others' before
-    # each average (docs/results.md, "ESync on non-IID data").  None: the state server alone decides.
+    # each average (docs/notebook/2026-11-23-09-esync-issue-10.md, "ESync on non-IID data").  None: the state server alone decides.
     max_local_iterations: int | None = field(default=None, metadata=check(positive))
     # fedavg, feddrop, tifl, fedasync: local epochs over the worker's data per round.
     local_epochs: int = field(default=1, metadata=check(between(1, U16)))

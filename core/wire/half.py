@@ -4,7 +4,7 @@ numpy converts float16 element by element in C (about 4 ms for 1.2 M values here
 it must also make the input contiguous); torch uses the CPU's F16C instructions (0.2 ms).
 Both round to nearest, ties to even: over all 2^32 float32 bit patterns the two give the
 same half for every finite value and every infinity, and differ only in the payload bits of
-NaNs, which no decoder accepts (docs/results.md, "FP16 through torch").  Half to float32 is
+NaNs, which no decoder accepts (docs/notebook/, "FP16 through torch").  Half to float32 is
 exact in both.  On a big-endian host torch's native half is not the wire's "<f2", so numpy
 does it there.
 """
