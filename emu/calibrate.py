@@ -5,7 +5,7 @@
 It measures, on this machine and with this process's arithmetic:
 
 - the training step of the scenario's model at its training batch, threads,
-  optimizer, and its data set's input shape (best of three timings of eight
+  optimizer, and its data set's input shape (best of three timings of 24
   warm steps: other load only slows a step down);
 - what the mode's roles spend outside training, as the mode names it
   (emu.costs: FL's and DDP's decoding per MB, geo's decoding and its roles' CPU
@@ -49,7 +49,7 @@ def measure(scenario, reps: int = 7) -> dict:
 
     data = load_for(scenario)
     shape = (tuple(data.x_train.shape[1:]), int(torch.max(data.y_train)) + 1)
-    train = min(measured_s_per_sample(scenario, shape=shape) for _ in range(3))
+    train = min(measured_s_per_sample(scenario, steps=24, shape=shape) for _ in range(3))
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps)]
     sets = {}
     for a in assignments:
