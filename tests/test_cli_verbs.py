@@ -80,3 +80,37 @@ def test_the_real_cli_loads_no_transport_until_a_rank_runs():
     code = "import sys, dtemu.real.cli, dtemu.emu.cli; print('cyclonedds' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def readme_commands() -> list[str]:
+    """Every `emu ...` / `real ...` command the README shows, in code blocks or inline."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    verbs = r"(?:emu|real) (?:run|launch|report|audit|soak|sweep|calibrate|rogue)\b"
+    found = re.findall(rf"^{verbs}[^\n#]*", text, flags=re.M)
+    found += [m.replace("\n", " ") for m in re.findall(rf"`({verbs}[^`]*)`", text)]
+    # a bare verb inline (`real launch` restarts it) names the verb, it is no command
+    return sorted({c.strip() for c in found if len(c.split()) > 2 or c.strip() in ("emu soak", "real soak")})
+
+
+def test_every_command_the_readme_shows_parses_as_written():
+    import shlex
+
+    commands = readme_commands()
+    assert len(commands) >= 15, commands
+    placeholders = {"SCENARIO": "scenarios/fl_codecs.yaml", "RUN": "runs/A", "N": "7", "ADDR,ADDR": "10.0.0.1,10.0.0.2",
+                    "RATE": "100", "FILE": "profile.yaml", "...": "scenarios/fl_codecs.yaml"}
+    for command in commands:
+        words = [placeholders.get(w, w) for w in shlex.split(command.replace("[", "").replace("]", "").replace("|", " "))]
+        cli = emu_parser if words[0] == "emu" else real_parser
+        try:
+            args = cli().parse_args(words[1:])
+        except SystemExit as err:
+            raise AssertionError(f"the README's `{command}` does not parse: exit {err.code}") from None
+        scenario = getattr(args, "scenario", None)
+        if scenario and scenario.startswith("scenarios/"):
+            from pathlib import Path
+
+            assert (Path(__file__).resolve().parents[1] / scenario).exists(), command
