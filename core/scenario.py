@@ -24,6 +24,7 @@ from dtemu.core.ddp.collectives import FRAME_BYTES
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
 from dtemu.core.geo.spec import GeoSpec, SiteSpec, central_site
+from dtemu.core.ml.user_code import model_spec
 from dtemu.core.modes import MODES, Mode
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS  # noqa: F401 (their old home)
 from dtemu.core.ps.spec import PSSpec
@@ -392,6 +393,9 @@ class Scenario:
     mode: Literal["fl", "ddp", "ps", "geo"] = "fl"
     seed: int = field(default=0, metadata=check(between(0, (1 << 63) - 1, "a 64-bit seed")))
     model: str = "mnist_cnn"
+    # What it learns, as a plugin (core.ml.task): "package.module:Name" supplying the model, the data,
+    # the loss and what counts as right; None: ``model`` and ``data`` make the built-in classification.
+    task: str | None = None
     # torch threads per process.  1: dtemu's parallelism is processes (emu's pool, real's ranks), and N
     # processes of one thread fit N cores (host.cores); a count is part of the arithmetic, so both modes
     # use the scenario's.
@@ -410,6 +414,11 @@ class Scenario:
     targets: list[float] = field(default_factory=lambda: [0.8, 0.9, 0.95])
 
     # --- derived -------------------------------------------------------
+    @property
+    def model_spec(self) -> str:
+        """What the roles build: the task's model ("task:" + spec), or the ``model`` key."""
+        return model_spec(self.task, self.model)
+
     @property
     def client_names(self) -> list[str]:
         return [f"client{i}" for i in range(1, self.fl.clients + 1)]
@@ -475,6 +484,8 @@ class Scenario:
             for key in ("algorithm", "proximal_mu", "server_opt", "fedasync"):
                 del d["fl"][key]
         d.pop("targets")  # what is measured, not what is trained
+        if d["task"] is None:  # (digests from before tasks)
+            del d["task"]
         for section in ("fl", "ddp", "ps", "geo"):  # what its mode does not train with
             if section not in self.kind.digest_sections:
                 d.pop(section)
@@ -575,6 +586,9 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 def validate(s: Scenario) -> None:
     """Checks across fields: refuse what cannot work, before anything starts."""
+    if s.task is not None and s.data.factory:
+        raise ScenarioError("data.factory", f"the task {s.task!r} supplies its own data; a scenario names a task or a "
+                                            "data factory, not both")
     if not NAME.fullmatch(s.name):
         raise ScenarioError("name", f"expected 1 to 100 letters, digits, '.', '_' or '-' (it names the run "
                                     f"folder), starting with a letter or digit; got {s.name[:60]!r}"

@@ -5,7 +5,7 @@
 It measures, on this machine and with this process's arithmetic:
 
 - the training step of the scenario's model at its training batch, threads,
-  optimizer, and its data set's input shape (best of three timings of 24
+  optimizer and loss, on a batch of its own data (best of three timings of 24
   warm steps: other load only slows a step down);
 - what the mode's roles spend outside training, as the mode names it
   (emu.costs: FL's and DDP's decoding per MB, geo's decoding and its roles' CPU
@@ -39,26 +39,26 @@ def add_parser(sub) -> None:
 
 def measure(scenario, reps: int = 7) -> dict:
     """The profile of ``scenario`` on this machine (host.profile's format)."""
-    import torch
     import yaml
 
     from dtemu.host import profile as profiles
     from dtemu.host.datasets import load_for
-    from dtemu.host.train_cost import measured_s_per_sample
+    from dtemu.host.train_cost import measured_s_per_sample, sample_of
     from dtemu.report.resolve import resolve
 
     data = load_for(scenario)
-    shape = (tuple(data.x_train.shape[1:]), int(torch.max(data.y_train)) + 1)
-    train = min(measured_s_per_sample(scenario, steps=24, shape=shape) for _ in range(3))
+    sample = sample_of(data, scenario)
+    train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps)]
     sets = {}
     for a in assignments:
         key, _, value = a.partition("=")
         sets[key] = yaml.safe_load(value)
     return {"format": profiles.FORMAT, "machine": profiles.machine(),
-            "measured": {"scenario": scenario.name, "mode": scenario.mode, "model": scenario.model,
+            "measured": {"scenario": scenario.name, "mode": scenario.mode, "model": scenario.model_spec,
                          "batch_size": scenario.kind.batch_size(scenario), "threads": scenario.threads,
-                         "input_shape": list(shape[0]), "classes": shape[1], "reps": reps},
+                         "input_shape": list(sample[0].shape[1:]), "input_dtype": str(sample[0].dtype),
+                         "reps": reps},
             "sets": sets}
 
 

@@ -140,7 +140,7 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
 
     torch.set_num_threads(scenario.threads)
     g = scenario.geo
-    model = build_model(scenario.model, scenario.seed)
+    model = build_model(scenario.model_spec, scenario.seed)
     sizes = [p.numel() for p in model.parameters()]
     dim = sum(sizes)
     mb = 4 * dim / 1e6
@@ -208,7 +208,7 @@ def dim_of(scenario) -> int:
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
 
-    return num_params(build_model(scenario.model, scenario.seed))
+    return num_params(build_model(scenario.model_spec, scenario.seed))
 
 
 # --- each mode's costs (core.modes names them: Mode.costs) ---------------------------------

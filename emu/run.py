@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 import simpy
 import torch
 
-from dtemu.core.errors import DtemuError
+from dtemu.core.errors import DtemuError, ScenarioError
 from dtemu.core.ml.workload import Workload
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
@@ -46,7 +46,8 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
     for spec in roles(scenario, work, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])
         if not timer.modelled:
-            raise ValueError("compute.default.train_s_per_sample must be set for a model with no reference cost")
+            raise ScenarioError("compute.default.train_s_per_sample", "the model has no reference cost (a model factory, or a task without train_s_per_sample): "
+                                "set it, e.g. from `emu calibrate`")
         # A restarted controller resumes from its latest checkpoint, as `real` does with init_path.
         make = lambda ctx, spec=spec: spec.start(ctx, world.last_checkpoint or init)  # noqa: E731
         world.add(EmuNode(world, spec.name, spec.rank, spec.subscribes, make, timer))

@@ -26,7 +26,7 @@ import numpy as np
 
 from dtemu.core.errors import DataError
 from dtemu.core.ml import user_code
-from dtemu.core.ml.data import Dataset, dataset_from, images_and_labels, parse_idx
+from dtemu.core.ml.data import Dataset, dataset_from, images_and_labels, parse_idx, task_dataset
 from dtemu.core.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -259,9 +259,19 @@ def load_dataset_factory(spec: str) -> Dataset:
     return dataset_from(user_code.call("data.factory", spec, "data factory", factory), spec)
 
 
+@functools.lru_cache(maxsize=4)
+def load_task_data(spec: str) -> Dataset:
+    """A task's data (core.ml.task), once per process; what it returned checked."""
+    from dtemu.core.ml.task import load_task  # torch: only when a task's data is needed
+
+    return task_dataset(load_task(spec).data(), spec)
+
+
 def load_for(scenario: Scenario) -> Dataset:
-    """The data set a scenario names: its factory, or MNIST / Fashion-MNIST from its root."""
+    """The data set a scenario names: its task's, its factory's, or MNIST / Fashion-MNIST from its root."""
     spec = scenario.data
+    if scenario.task:
+        return load_task_data(scenario.task)
     if spec.factory:
         return load_dataset_factory(spec.factory)
     return load_dataset(spec.dataset, resolve_root(spec.root))

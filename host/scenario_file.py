@@ -79,7 +79,14 @@ def check_code(scenario: Scenario) -> None:
     and a data factory called (its data set is kept for the run: host.datasets caches it)."""
     from dtemu.core.ml.models import build_model  # torch: only when a run is about to start
 
-    build_model(scenario.model, seed=scenario.seed)
+    build_model(scenario.model_spec, seed=scenario.seed)
+    if scenario.task:
+        from dtemu.host.datasets import load_task_data
+
+        try:
+            load_task_data(scenario.task)
+        except DataError as err:  # what its data() returned is no data set
+            raise ScenarioError("task", str(err)) from None
     if scenario.data.factory:
         from dtemu.host.datasets import load_dataset_factory
 

@@ -3,8 +3,9 @@
 Both runtimes' calibrations read it: ``real launch`` stretches a scenario's
 durations by it (real.calibrate), and ``emu calibrate`` writes it into a
 profile (emu.calibrate).  The step is the scenario's own: its model, its
-optimizer, its training batch (the mode's ``batch_size``), its threads, and the
-data set's input shape and classes when given (28x28 and 10 otherwise).
+optimizer, its task's loss, its training batch (the mode's ``batch_size``), its
+threads, and a batch of its data when given (random 28x28 images of 10 classes
+otherwise: the same cost for the built-in MNIST models).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import multiprocessing
 import time
 
 import torch
-import torch.nn.functional as F
 
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.sgd import SGD
+from dtemu.core.ml.task import task_of
 from dtemu.core.ml.train import steps_with_torch_optim
 from dtemu.core.scenario import Scenario
 
@@ -27,16 +28,17 @@ MAX_TOGETHER = 16  # processes measured at once (more ranks than this share the 
 TOGETHER_TIMEOUT_S = 120.0
 
 
-def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, shape=MNIST_SHAPE) -> float:
-    """Seconds per training sample of the scenario's model on this machine, with its threads
-    (``barrier``: wait there after the untimed steps, so that processes measured together overlap;
-    ``shape``: (input shape, classes) of the data set)."""
+def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, sample=None) -> float:
+    """Seconds per training sample of the scenario's model on this machine, with its threads and
+    its task's loss (``barrier``: wait there after the untimed steps, so that processes measured
+    together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images)."""
     batch = scenario.kind.batch_size(scenario)
-    (dims, classes) = shape
-    model = build_model(scenario.model, seed=scenario.seed)
+    model = build_model(scenario.model_spec, seed=scenario.seed)
+    task = task_of(scenario.model_spec)
     # the optimizer its training nodes step with
     opt = (torch.optim.SGD if steps_with_torch_optim(scenario) else SGD)(model.parameters(), lr=0.01)
-    x, y = torch.randn(batch, *dims), torch.randint(0, classes, (batch,))
+    (dims, classes) = MNIST_SHAPE
+    x, y = sample if sample is not None else (torch.randn(batch, *dims), torch.randint(0, classes, (batch,)))
     threads = torch.get_num_threads()
     torch.set_num_threads(scenario.threads)
     try:
@@ -46,20 +48,26 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
                     barrier.wait(timeout=TOGETHER_TIMEOUT_S)
                 t0 = time.perf_counter()
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            task.loss(model(x), y).backward()
             opt.step()
         return (time.perf_counter() - t0) / (steps * batch)
     finally:
         torch.set_num_threads(threads)
 
 
-def _timed_together(scenario: Scenario, barrier, results) -> None:
+def sample_of(data, scenario: Scenario):
+    """One training batch (x, y) of ``data`` at the scenario's batch size: what the step is timed on."""
+    batch = scenario.kind.batch_size(scenario)
+    return data.x_train[:batch].clone(), data.y_train[:batch].clone()
+
+
+def _timed_together(scenario: Scenario, barrier, results, sample=None) -> None:
     """One of several processes that train at once (a child of ``measured_together``)."""
     torch.set_num_threads(scenario.threads)
-    results.put(measured_s_per_sample(scenario, barrier, steps=3 * STEPS))
+    results.put(measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample))
 
 
-def measured_together(scenario: Scenario, ranks: int) -> float:
+def measured_together(scenario: Scenario, ranks: int, sample=None) -> float:
     """Seconds per training sample when ``ranks`` processes train at once, as a launch's do (median).
 
     Oversubscribed cores cost more than their share: eight torch threads on two cores spin and
@@ -67,7 +75,7 @@ def measured_together(scenario: Scenario, ranks: int) -> float:
     four.  Only measuring it says how much."""
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(ranks), ctx.Queue()
-    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results), daemon=True)
+    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample), daemon=True)
              for _ in range(ranks)]
     for p in procs:
         p.start()

@@ -19,22 +19,25 @@ from __future__ import annotations
 from dtemu.core.ml.models import model_cost
 from dtemu.core.scenario import Scenario
 from dtemu.host import cores as host_cores
-from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together
+from dtemu.host.datasets import load_for
+from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of
 
 
 def time_scale(scenario: Scenario, cores: int | None = None) -> tuple[float, str]:
     """(factor, how it was found): at least 1, never below the scenario's own timing."""
     trainers = scenario.training_nodes
-    reference = scenario.compute_for(trainers[0]).train_s_per_sample or model_cost(scenario.model)
+    reference = scenario.compute_for(trainers[0]).train_s_per_sample or model_cost(scenario.model_spec)
     if not reference:
         return 1.0, "no compute model to compare with (a model factory without compute.default.train_s_per_sample)"
     cores = cores or host_cores.available()
     ranks = min(len(trainers), MAX_TOGETHER)
+    # a scenario's own data (a task's, a data factory's) is timed on a batch of it: any input shape
+    sample = sample_of(load_for(scenario), scenario) if scenario.task or scenario.data.factory else None
     if len(trainers) * scenario.threads > cores:  # the ranks share the cores: measure them sharing
-        here = measured_together(scenario, ranks)
+        here = measured_together(scenario, ranks, sample)
         how = f"{ranks} ranks x {scenario.threads} threads training at once on {cores} cores"
     else:
-        here = measured_s_per_sample(scenario)
+        here = measured_s_per_sample(scenario, sample=sample)
         how = f"alone ({len(trainers)} training ranks x {scenario.threads} threads fit {cores} cores)"
     factor = max(1.0, round(here / reference, 2))
     return factor, f"one step here costs {here * 1e3:.3f} ms/sample, {how}, against the scenario's {reference * 1e3:.3f}"

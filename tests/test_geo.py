@@ -275,6 +275,11 @@ class StandIn:
         torch.manual_seed(1)
         return torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
 
+    def split(self, parties):  # Workload.split for geo_scenario's data (iid, seed 3)
+        from dtemu.core.ml.data import partition
+
+        return partition("iid", self.dataset.y_train.numpy(), parties, seed=3)
+
     def gradients(self, model, batch, rank, step):
         model.zero_grad()
         loss = F.cross_entropy(model(self.dataset.x_train[batch]), self.dataset.y_train[batch])

@@ -34,7 +34,7 @@ from dtemu.emu.run import run_emulation
 def bare_loop(scenario, work: Workload) -> float:
     """Seconds for the same SGD steps as the emulated clients, plus one evaluation."""
     fl = scenario.fl
-    model = build_model(scenario.model, seed=scenario.seed)
+    model = build_model(scenario.model_spec, seed=scenario.seed)
     x, y = work.dataset.x_train, work.dataset.y_train
     weights = flatten(model)
     start = time.perf_counter()

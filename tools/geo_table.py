@@ -65,6 +65,11 @@ class SyntheticWork:
         model.weight.grad = self.grad
         return 0.0
 
+    def split(self, parties):  # Workload.split for these scenarios' data (iid, seed 1)
+        from dtemu.core.ml.data import partition
+
+        return partition("iid", self.dataset.y_train.numpy(), parties, seed=1)
+
     def evaluate_shard(self, model, rank, world):
         return 0, 1
 

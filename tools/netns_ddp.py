@@ -165,7 +165,7 @@ def run(scenario_path: str = "scenarios/ddp_baseline.yaml", *, steps: int = 8, m
     real_events = read_events_partial(out / "real")[0]
     decode = ddp_decode_cost()
     # The writer history the real ranks ran with (DDP: one that holds a whole gradient).
-    window = run_window(scen.mode, num_params(build_model(scen.model, scen.seed)), out / "real")
+    window = run_window(scen.mode, num_params(build_model(scen.model_spec, scen.seed)), out / "real")
     transport = transport_sets({name: decode for name in scen.node_names}, window)
     latency_ms = bed["applied_delay_ms"] + bed["rtt_ms"] / 4
     network = f"network.default={{up_mbps: {mbps:g}, down_mbps: {mbps:g}, latency_ms: {latency_ms:.4f}}}"

@@ -627,7 +627,7 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
 
-    costs = fl_decode_costs(num_params(build_model(scen.model, scen.seed)))
+    costs = fl_decode_costs(num_params(build_model(scen.model_spec, scen.seed)))
     decode = {name: costs["client"] for name in scen.client_names}
     decode[scen.node_names[0]] = costs["controller"]
     transport = transport_sets(decode)

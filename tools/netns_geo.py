@@ -553,7 +553,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     net += [f"network.sites.{s}.wan.latency_ms={wan_latency:.4f}" for s in sites]
     # --calibrate-from: every CPU cost below times the in-situ factor of another run (in_situ_factor)
     scale = in_situ(calibrate_from)["factor"] if calibrate_from is not None else 1.0
-    decode = scale * geo_decode_cost(num_params(build_model(scen.model, scen.seed)), scen.geo.fp16)
+    decode = scale * geo_decode_cost(num_params(build_model(scen.model_spec, scen.seed)), scen.geo.fp16)
     transport = transport_sets({n: decode for n in scen.node_names})
     # The roles' CPU outside the gradient, measured here now (one thread), and the cores every rank
     # shares for real (the ranks are processes of this one machine).

@@ -12,7 +12,6 @@ import torch
 from dtemu.core import events as ev
 from dtemu.core.errors import AuthError, GeoPayloadError
 from dtemu.core.geo.payload import BEAT, END, JOIN, STATE, Payload, decode, encode_dense
-from dtemu.core.ml import data as datasets
 from dtemu.core.ml.batches import epoch_order
 from dtemu.core.runtime.requests import Recv
 from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH  # noqa: F401 (the roles' topics)
@@ -107,14 +106,7 @@ def worker_optimizer_momentum(geo) -> float:
 def round_batch(work, scenario, index: int, round_: int) -> np.ndarray:
     """Worker ``index``'s batch of ``round_`` (1-based): its shard of an even split of the
     training set, reshuffled every epoch from (seed, index, epoch)."""
-    cache = work.__dict__.setdefault("_geo_shards", {})
-    workers = len(scenario.training_nodes)
-    if workers not in cache:
-        labels = work.dataset.y_train.numpy()
-        cache[workers] = datasets.partition(scenario.data.partition, labels, workers, seed=scenario.seed,
-                                            alpha=scenario.data.alpha,
-                                            shards_per_client=scenario.data.shards_per_client)
-    shard = cache[workers][index]
+    shard = work.split(len(scenario.training_nodes))[index]
     b = scenario.geo.batch_size
     per_epoch = max(1, len(shard) // b)
     epoch, i = divmod(round_ - 1, per_epoch)

@@ -111,6 +111,28 @@ def dataset_from(out, spec: str) -> Dataset:
     return Dataset(spec, x_train, y_train, x_test, y_test)
 
 
+def task_dataset(out, spec: str) -> Dataset:
+    """What a task's ``data()`` returned (core.ml.task), checked: a Dataset, or (x_train, y_train,
+    x_test, y_test) of any shapes, N samples along the first dimension.  Inputs and targets keep
+    what they are: floating point as float32, integers (token ids, labels) as int64."""
+    if not isinstance(out, (Dataset, tuple, list)) or (not isinstance(out, Dataset) and len(out) != 4):
+        raise DataError(f"task {spec!r}: data() returned {type(out).__name__}, not a Dataset or a 4-tuple")
+    parts = (out.x_train, out.y_train, out.x_test, out.y_test) if isinstance(out, Dataset) else out
+    tensors = []
+    for name, a in zip(("x_train", "y_train", "x_test", "y_test"), parts):
+        t = a if torch.is_tensor(a) else torch.as_tensor(np.asarray(a))
+        if t.ndim < 1 or len(t) == 0:
+            raise DataError(f"task {spec!r}: {name} is empty or a scalar ({tuple(t.shape)})")
+        if t.is_floating_point():
+            t = t.to(torch.float32)
+        elif t.dtype != torch.bool:
+            t = t.to(torch.int64)
+        tensors.append(t)
+    if len(tensors[0]) != len(tensors[1]) or len(tensors[2]) != len(tensors[3]):
+        raise DataError(f"task {spec!r}: inputs and targets differ in length")
+    return Dataset(spec, *tensors)
+
+
 # ---------------------------------------------------------------------------
 # Splitting between clients
 # ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import numpy as np
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.ml.evaluation import EVAL_BATCH, evaluate
+from dtemu.core.ml.task import task_of
 from dtemu.core.ml.train import TrainResult, train_local
 
 
@@ -28,7 +29,7 @@ from dtemu.core.ml.train import TrainResult, train_local
 class TrainJob:
     """One client's training of one round."""
 
-    model: str  # a model name or "package.module:factory" (core.ml.models.build_model)
+    model: str  # a model name, "package.module:factory" or "task:" + a task (core.ml.models.build_model)
     model_seed: int  # builds the module; the weights below replace its initial values
     weights: np.ndarray  # float32, the starting point
     indices: np.ndarray  # int64 into the data set's training samples
@@ -54,7 +55,8 @@ def run_train_job(job: TrainJob, dataset, model=None) -> tuple[np.ndarray, Train
     load_flat(model, job.weights)
     result = train_local(model, dataset.x_train, dataset.y_train, job.indices, epochs=job.epochs,
                          batch_size=job.batch_size, lr=job.lr, momentum=job.momentum,
-                         weight_decay=job.weight_decay, seed=job.seed, proximal_mu=job.proximal_mu)
+                         weight_decay=job.weight_decay, seed=job.seed, proximal_mu=job.proximal_mu,
+                         task=task_of(job.model))
     return flatten(model), result
 
 
@@ -86,4 +88,4 @@ def run_eval_job(job: EvalJob, dataset, model=None) -> tuple[int, int]:
         model = build_model(job.model, seed=job.model_seed)
     load_flat(model, job.weights)
     return evaluate(model, dataset.x_test[job.start:job.stop], dataset.y_test[job.start:job.stop],
-                    batch_size=EVAL_BATCH)
+                    batch_size=EVAL_BATCH, task=task_of(job.model))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dtemu.core.errors import ScenarioError
-from dtemu.core.ml import user_code
+from dtemu.core.ml import task, user_code
 
 
 class MnistCnn(nn.Module):
@@ -128,6 +128,8 @@ def _unknown(spec: str) -> ScenarioError:
 def _factory(spec: str) -> Callable[[], nn.Module]:
     if spec in MODELS:
         return MODELS[spec].factory
+    if task.is_task(spec):
+        return task.task_of(spec).model
     if not user_code.names_code(spec):
         raise _unknown(spec)
     return user_code.load("model", spec, "model factory")
@@ -140,10 +142,10 @@ def build_model(spec: str, seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         # a factory that is not one (``os:getcwd``), that fails, or that exits (``sys:exit``)
-        model = user_code.call("model", spec, "model factory", factory)
+        model = factory() if task.is_task(spec) else user_code.call("model", spec, "model factory", factory)
     if not isinstance(model, nn.Module):
-        raise ScenarioError("model", f"model factory {spec!r} returned {type(model).__name__}, "
-                            "not a torch.nn.Module")
+        key, what = ("task", "task's model()") if task.is_task(spec) else ("model", "model factory")
+        raise ScenarioError(key, f"{what} {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model.train()
 
 
@@ -151,6 +153,8 @@ def model_cost(spec: str) -> float | None:
     """Reference train seconds per sample; None for a factory (unmeasured)."""
     if spec in MODELS:
         return MODELS[spec].train_s_per_sample
-    if user_code.names_code(spec):
+    if task.is_task(spec):  # what the task says, if it does
+        return task.task_of(spec).train_s_per_sample
+    if user_code.names_code(spec):  # a factory: unmeasured
         return None
     raise _unknown(spec)

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dtemu.core.ml.batches import epoch_order
 from dtemu.core.ml.sgd import SGD
+from dtemu.core.ml.task import CLASSIFICATION, Task
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ def warm_up() -> None:
 
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
                 epochs: int, batch_size: int, lr: float, momentum: float = 0.0,
-                weight_decay: float = 0.0, seed: int, proximal_mu: float = 0.0) -> TrainResult:
+                weight_decay: float = 0.0, seed: int, proximal_mu: float = 0.0,
+                task: Task = CLASSIFICATION) -> TrainResult:
     """SGD on ``x[indices], y[indices]`` for whole epochs, in place.
 
     Mini-batches follow an order shuffled from (seed, epoch); the last partial
@@ -52,6 +53,8 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
     weights the call starts from (the global model), so each gradient gains μ · (w − w₀).  It is
     added to the gradient rather than built into the loss: the same value, no autograd graph
     over every parameter, and at μ = 0 not one operation more.
+
+    ``task`` (core.ml.task) gives the loss: cross-entropy unless the scenario names its own.
     """
     if epochs < 0 or batch_size < 1:
         raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
@@ -69,10 +72,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
             for start in range(0, n, batch_size):
                 idx = order[start:start + batch_size]
                 opt.zero_grad()
-                # cross_entropy is right for logits and log-probabilities alike
-                # (log_softmax of log-probabilities is a no-op), so a factory
-                # model may return either.
-                loss = F.cross_entropy(model(x[idx]), y[idx])
+                loss = task.loss(model(x[idx]), y[idx])
                 loss.backward()
                 if anchor is not None:
                     _add_proximal(opt.params, anchor, proximal_mu)
@@ -91,7 +91,8 @@ def _add_proximal(params, anchor, mu: float) -> None:
             p.grad.add_(p - p0, alpha=mu)
 
 
-def compute_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx, *, seed: int) -> float:
+def compute_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx, *, seed: int,
+                      task: Task = CLASSIFICATION) -> float:
     """One forward and backward pass on ``x[idx]``: fills every ``p.grad``, returns the loss.
 
     The data-parallel worker's compute step; the optimizer step comes after
@@ -102,6 +103,6 @@ def compute_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx, *
     idx = torch.as_tensor(idx)
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(seed)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss = task.loss(model(x[idx]), y[idx])
         loss.backward()
     return float(loss.detach())

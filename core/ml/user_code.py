@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from dtemu.core.scenario import Scenario
 
 FORM = "package.module:factory"
+TASK_PREFIX = "task:"  # a task's model travels as this + the task's spec (core.ml.task)
 
 
 def names_code(spec: str | None) -> bool:
@@ -27,9 +28,18 @@ def names_code(spec: str | None) -> bool:
     return bool(spec) and ":" in spec
 
 
+def model_spec(task: str | None, model: str) -> str:
+    """The model spec a scenario's roles build: its task's, or its ``model`` key."""
+    return TASK_PREFIX + task if task else model
+
+
+def is_task(spec: str) -> bool:
+    return spec.startswith(TASK_PREFIX)
+
+
 def code_keys(scenario: Scenario) -> dict[str, str]:
     """Every key of the scenario that names code, with what it names."""
-    keys = {"model": scenario.model, "data.factory": scenario.data.factory}
+    keys = {"task": scenario.task, "model": scenario.model, "data.factory": scenario.data.factory}
     return {key: spec for key, spec in keys.items() if names_code(spec)}
 
 

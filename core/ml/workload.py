@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dtemu.core.errors import ScenarioError
 from dtemu.core.ml import data as datasets
 from dtemu.core.ml.batches import epoch_order
 from dtemu.core.ml.models import build_model, model_cost
 from dtemu.core.ml.params import flatten
 from dtemu.core.ml.evaluation import evaluate
+from dtemu.core.ml.task import Task, task_of
 from dtemu.core.ml.train import compute_gradients
 from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
 
@@ -36,22 +38,29 @@ class Workload:
     def __init__(self, scenario: Scenario, dataset: datasets.Dataset):
         self.scenario = scenario
         self.dataset = dataset
-        self._model = build_model(scenario.model, seed=scenario.seed)
+        self._model = build_model(scenario.model_spec, seed=scenario.seed)
 
     # --- data ----------------------------------------------------------
     @cached_property
     def partitions(self) -> list[np.ndarray]:
-        spec = self.scenario.data
-        labels = self.dataset.y_train.numpy()
-        parties = self.scenario.kind.parties(self.scenario)
-        return datasets.partition(
-            spec.partition,
-            labels,
-            parties,
-            seed=self.scenario.seed,
-            alpha=spec.alpha,
-            shards_per_client=spec.shards_per_client,
-        )
+        """The training set split between the mode's parties (core.modes: Mode.parties)."""
+        return self.split(self.scenario.kind.parties(self.scenario))
+
+    def split(self, parties: int) -> list[np.ndarray]:
+        """The training set split ``parties`` ways as ``data.partition`` says, from the scenario's seed
+        (the same split for the same count, on every node of every runtime)."""
+        cache = self.__dict__.setdefault("_splits", {})
+        if parties not in cache:
+            spec = self.scenario.data
+            labels = self.dataset.y_train.numpy()
+            if labels.ndim != 1:  # a task's targets that are not one label a sample (a sequence's tokens)
+                if spec.partition != "iid":
+                    raise ScenarioError("data.partition", f"{spec.partition!r} splits by label, and the task's "
+                                                          f"targets are {tuple(labels.shape[1:])} a sample: use iid")
+                labels = np.zeros(len(labels), dtype=np.int64)
+            cache[parties] = datasets.partition(spec.partition, labels, parties, seed=self.scenario.seed,
+                                                alpha=spec.alpha, shards_per_client=spec.shards_per_client)
+        return cache[parties]
 
     def client_indices(self, client: int, cmd) -> np.ndarray:
         """The samples client ``client`` (1-based) trains on for ``cmd``."""
@@ -70,8 +79,13 @@ class Workload:
 
     # --- model ---------------------------------------------------------
     @cached_property
+    def task(self) -> Task:
+        """The loss and what counts as right (core.ml.task): the scenario's task, or classification."""
+        return task_of(self.scenario.model_spec)
+
+    @cached_property
     def initial_weights(self) -> np.ndarray:
-        return flatten(build_model(self.scenario.model, seed=self.scenario.seed))
+        return flatten(build_model(self.scenario.model_spec, seed=self.scenario.seed))
 
     @property
     def dim(self) -> int:
@@ -80,11 +94,11 @@ class Workload:
     @property
     def reference_cost(self) -> float | None:
         """Modelled training seconds per sample of the scenario's model, if known."""
-        return model_cost(self.scenario.model)
+        return model_cost(self.scenario.model_spec)
 
     def new_model(self):
         """A fresh model with the scenario's initial weights (every rank gets the same)."""
-        return build_model(self.scenario.model, seed=self.scenario.seed)
+        return build_model(self.scenario.model_spec, seed=self.scenario.seed)
 
     # --- data-parallel -------------------------------------------------
     @cached_property
@@ -100,13 +114,13 @@ class Workload:
 
     def gradients(self, model, batch: np.ndarray, rank: int, step: int) -> float:
         seed = int(np.random.SeedSequence([self.scenario.seed, rank, step]).generate_state(1)[0])
-        return compute_gradients(model, self.dataset.x_train, self.dataset.y_train, batch, seed=seed)
+        return compute_gradients(model, self.dataset.x_train, self.dataset.y_train, batch, seed=seed, task=self.task)
 
     def evaluate_shard(self, model, rank: int, world: int) -> tuple[int, int]:
         """(correct, total) on this rank's share of the test set (every world-th sample)."""
         n = self.test_size
         x, y = self.dataset.x_test[:n][rank::world], self.dataset.y_test[:n][rank::world]
-        return evaluate(model, x, y)
+        return evaluate(model, x, y, task=self.task)
 
     # --- work ----------------------------------------------------------
     def train(self, weights: np.ndarray, cmd, client: int):
@@ -116,7 +130,7 @@ class Workload:
     def train_job(self, weights: np.ndarray, cmd, client: int) -> TrainJob:
         """The training ``train`` does, as a picklable job (``core.ml.jobs``) for a worker process."""
         fl = self.scenario.fl
-        return TrainJob(model=self.scenario.model, model_seed=self.scenario.seed, weights=weights,
+        return TrainJob(model=self.scenario.model_spec, model_seed=self.scenario.seed, weights=weights,
                         indices=self.client_indices(client, cmd), epochs=cmd.epochs, batch_size=fl.batch_size,
                         lr=cmd.lr, momentum=fl.momentum, weight_decay=fl.weight_decay,
                         seed=int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0]),
@@ -132,4 +146,4 @@ class Workload:
 
     def eval_job(self, weights: np.ndarray) -> EvalJob:
         """``evaluate``'s work as a job a runtime with worker processes may split among them."""
-        return EvalJob(self.scenario.model, self.scenario.seed, weights, 0, self.test_size)
+        return EvalJob(self.scenario.model_spec, self.scenario.seed, weights, 0, self.test_size)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dtemu.core.ml.batches import epoch_order
 from dtemu.core.ml.evaluation import accuracy_and_loss
 from dtemu.core.ml.params import flatten
+from dtemu.core.ml.task import CLASSIFICATION, Task
 
 
 class BatchStream:
@@ -43,14 +43,14 @@ class BatchStream:
 
 
 def sgd_iteration(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                  batch: np.ndarray, seed: int) -> float:
-    """One local iteration (Eq. 10-11): the batch's cross-entropy, its gradient, one SGD step."""
+                  batch: np.ndarray, seed: int, task: Task = CLASSIFICATION) -> float:
+    """One local iteration (Eq. 10-11): the batch's loss (the task's), its gradient, one SGD step."""
     idx = torch.from_numpy(batch)
     model.train()
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(seed)
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss = task.loss(model(x[idx]), y[idx])
         loss.backward()
         opt.step()
     return float(loss.detach())
@@ -69,8 +69,9 @@ def xavier_weights(model: nn.Module, seed: int) -> np.ndarray:
     return flatten(model)
 
 
-def evaluate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) on (x, y) (core.ml.evaluation); the model left in train mode."""
-    out = accuracy_and_loss(model, x, y, batch_size)
+def evaluate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000,
+                  task: Task = CLASSIFICATION) -> tuple[float, float]:
+    """(accuracy, mean loss) on (x, y) (core.ml.evaluation); the model left in train mode."""
+    out = accuracy_and_loss(model, x, y, batch_size, task=task)
     model.train()
     return out

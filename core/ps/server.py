@@ -166,7 +166,7 @@ class _Server:
 
         def run():
             load_flat(self.model, self.out.weights)
-            return evaluate_loss(self.model, x, y)
+            return evaluate_loss(self.model, x, y, task=self.work.task)
 
         acc, loss = yield Compute(run, kind="eval")
         self.last_eval_t, self.evaluated = now, self.out.version

@@ -189,7 +189,7 @@ def ps_worker(ctx, scenario, work, rank: int):
             yield Point(points.TRAIN, version)
             started = ctx.now()
             loss = yield Compute(lambda b=batch, s=seed: sgd_iteration(w.model, w.opt, work.dataset.x_train,
-                                                                       work.dataset.y_train, b, s),
+                                                                       work.dataset.y_train, b, s, work.task),
                                  samples=len(batch))
             w.c = ctx.now() - started
             w.out.compute_s += w.c

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dtemu.core.errors import ScenarioError
+
 from dtemu.core.scenario import ComputeSpec
 
 # Kinds of Compute that are CPU work outside training, priced per MB (``Compute.nbytes``).
@@ -91,7 +93,8 @@ class ComputeTimer:
         if kind != "train" or samples <= 0:
             return 0.0
         if self.cost is None:
-            raise ValueError("compute.default.train_s_per_sample must be set for a model with no reference cost")
+            raise ScenarioError("compute.default.train_s_per_sample", "the model has no reference cost (a model factory, or a task without train_s_per_sample): "
+                                "set it, e.g. from `emu calibrate`")
         per_sample = self.cost * self.slowdown_at(now) if self.changing else self.s_per_sample
         return samples * per_sample * self._factor()
 

@@ -1,0 +1,100 @@
+"""What a scenario learns: its model, its data, its training step's loss, and what counts as right.
+
+A scenario names a task (``task: package.module:Name``): a class, or a function
+that returns the task object, which has
+
+- ``model() -> torch.nn.Module``: a fresh model; its initial weights come from
+  torch's global RNG, which the caller seeds (core.ml.models.build_model);
+- ``data()``: the data set, a ``core.ml.data.Dataset`` or
+  ``(x_train, y_train, x_test, y_test)``; inputs and targets keep their dtype
+  (token ids stay integers), called once per process by the host;
+
+and, where the defaults below do not fit,
+
+- ``loss(output, target)``: the mean loss of a batch (default: cross-entropy);
+- ``loss_sum(output, target)``: the summed loss, for evaluation (default: cross-entropy, summed);
+- ``correct(output, target) -> (right, counted)``: how many predictions are right of how many
+  (default: argmax over dimension 1 equals the target, one per sample);
+- ``train_s_per_sample``: emu's modelled training cost on the reference machine (default: none,
+  so the scenario sets ``compute.default.train_s_per_sample``; ``emu calibrate`` measures it).
+
+Every mode's training step and evaluator go through it (core.ml.train,
+core.ml.evaluation, core.ps.local), so a task trains the same way under fl,
+ddp, ps and geo.  Without ``task``, the scenario's ``model`` and ``data`` keys
+make the built-in classification (``CLASSIFICATION``: the registered MNIST
+models, or a model factory, with cross-entropy).
+
+The model of a task travels as the spec ``"task:" + spec`` wherever a model
+spec does (jobs for worker processes, checkpoints' digests do not see it).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from dtemu.core.errors import ScenarioError
+from dtemu.core.ml import user_code
+
+PREFIX = user_code.TASK_PREFIX
+
+
+class Task:
+    """The defaults: classification by cross-entropy over dimension 1, argmax accuracy."""
+
+    name = "classification"
+    train_s_per_sample: float | None = None
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # cross_entropy is right for logits and log-probabilities alike (log_softmax of
+        # log-probabilities is a no-op), so a model may return either.
+        return F.cross_entropy(output, target)
+
+    def loss_sum(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target, reduction="sum")
+
+    def correct(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return (output.argmax(dim=1) == target).sum(), len(target)
+
+
+CLASSIFICATION = Task()
+
+
+class UserTask(Task):
+    """A scenario's task object, with the defaults for what it does not define."""
+
+    def __init__(self, spec: str, obj):
+        self.name, self.obj = spec, obj
+        for method in ("model", "data"):
+            if not callable(getattr(obj, method, None)):
+                raise ScenarioError("task", f"task {spec!r} ({type(obj).__name__}) has no {method}() method")
+        for method in ("loss", "loss_sum", "correct"):
+            if callable(getattr(obj, method, None)):
+                setattr(self, method, getattr(obj, method))
+        cost = getattr(obj, "train_s_per_sample", None)
+        if cost is not None and not (isinstance(cost, (int, float)) and cost > 0):
+            raise ScenarioError("task", f"task {spec!r}: train_s_per_sample must be a positive number, got {cost!r}")
+        self.train_s_per_sample = cost
+
+    def model(self):
+        return user_code.call("task", self.name, "task's model()", self.obj.model)
+
+    def data(self):
+        return user_code.call("task", self.name, "task's data()", self.obj.data)
+
+
+is_task = user_code.is_task
+
+
+@lru_cache(maxsize=8)
+def load_task(spec: str) -> UserTask:
+    """The task ``spec`` (``package.module:Name``) names, once per process."""
+    made = user_code.call("task", spec, "task", user_code.load("task", spec, "task"))
+    return UserTask(spec, made)
+
+
+def task_of(spec: str) -> Task:
+    """The task behind a model spec: a scenario's own, or the built-in classification."""
+    return load_task(spec[len(PREFIX):]) if is_task(spec) else CLASSIFICATION

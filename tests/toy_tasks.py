@@ -1,0 +1,75 @@
+"""Small tasks for tests of core.ml.task: a next-token model (integer inputs, a target per token,
+its own loss and counting) and an image classification at another shape with the default loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, LENGTH = 8, 6
+
+
+class _NextToken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.out = nn.Linear(16, VOCAB)
+
+    def forward(self, x):  # (N, T) token ids -> (N, T, VOCAB) logits
+        return self.out(torch.tanh(self.embed(x)))
+
+
+def _tokens(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n, LENGTH), generator=torch.Generator().manual_seed(seed))
+
+
+class NextToken:
+    """Predict (token + 1) mod VOCAB at every position: learnable in a few steps."""
+
+    train_s_per_sample = 2e-5  # emu's modelled cost (SmallColour has none: its scenarios set one)
+
+    def model(self):
+        return _NextToken()
+
+    def data(self):
+        x_train, x_test = _tokens(256, 1), _tokens(64, 2)
+        return x_train, (x_train + 1) % VOCAB, x_test, (x_test + 1) % VOCAB
+
+    def loss(self, output, target):
+        return F.cross_entropy(output.reshape(-1, VOCAB), target.reshape(-1))
+
+    def loss_sum(self, output, target):
+        return F.cross_entropy(output.reshape(-1, VOCAB), target.reshape(-1), reduction="sum")
+
+    def correct(self, output, target):
+        return (output.argmax(-1) == target).sum(), target.numel()
+
+
+class SmallColour:
+    """3x12x12 images, 4 classes (the class is the brightest channel): the default loss and counting."""
+
+    def model(self):
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 12 * 12, 4))
+
+    def data(self):
+        g = torch.Generator().manual_seed(3)
+        x = torch.rand(300, 3, 12, 12, generator=g)
+        y = torch.randint(0, 4, (300,), generator=g)
+        x[torch.arange(300), y % 3] += 1.0
+        return x[:240], y[:240] % 3, x[240:], y[240:] % 3
+
+
+class NoModel:
+    def data(self):
+        return NextToken().data()
+
+
+class FailingData(NextToken):
+    def data(self):
+        raise SystemExit("no data today")
+
+
+class WrongData(NextToken):
+    def data(self):
+        return "not a data set"
