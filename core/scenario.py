@@ -24,7 +24,7 @@ from dtemu.core.ddp.collectives import FRAME_BYTES
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
 from dtemu.core.geo.spec import GeoSpec, SiteSpec, central_site
-from dtemu.core.ml.user_code import model_spec
+from dtemu.core.ml.user_code import BUILTIN_TASKS as TASKS, model_spec
 from dtemu.core.modes import MODES, Mode
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS  # noqa: F401 (their old home)
 from dtemu.core.ps.spec import PSSpec
@@ -586,6 +586,9 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 def validate(s: Scenario) -> None:
     """Checks across fields: refuse what cannot work, before anything starts."""
+    if s.task is not None and ":" not in s.task and s.task not in TASKS:
+        raise ScenarioError("task", f"unknown task {s.task!r}; built in: {', '.join(sorted(TASKS))}, "
+                                    "or package.module:Name")
     if s.task is not None and s.data.factory:
         raise ScenarioError("data.factory", f"the task {s.task!r} supplies its own data; a scenario names a task or a "
                                             "data factory, not both")

@@ -70,7 +70,7 @@ def test_digest_ignores_init_path_and_rounds_only():
 def test_shipped_scenarios_load():
     from pathlib import Path
 
-    for path in sorted(Path(__file__).parent.parent.glob("scenarios/*.yaml")):
+    for path in sorted(Path(__file__).parent.parent.glob("scenarios/**/*.yaml")):
         load_scenario(path)
 
 

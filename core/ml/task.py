@@ -39,6 +39,7 @@ from dtemu.core.errors import ScenarioError
 from dtemu.core.ml import user_code
 
 PREFIX = user_code.TASK_PREFIX
+BUILTIN = user_code.BUILTIN_TASKS
 
 
 class Task:
@@ -90,8 +91,9 @@ is_task = user_code.is_task
 
 @lru_cache(maxsize=8)
 def load_task(spec: str) -> UserTask:
-    """The task ``spec`` (``package.module:Name``) names, once per process."""
-    made = user_code.call("task", spec, "task", user_code.load("task", spec, "task"))
+    """The task ``spec`` (a built-in name, or ``package.module:Name``) names, once per process."""
+    where = BUILTIN.get(spec, spec)
+    made = user_code.call("task", spec, "task", user_code.load("task", where, "task"))
     return UserTask(spec, made)
 
 

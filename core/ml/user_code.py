@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 FORM = "package.module:factory"
 TASK_PREFIX = "task:"  # a task's model travels as this + the task's spec (core.ml.task)
+# Built-in tasks by name (``task: char_lm``): dtemu's own code, so --no-code lets them through
+BUILTIN_TASKS = {
+    "cifar10_resnet18": "dtemu.host.tasks:Cifar10ResNet18",
+    "char_lm": "dtemu.core.ml.charlm:CharLM",
+}
 
 
 def names_code(spec: str | None) -> bool:
