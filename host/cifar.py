@@ -21,7 +21,7 @@ import numpy as np
 from dtemu.core.errors import DataError
 from dtemu.core.ml import cifar
 from dtemu.core.ml.data import Dataset
-from dtemu.host.datasets import _check_present, _download, _http_get, resolve_root
+from dtemu.host.datasets import check_present, download, http_get, resolve_root
 
 ARCHIVE = "cifar-10-binary.tar.gz"
 MD5 = "c32a1d4ab5d03f1284b67883e8d87530"
@@ -65,9 +65,9 @@ def _read_folder(folder: Path) -> dict[str, bytes]:
 def _read_archive(root: Path, fetch) -> dict[str, bytes]:
     path = root / ARCHIVE
     if path.is_file():
-        _check_present(path, MD5)
+        check_present(path, MD5)
     else:
-        _download(path, MIRRORS, MD5, fetch or _http_get)
+        download(path, MIRRORS, MD5, fetch or http_get, holding=f"{ARCHIVE} or {cifar.FOLDER}/")
     out = {}
     try:
         with tarfile.open(path, "r:gz") as tar:

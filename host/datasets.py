@@ -111,7 +111,7 @@ def raw_dir(root: str | os.PathLike, dataset: str) -> Path:
     return Path(root) / _source(dataset).folder / "raw"
 
 
-def _http_get(url: str) -> bytes:
+def http_get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as resp:
         return resp.read()
 
@@ -126,7 +126,7 @@ def _md5_file(path: Path) -> str:
         return hashlib.file_digest(f, _md5).hexdigest()
 
 
-def _check_present(path: Path, want: str) -> None:
+def check_present(path: Path, want: str) -> None:
     try:
         st = path.stat()
         key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
@@ -144,8 +144,11 @@ def _check_present(path: Path, want: str) -> None:
     _verified.add(key)
 
 
-def _download(path: Path, mirrors: Sequence[str], want: str,
-              fetch: Callable[[str], bytes]) -> None:
+MNIST_HINT = "MNIST/raw/*.gz or FashionMNIST/raw/*.gz"
+
+
+def download(path: Path, mirrors: Sequence[str], want: str,
+             fetch: Callable[[str], bytes], holding: str = MNIST_HINT) -> None:
     problems = []
     for base in mirrors:
         url = base + path.name
@@ -166,7 +169,7 @@ def _download(path: Path, mirrors: Sequence[str], want: str,
         return
     raise DataError(f"{path}: could not fetch a good copy; " + "; ".join(problems)
                     + f". To use archives you already have, copy them into {path.parent} or point $DTEMU_DATA "
-                    "(or the scenario's data.root) at a folder holding MNIST/raw/*.gz or FashionMNIST/raw/*.gz")
+                    f"(or the scenario's data.root) at a folder holding {holding}")
 
 
 def _write_atomically(path: Path, blob: bytes) -> None:
@@ -202,9 +205,9 @@ def ensure_archives(root: str | os.PathLike, dataset: str,
     for name, want in src.md5.items():
         path = folder / name
         if path.is_file():
-            _check_present(path, want)
+            check_present(path, want)
         else:
-            _download(path, src.mirrors, want, fetch or _http_get)
+            download(path, src.mirrors, want, fetch or http_get)
     return folder
 
 

@@ -141,16 +141,22 @@ def comparisons(rows: dict) -> list[str]:
 
     line("DGC against dense DDP (`ddp_dgc` / `ddp_baseline`)", "ddp_dgc", "ddp_baseline")
     line("ESync against SSGD (`esync` / `ssgd_hetero`; different round counts, see each row)", "esync", "ssgd_hetero")
-    line("BiSparse+FP16 against HiPS (`geo_bisparse_fp16` / `geo_hips`)", "geo_bisparse_fp16", "geo_hips")
-    line("flat PS against HiPS (`geo_flat` / `geo_hips`)", "geo_flat", "geo_hips")
+    def wan(r):  # what crossed the WAN when the run folder says, else the training nodes' bytes
+        return sum(v["up"] + v["down"] for v in r["wan"].values()) if r["wan"] else r["up"] + r["down"]
+
+    geo_unit = "WAN bytes" if all((rows.get(n) or {}).get("wan") for n in ("geo_hips", "geo_bisparse_fp16")) else "bytes"
+    line(f"BiSparse+FP16 against HiPS (`geo_bisparse_fp16` / `geo_hips`; {geo_unit})", "geo_bisparse_fp16",
+         "geo_hips", wan)
+    line(f"flat PS against HiPS (`geo_flat` / `geo_hips`; {geo_unit})", "geo_flat", "geo_hips", wan)
     return out
 
 
-def performance(rows: dict) -> list[str]:
+def performance(rows: dict, note: str = "") -> list[str]:
     timed = [(n, r) for n, r in rows.items() if r and r["wall_s"]]
     if not timed:
         return ["No run folder with wall times was given (`--runs DIR`): the pins carry no wall time."]
-    out = ["| scenario | emu wall s | virtual s | virtual s per wall s | host |", "|---|---|---|---|---|"]
+    out = ([note, ""] if note else []) + ["| scenario | emu wall s | virtual s | virtual s per wall s | host |",
+                                          "|---|---|---|---|---|"]
     for name, r in timed:
         out.append(f"| `emu run scenarios/{name}.yaml` | {r['wall_s']:.0f} | {r['time_s']:.1f} | "
                    f"{r['time_s'] / r['wall_s']:.2f} | {r['host']} |")
@@ -176,7 +182,7 @@ def fidelity() -> list[str]:
     return out
 
 
-def page(rows: dict, command: str) -> str:
+def page(rows: dict, command: str, note: str = "") -> str:
     p = pins()
     parts = [
         "# Results", "",
@@ -195,7 +201,7 @@ def page(rows: dict, command: str) -> str:
     parts += ["## What the comparisons come to", "",
               "Ratios of the rows above (bytes: up and down at the training nodes; a negative accuracy "
               "difference is the first scenario's loss).", "", *comparisons(rows), ""]
-    parts += ["## Performance", "", *performance(rows), ""]
+    parts += ["## Performance", "", *performance(rows, note), ""]
     parts += ["## Fidelity: emu against real runs", "", *fidelity(), ""]
     parts += ["## The same model on another host", "",
               "A scenario's model is the same on every host whose arithmetic has the same fingerprint "
@@ -210,12 +216,13 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", help="run folders, one per shipped scenario (DIR/<scenario>/)")
     ap.add_argument("--run", action="store_true", help="run the scenarios that have no folder in --runs")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results.md"))
+    ap.add_argument("--note", default="", help="said above the performance table (how the box was loaded)")
     args = ap.parse_args(argv)
     if args.run and not args.runs:
         ap.error("--run needs --runs DIR (where the fresh runs go)")
     rows = collect(Path(args.runs) if args.runs else None, args.run)
     command = "python -m tools.results" + (f" --runs {args.runs}" if args.runs else "") + (" --run" if args.run else "")
-    Path(args.out).write_text(page(rows, command) + "\n")
+    Path(args.out).write_text(page(rows, command, args.note) + "\n")
     print(f"-> {args.out}")
     return 0
 
