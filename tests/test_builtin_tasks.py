@@ -66,6 +66,11 @@ def test_the_archive_is_read_in_place_after_its_md5_and_a_folder_as_it_is(tmp_pa
     assert tuple(data.x_train.shape) == (25, 3, 32, 32) and len(data.y_test) == 5
     folder = host_cifar.load_cifar10(cifar_folder(tmp_path / "other"))
     assert len(folder.y_train) == 5 * 24
+    # missing: fetched from its home page and checked (here a stand-in for the network)
+    urls = []
+    fetched = host_cifar.load_cifar10(tmp_path / "empty", fetch=lambda url: urls.append(url) or blob.getvalue())
+    assert urls == ["https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"] and len(fetched.y_test) == 5
+    assert (tmp_path / "empty" / host_cifar.ARCHIVE).read_bytes() == blob.getvalue()
 
 
 def test_cifar10_resnet18_trains_in_emu_on_the_synthetic_archive(tmp_path, monkeypatch):
