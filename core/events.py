@@ -99,6 +99,9 @@ UPLOAD_DONE = _kind("upload_done", "round bytes")
 UPDATE_RESENT = _kind("update_resent", "round bytes", doc="the same command again: the answer was lost")
 UPDATE_NOT_FINITE = _kind("update_not_finite", "round",
                           doc="training diverged; no update is sent (mode ps: a NOT_FINITE report instead)")
+TRAIN_FAILED = _kind("train_failed", "round error",
+                     doc="the training raised (the task's or the model's own code): no update this round "
+                         "(mode ps: a NOT_FINITE report instead); the node goes on")
 CMD_SKIPPED = _kind("cmd_skipped", "round", "newer model_round")
 MESSAGE_REJECTED = _kind("message_rejected", "topic src reason", "error", limit=REFUSALS_PER_S)
 CLIENT_STOP = _kind("client_stop", "round reason", "rejected")

@@ -52,6 +52,7 @@ _CLIENT_STATES = {
     kinds.UPLOAD_START: UPLOADING,
     kinds.UPLOAD_DONE: IDLE,
     kinds.UPDATE_NOT_FINITE: IDLE,  # diverged: nothing to send until the next command
+    kinds.TRAIN_FAILED: IDLE,  # its task raised: nothing to send until the next command
     kinds.CLIENT_STOP: STOPPED,
     kinds.DROPOUT: DROPPED,
     kinds.NODE_DOWN: OFFLINE,

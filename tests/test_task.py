@@ -132,3 +132,19 @@ def test_a_task_runs_for_real_and_ends_with_emus_model(tmp_path):
     assert proc.returncode == 0, out.decode()[-3000:]
     real = json.loads((tmp_path / "real" / "summary.json").read_text())
     assert real["model_sha256"] == emu["model_sha256"] and real["rounds"] == 2
+
+
+@pytest.mark.parametrize("mode", ["fl", "ps"])
+def test_task_code_that_raises_costs_its_node_the_round_not_the_run(mode, tmp_path):
+    extra = {"fl": {"fl": {"clients": 3, "rounds": 4, "batch_size": 16, "lr": 0.5, "min_clients": 1,
+                           "round_timeout_s": 5}},
+             "ps": {"mode": "ps", "ps": {"workers": 3, "rounds": 4, "batch_size": 16, "lr": 0.5,
+                                         "algorithm": "fedasync"}}}[mode]
+    s = parse_scenario({"name": f"flaky-{mode}", "seed": 2, "task": "toy_tasks:Flaky", **extra})
+    summary = run_emulation(s, tmp_path / mode)
+    events = [json.loads(line) for line in (tmp_path / mode / "events.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e["kind"] == "train_failed"]
+    assert failed and all("toy_tasks:Flaky" in e["error"] and "not to my liking" in e["error"] for e in failed)
+    # the run went on to its end: rounds nobody could answer failed under the quorum rules, not the run
+    assert summary["rounds"] + summary.get("rounds_failed", 0) == 4 and summary["rounds"] >= 1
+    assert summary["stop_reason"] == "done" and summary["model_sha256"]

@@ -73,3 +73,12 @@ class FailingData(NextToken):
 class WrongData(NextToken):
     def data(self):
         return "not a data set"
+
+
+class Flaky(NextToken):
+    """Its loss raises on some batches (those whose targets sum to a multiple of 5): bad task code."""
+
+    def loss(self, output, target):
+        if int(target.sum()) % 5 == 0:
+            raise ValueError("this batch is not to my liking")
+        return super().loss(output, target)

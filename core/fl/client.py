@@ -25,6 +25,7 @@ from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.fl.names import CONTROLLER
+from dtemu.core.ml.task import training_error
 from dtemu.core.ml.workload import Workload
 from dtemu.core import events as ev
 
@@ -177,11 +178,15 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
     samples = cmd.epochs * work.subset_size(index, cmd.subset)
     ctx.emit(ev.TRAIN_START, round=cmd.round, samples=samples)
     yield Point(points.TRAIN, cmd.round)
-    if hasattr(work, "train_job"):  # the work as data too, for a runtime with worker processes
-        job = work.train_job(base, cmd, index)
-        new_weights, result = yield Compute(lambda: work.run_job(job), samples=samples, job=job)
-    else:
-        new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
+    try:
+        if hasattr(work, "train_job"):  # the work as data too, for a runtime with worker processes
+            job = work.train_job(base, cmd, index)
+            new_weights, result = yield Compute(lambda: work.run_job(job), samples=samples, job=job)
+        else:
+            new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
+    except Exception as err:  # the task's or the model's own code raised: this round goes on without us
+        ctx.emit(ev.TRAIN_FAILED, round=cmd.round, error=training_error(work, err))
+        return
     delta = new_weights - base
     if not np.isfinite(delta).all():
         # A diverged client: nothing a codec could carry; the round goes on without it.

@@ -100,3 +100,9 @@ def load_task(spec: str) -> UserTask:
 def task_of(spec: str) -> Task:
     """The task behind a model spec: a scenario's own, or the built-in classification."""
     return load_task(spec[len(PREFIX):]) if is_task(spec) else CLASSIFICATION
+
+
+def training_error(work, err: Exception) -> str:
+    """What a failed training says (event ``train_failed``): whose code raised, and what it raised."""
+    spec = getattr(getattr(work, "scenario", None), "model_spec", "the model")
+    return f"{spec}: {type(err).__name__}: {err}"[:500]

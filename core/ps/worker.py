@@ -32,6 +32,7 @@ import torch
 from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError
 from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.ml.task import training_error
 from dtemu.core.ps import messages as pm
 from dtemu.core.ps.local import BatchStream, sgd_iteration
 from dtemu.core.ps.spec import PS, SS
@@ -172,7 +173,7 @@ def ps_worker(ctx, scenario, work, rank: int):
         i, loss_sum, samples = 0, 0.0, 0
         if adaptive:
             yield w.state(pm.REPORT, 0, version)
-        overtaken = False
+        overtaken = failed = False
         while True:
             if not adaptive:
                 action = pm.TRAIN if i < w.plan else pm.SYNC
@@ -188,9 +189,14 @@ def ps_worker(ctx, scenario, work, rank: int):
             seed = int(np.random.SeedSequence([scenario.seed, rank, w.out.iterations]).generate_state(1)[0])
             yield Point(points.TRAIN, version)
             started = ctx.now()
-            loss = yield Compute(lambda b=batch, s=seed: sgd_iteration(w.model, w.opt, work.dataset.x_train,
-                                                                       work.dataset.y_train, b, s, work.task),
-                                 samples=len(batch))
+            try:
+                loss = yield Compute(lambda b=batch, s=seed: sgd_iteration(w.model, w.opt, work.dataset.x_train,
+                                                                           work.dataset.y_train, b, s, work.task),
+                                     samples=len(batch))
+            except Exception as err:  # the task's own code raised: reported as a diverged update is
+                ctx.emit(ev.TRAIN_FAILED, round=version, error=training_error(work, err))
+                failed = True
+                break
             w.c = ctx.now() - started
             w.out.compute_s += w.c
             w.out.iterations += 1
@@ -203,8 +209,9 @@ def ps_worker(ctx, scenario, work, rank: int):
             w.out.dropped_rounds += 1
             continue
         delta = flatten(w.model) - base
-        if not np.isfinite(delta).all():
-            ctx.emit(ev.UPDATE_NOT_FINITE, round=version)
+        if failed or not np.isfinite(delta).all():
+            if not failed:
+                ctx.emit(ev.UPDATE_NOT_FINITE, round=version)
             yield w.push(pm.encode_ps(pm.NotFinite(version, rank, i)), version)
             w.floor = version  # the server's answer may be this version again: train on it anew
             w.out.not_finite += 1
