@@ -79,10 +79,17 @@ def main(argv=None) -> int:
         import sys
 
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from test_builtin_tasks import cifar_folder  # noqa: E402
+        from test_builtin_tasks import synthetic_batches  # noqa: E402
+
+        from dtemu.core.ml import cifar
 
         root = Path(tempfile.mkdtemp(prefix="dtemu-cifar-"))
-        os.environ["DTEMU_DATA"] = str(cifar_folder(root))
+        (root / cifar.FOLDER).mkdir()
+        # enough records that every client trains --samples of its own (five training files)
+        per_file = -(-args.clients * args.samples // 5) + args.batch
+        for name, blob in synthetic_batches(per_file).items():
+            (root / cifar.FOLDER / name).write_bytes(blob)
+        os.environ["DTEMU_DATA"] = str(root)
     from dtemu.core.ml.task import load_task
     from dtemu.host.datasets import load_task_data
 
