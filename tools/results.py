@@ -201,7 +201,10 @@ def page(rows: dict, command: str, note: str = "") -> str:
     parts += ["## What the comparisons come to", "",
               "Ratios of the rows above (bytes: up and down at the training nodes; a negative accuracy "
               "difference is the first scenario's loss).", "", *comparisons(rows), ""]
-    parts += ["## Performance", "", *performance(rows, note), ""]
+    parts += ["## Performance", "", *performance(rows, note), "",
+              "The benchmarks of the tools (`python -m tools.bench_*`: the arithmetic settings' cost, the tasks' "
+              "samples per second against a bare loop, real mode's speed) are in [notebook/](notebook/README.md), "
+              "each with its command and host.", ""]
     parts += ["## Fidelity: emu against real runs", "", *fidelity(), ""]
     parts += ["## The same model on another host", "",
               "A scenario's model is the same on every host whose arithmetic has the same fingerprint "
