@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from dtemu.host.profile import cpu_model
+
 _CHILD = r"""
 import os, sys, time
 from dtemu.host import cpu_arith
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=40)
     args = p.parse_args(argv)
-    print(f"host: {_cpu()}, {os.cpu_count()} cores; {args.model}, batch {args.batch}, {args.steps} steps")
+    print(f"host: {cpu_model()}, {os.cpu_count()} cores; {args.model}, batch {args.batch}, {args.steps} steps")
     print("| processes x threads | policy | ms/sample/process |\n|---|---|---:|")
     for procs in map(int, args.procs.split(",")):
         for threads in map(int, args.threads.split(",")):
@@ -92,17 +94,6 @@ def main(argv=None) -> int:
                 ms = cell(procs, threads, policy, args.model, args.batch, args.steps) * 1e3
                 print(f"| {procs} x {threads} | {policy} | {ms:.3f} |", flush=True)
     return 0
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown cpu"
 
 
 if __name__ == "__main__":
