@@ -104,7 +104,6 @@ def describe() -> dict:
     import torch
 
     from dtemu.host import arith_fingerprint
-    from dtemu.host.profile import cpu_model
 
     state = fix()
     return {
@@ -130,3 +129,16 @@ def _numpy_simd() -> list[str] | None:
     except ImportError:
         return None
     return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+
+
+def cpu_model() -> str:
+    """The host's CPU as /proc/cpuinfo names it (model name, family and model), else the platform's."""
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or "unknown"
+    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"

@@ -84,19 +84,6 @@ def machine() -> dict:
     from dtemu.host import cores, cpu_arith
 
     arith = cpu_arith.describe()
-    return {"cpu": cpu_model(), "cores": cores.available(), "machine": platform.machine(),
+    return {"cpu": cpu_arith.cpu_model(), "cores": cores.available(), "machine": platform.machine(),
             "arith": arith["arith"], "fingerprint": arith["fingerprint"], "torch": str(arith["torch"]),
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-
-
-def cpu_model() -> str:
-    """The host's CPU as /proc/cpuinfo names it (model name, family and model), else the platform's."""
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or "unknown"
-    return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"

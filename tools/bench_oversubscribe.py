@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from dtemu.host.profile import cpu_model
+from dtemu.host.cpu_arith import cpu_model
 
 _CHILD = r"""
 import os, sys, time

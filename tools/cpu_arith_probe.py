@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 from dtemu.host import cpu_arith
-from dtemu.host.profile import cpu_model
+from dtemu.host.cpu_arith import cpu_model
 
 TRAIN = r"""
 import sys, time
