@@ -213,27 +213,29 @@ def dim_of(scenario) -> int:
 
 # --- each mode's costs (core.modes names them: Mode.costs) ---------------------------------
 
+def transport_only_sets(scenario, reps: int = 7, dim: int | None = None) -> list[str]:
+    """Real mode's transport: its framing and the writer history its run would have (mode ps: its
+    messages' decoding is not measured yet, so this is all)."""
+    return transport_sets({}, run_window(scenario.mode, dim or dim_of(scenario)))
+
+
 def fl_sets(scenario, reps: int = 7) -> list[str]:
     """A client's and the controller's decoding, and real mode's transport."""
-    costs = fl_decode_costs(dim_of(scenario), reps)
-    return transport_sets({}, run_window(scenario.mode, dim_of(scenario))) + [
+    dim = dim_of(scenario)
+    costs = fl_decode_costs(dim, reps)
+    return transport_only_sets(scenario, reps, dim) + [
         f"compute.default.decode_s_per_mb={costs['client']:.6e}",
         f"compute.nodes.{scenario.node_names[0]}.decode_s_per_mb={costs['controller']:.6e}"]
 
 
 def ddp_sets(scenario, reps: int = 7) -> list[str]:
     """A collective frame's decoding on every rank, and real mode's transport (a deep writer history)."""
-    return transport_sets({}, run_window(scenario.mode, dim_of(scenario))) + [
-        f"compute.default.decode_s_per_mb={ddp_decode_cost(reps):.6e}"]
+    return transport_only_sets(scenario, reps) + [f"compute.default.decode_s_per_mb={ddp_decode_cost(reps):.6e}"]
 
 
 def geo_sets(scenario, reps: int = 7) -> list[str]:
     """A dense payload's decoding on every rank, the roles' CPU per op, and real mode's transport."""
-    decode = geo_decode_cost(dim_of(scenario), scenario.geo.fp16, reps)
-    return (transport_sets({}, run_window(scenario.mode, dim_of(scenario)))
-            + [f"compute.default.decode_s_per_mb={decode:.6e}"] + cpu_sets(geo_cpu_costs(scenario, reps)))
-
-
-def transport_only_sets(scenario, reps: int = 7) -> list[str]:
-    """Real mode's transport alone (mode ps: its messages' decoding is not measured yet)."""
-    return transport_sets({}, run_window(scenario.mode, dim_of(scenario)))
+    dim = dim_of(scenario)
+    decode = geo_decode_cost(dim, scenario.geo.fp16, reps)
+    return (transport_only_sets(scenario, reps, dim) + [f"compute.default.decode_s_per_mb={decode:.6e}"]
+            + cpu_sets(geo_cpu_costs(scenario, reps)))

@@ -64,7 +64,6 @@ def folder_name(assignments: list[str]) -> str:
 
 def main(args) -> int:
     from dtemu.core.errors import DtemuError, ScenarioError
-    from dtemu.host.rundir import read_summary
     from dtemu.host.scenario_file import check_code, load_scenario
 
     from .run import run_emulation
@@ -80,7 +79,7 @@ def main(args) -> int:
     rows, failed = [], 0
     for i, (combo, scenario) in enumerate(zip(combos, scenarios), 1):
         folder = out / folder_name(combo)
-        summary = _finished(folder, read_summary)
+        summary = _finished(folder)
         if summary is None:
             print(f"[{i}/{len(combos)}] {' '.join(combo) or scenario.name}", flush=True)
             try:
@@ -95,7 +94,10 @@ def main(args) -> int:
     return 1 if failed else 0
 
 
-def _finished(folder: Path, read_summary) -> dict | None:
+def _finished(folder: Path) -> dict | None:
+    """A run folder's summary if the run finished there (a sweep goes on where it stopped)."""
+    from dtemu.host.rundir import read_summary
+
     try:
         summary = read_summary(folder)
     except (OSError, ValueError):

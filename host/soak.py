@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,28 +30,58 @@ import yaml
 
 from dtemu.core.scenario import CLIENT_CRASH_POINTS, CONTROLLER_CRASH_POINTS, parse_scenario
 
-DEFAULTS = {"emu": {"rounds": 1000, "clients": 4}, "real": {"rounds": 60, "clients": 3}}
+
+
+@dataclass(frozen=True)
+class SoakRuntime:
+    """How a soak is drawn and run in one runtime (what differs between ``emu soak`` and ``real soak``)."""
+
+    rounds: int  # the defaults of --rounds and --clients
+    clients: int
+    round_s: float  # about how long a round takes: the horizon the faults are drawn over
+    controller_crash_p: float  # per round
+    rounds_per_offline: int  # one offline window per this many rounds
+    round_timeout_s: float
+    compute: dict = field(default_factory=dict)
+    cli: tuple[str, ...] = ()  # the command that runs the drawn scenario
+    timeout_per_round_s: float | None = None  # real launch: kill everything after this per round (+300 s)
+
+    def command(self, path: Path, run: Path, rounds: int) -> list[str]:
+        cmd = [sys.executable, "-m", *self.cli, str(path), "--out", str(run), "--no-tui"]
+        if self.timeout_per_round_s is not None:
+            cmd += ["--timeout", str(int(rounds * self.timeout_per_round_s + 300))]
+        return cmd
+
+
+RUNTIMES = {
+    # emu: a round is ~0.6 s of modelled training (10 ms a sample, 64 samples) and closes at 2 s at the latest
+    "emu": SoakRuntime(rounds=1000, clients=4, round_s=0.8, controller_crash_p=0.01, rounds_per_offline=40,
+                       round_timeout_s=2.0, compute={"default": {"train_s_per_sample": 0.01, "jitter": 0.2}},
+                       cli=("dtemu.emu.cli", "run")),
+    # real: whatever this machine takes (~0.1 s), closing at 3 s; offline windows are real SIGKILLs
+    "real": SoakRuntime(rounds=60, clients=3, round_s=1.0, controller_crash_p=0.03, rounds_per_offline=8,
+                        round_timeout_s=3.0, cli=("dtemu.real.cli", "launch"), timeout_per_round_s=20),
+}
 
 CORRUPTIONS = ("nan", "inf", "scale", "garbage", "stale")
 
 
 def soak_scenario(mode: str, rounds: int, seed: int, clients: int = 4) -> dict:
+    """The soak's scenario for runtime ``mode`` ("emu" or "real"), its faults drawn from ``seed``."""
+    rt = RUNTIMES[mode]
     rng = np.random.default_rng(seed)
     names = [f"client{i}" for i in range(1, clients + 1)]
-    # emu: a round is ~0.6 s of modelled training and closes at 2 s at the latest;
-    # real: whatever this machine takes (~0.1 s), closing at 3 s.
-    round_s = 0.8 if mode == "emu" else 1.0
-    horizon = rounds * round_s
+    horizon = rounds * rt.round_s
     crashes = []
     for r in range(1, rounds + 1):
         if rng.random() < 0.06:
             crashes.append({"node": str(rng.choice(names)), "round": r, "at": str(rng.choice(CLIENT_CRASH_POINTS)),
                             "restart_after_s": round(float(rng.uniform(0.1, 3.0)), 3)})
-        if rng.random() < (0.01 if mode == "emu" else 0.03):
+        if rng.random() < rt.controller_crash_p:
             crashes.append({"node": "controller", "round": r, "at": str(rng.choice(CONTROLLER_CRASH_POINTS)),
                             "restart_after_s": round(float(rng.uniform(0.2, 1.0)), 3)})
     offline = []
-    for _ in range(max(1, rounds // (40 if mode == "emu" else 8))):
+    for _ in range(max(1, rounds // rt.rounds_per_offline)):
         start = float(rng.uniform(5.0, horizon))
         offline.append({"node": str(rng.choice(names)), "start_s": round(start, 3),
                         "end_s": round(start + float(rng.uniform(0.5, 6.0)), 3)})
@@ -70,11 +101,10 @@ def soak_scenario(mode: str, rounds: int, seed: int, clients: int = 4) -> dict:
         "threads": 1,
         "data": {"partition": "dirichlet", "alpha": 0.5, "test_samples": 1000},
         "fl": {"clients": clients, "rounds": rounds, "subset": 64, "batch_size": 32, "lr": 0.05,
-               "codec": "q8", "min_clients": 2, "round_timeout_s": 2.0 if mode == "emu" else 3.0,
+               "codec": "q8", "min_clients": 2, "round_timeout_s": rt.round_timeout_s,
                "barrier_timeout_s": 120, "on_failed_round": "retry", "max_retries": 1,
                "max_update_norm": 50.0, "eval_every": max(1, rounds // 10)},
-        # emu: 10 ms per sample makes a round of 64 samples 0.64 s of virtual time
-        "compute": {"default": {"train_s_per_sample": 0.01, "jitter": 0.2}} if mode == "emu" else {},
+        "compute": rt.compute,
         "network": {"default": {"up_mbps": 100, "down_mbps": 100, "latency_ms": 5}},
         "faults": {"crashes": crashes, "offline": offline, "partitions": partitions, "message_loss": 0.02,
                    "duplicate_p": 0.02, "reorder_s": 0.05, "dropout_p": 0.03, "corrupt": corrupt},
@@ -83,12 +113,12 @@ def soak_scenario(mode: str, rounds: int, seed: int, clients: int = 4) -> dict:
 
 def add_parser(sub, mode: str) -> None:
     """The ``soak`` subcommand of ``emu`` (mode "emu") or ``real`` (mode "real")."""
-    d = DEFAULTS[mode]
+    rt = RUNTIMES[mode]
     p = sub.add_parser("soak", help="a long FL run under random faults, then an audit of what it lost",
                        description=__doc__.split("\n\n")[2].replace("\n", " "))
-    p.add_argument("--rounds", type=int, default=d["rounds"], help=f"rounds (default: {d['rounds']})")
+    p.add_argument("--rounds", type=int, default=rt.rounds, help=f"rounds (default: {rt.rounds})")
     p.add_argument("--seed", type=int, default=1, help="draws the faults (default: 1)")
-    p.add_argument("--clients", type=int, default=d["clients"], help=f"clients (default: {d['clients']})")
+    p.add_argument("--clients", type=int, default=rt.clients, help=f"clients (default: {rt.clients})")
     p.add_argument("--out", help=f"folder for soak.yaml, the run and soak.json (default: runs/soak-{mode}-<date>-<time>)")
     p.add_argument("--key-file", help="seal every message with this key")
 
@@ -106,11 +136,7 @@ def main(args, mode: str) -> int:
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     run = out / "run"
     started = time.monotonic()
-    if mode == "emu":
-        cmd = [sys.executable, "-m", "dtemu.emu.cli", "run", str(path), "--out", str(run), "--no-tui"]
-    else:
-        cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(run), "--no-tui",
-               "--timeout", str(rounds * 20 + 300)]
+    cmd = RUNTIMES[mode].command(path, run, rounds)
     if args.key_file:
         cmd += ["--key-file", args.key_file]
     done = subprocess.run(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -54,6 +54,20 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def real_launch(path: Path, out: Path, timeout: float, extra_env: dict | None = None) -> tuple[int, str]:
+    """``real launch`` of a scenario file on a fresh domain, every rank killed whatever happens:
+    (exit code, the tail of its output)."""
+    cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(out), "--no-tui",
+           "--timeout", str(timeout), "--time-scale", "1", "--domain", str(new_domain())]
+    proc = subprocess.Popen(cmd, env={**env(), **(extra_env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout + 30)
+    finally:
+        kill_group(proc)
+    return proc.returncode, output.decode(errors="replace")[-3000:]
+
+
 def scenario_file(folder: Path, raw: dict) -> Path:
     path = folder / f"{raw['name']}.json"  # JSON is YAML
     path.write_text(json.dumps(raw))

@@ -95,37 +95,22 @@ def test_the_char_lm_learns_in_other_modes_too(mode, tmp_path):
 
 
 @pytest.mark.parametrize("task", ["char_lm", "cifar10_resnet18"])
-def test_a_builtin_task_runs_for_real_with_emus_model(task, tmp_path):
+def test_a_builtin_task_runs_for_real_with_emus_model(task, tmp_path, monkeypatch):
     import json
     import os
-    import subprocess
-    import sys
 
     pytest.importorskip("cyclonedds")
     from dtemu.core.scenario import parse_scenario
-    from helpers import env, kill_group, new_domain, scenario_file
+    from helpers import real_launch, scenario_file
 
-    data = str(cifar_folder(tmp_path / "data")) if task == "cifar10_resnet18" else os.environ.get("DTEMU_DATA", "")
+    if task == "cifar10_resnet18":
+        monkeypatch.setenv("DTEMU_DATA", str(cifar_folder(tmp_path / "data")))
     raw = {"name": f"real-{task}", "seed": 2, "task": task, "threads": 1, "data": {"test_samples": 32},
            "fl": {"clients": 2, "rounds": 2, "subset": 16, "batch_size": 8, "lr": 0.05, "min_clients": 2,
                   "round_timeout_s": 60, "barrier_timeout_s": 60}}
-    old = os.environ.get("DTEMU_DATA")
-    os.environ["DTEMU_DATA"] = data
-    try:
-        emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
-    finally:
-        if old is None:
-            os.environ.pop("DTEMU_DATA", None)
-        else:
-            os.environ["DTEMU_DATA"] = old
-    cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(scenario_file(tmp_path, raw)), "--out",
-           str(tmp_path / "real"), "--no-tui", "--timeout", "150", "--time-scale", "1", "--domain", str(new_domain())]
-    proc = subprocess.Popen(cmd, env={**env(), "DTEMU_DATA": data}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        kill_group(proc)
-    assert proc.returncode == 0, out.decode()[-3000:]
+    emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
+    code, out = real_launch(scenario_file(tmp_path, raw), tmp_path / "real", 150,
+                            {"DTEMU_DATA": os.environ.get("DTEMU_DATA", "")})
+    assert code == 0, out
     real = json.loads((tmp_path / "real" / "summary.json").read_text())
     assert real["model_sha256"] == emu["model_sha256"] and real["rounds"] == 2

@@ -108,28 +108,19 @@ def test_without_a_task_the_digest_is_what_it_was():
 def test_a_task_runs_for_real_and_ends_with_emus_model(tmp_path):
     """Every rank imports the task itself (here from tests/, on PYTHONPATH): the same model as emu."""
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     pytest.importorskip("cyclonedds")
-    from helpers import env, kill_group, new_domain, scenario_file
+    from helpers import real_launch, scenario_file
 
     raw = {"name": "task-real", "seed": 2, "task": SEQ, "threads": 1,
            "fl": {"clients": 2, "rounds": 2, "batch_size": 16, "lr": 0.5, "min_clients": 2,
                   "round_timeout_s": 40, "barrier_timeout_s": 30}}
     emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
     tests = str(Path(__file__).resolve().parent)
-    path = scenario_file(tmp_path, raw)
-    cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(tmp_path / "real"), "--no-tui",
-           "--timeout", "100", "--time-scale", "1", "--domain", str(new_domain())]
-    proc = subprocess.Popen(cmd, env={**env(), "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        kill_group(proc)
-    assert proc.returncode == 0, out.decode()[-3000:]
+    code, out = real_launch(scenario_file(tmp_path, raw), tmp_path / "real", 100,
+                            {"PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])})
+    assert code == 0, out
     real = json.loads((tmp_path / "real" / "summary.json").read_text())
     assert real["model_sha256"] == emu["model_sha256"] and real["rounds"] == 2
 

@@ -1,11 +1,12 @@
 """Small tasks for tests of core.ml.task: a next-token model (integer inputs, a target per token,
-its own loss and counting) and an image classification at another shape with the default loss."""
+core.ml.task.SequenceTask's loss and counting) and an image classification at another shape with the default loss."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from dtemu.core.ml.task import SequenceTask
 
 VOCAB, LENGTH = 8, 6
 
@@ -24,7 +25,7 @@ def _tokens(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n, LENGTH), generator=torch.Generator().manual_seed(seed))
 
 
-class NextToken:
+class NextToken(SequenceTask):
     """Predict (token + 1) mod VOCAB at every position: learnable in a few steps."""
 
     train_s_per_sample = 2e-5  # emu's modelled cost (SmallColour has none: its scenarios set one)
@@ -35,15 +36,6 @@ class NextToken:
     def data(self):
         x_train, x_test = _tokens(256, 1), _tokens(64, 2)
         return x_train, (x_train + 1) % VOCAB, x_test, (x_test + 1) % VOCAB
-
-    def loss(self, output, target):
-        return F.cross_entropy(output.reshape(-1, VOCAB), target.reshape(-1))
-
-    def loss_sum(self, output, target):
-        return F.cross_entropy(output.reshape(-1, VOCAB), target.reshape(-1), reduction="sum")
-
-    def correct(self, output, target):
-        return (output.argmax(-1) == target).sum(), target.numel()
 
 
 class SmallColour:

@@ -516,7 +516,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
         sets += ["geo.joining=true", f"geo.start_wait_s={LATE_START_WAIT_S:g}"]
     real_sets = sets + ([_offline_set(late_nodes, late_at_s)] if late_nodes else [])
     scen = load_scenario(scenario_path, real_sets)
-    if scen.mode != "geo" or not scen.network.sites:
+    if not scen.kind.places_nodes_in_sites(scen) or not scen.network.sites:
         raise NetnsError(f"{scenario_path} is not a geo scenario with sites")
     wan = [(scen.network.sites[s].wan.up_mbps, scen.network.sites[s].wan.down_mbps) for s in sites]
     placement = [sites.index(scen.site_of[n]) for n in scen.node_names]

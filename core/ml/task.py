@@ -63,6 +63,23 @@ class Task:
 CLASSIFICATION = Task()
 
 
+class SequenceTask(Task):
+    """A target per position (a language model's next token): the model returns (N, T, classes),
+    the loss is the cross-entropy over every position, and each position counts as a prediction.
+    A task with a target per position may inherit these (core.ml.charlm does)."""
+
+    name = "sequence"
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+    def loss_sum(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1), reduction="sum")
+
+    def correct(self, output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return (output.argmax(-1) == target).sum(), target.numel()
+
+
 class UserTask(Task):
     """A scenario's task object, with the defaults for what it does not define."""
 
