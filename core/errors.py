@@ -114,3 +114,12 @@ class LossNotice(DtemuError):
         self.kind, self.rank, self.group, self.payload = kind, rank, group, payload
         self.what, self.missing = "", []
         super().__init__(f"rank {rank} sent {kind} (generation {group})")
+
+
+class AppError(DtemuError):
+    """The user's app itself failed in a way that ends the run (a Flower ServerApp that raised);
+    ``trace`` is its traceback.  Exit code 6 in emu and real."""
+
+    def __init__(self, message: str, trace: str = ""):
+        self.trace = trace
+        super().__init__(message)

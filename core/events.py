@@ -133,6 +133,22 @@ GEO_REJOIN = _kind("geo_rejoin", "round waited",
                        "in place of the pull of `waited`, and goes on from the next round")
 GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_sha256 stop_reason")
 
+# --- Flower apps (core.flower): the server's grid and the clients' ClientApp calls ----
+FLOWER_SENT = _kind("flower_sent", "round type asked bytes", "unavailable",
+                    doc="the ServerApp's grid sent instructions of one round and message type to `asked` "
+                        "clients (unavailable: not sent, the client being offline under fl.availability)")
+FLOWER_REPLIES = _kind("flower_replies", "round type asked replies errors timed_out",
+                       doc="a grid call closed: `replies` answers (errors of them the ClientApp's failures) "
+                           "to `asked` instructions, before its deadline or not")
+CLIENT_APP_FAILED = _kind("client_app_failed", "round type error", "hung",
+                          doc="the ClientApp raised, returned no reply to its message, or hung past "
+                              "flower.call_limit_s: the client answers an error (hung: nothing)")
+SERVER_APP_FAILED = _kind("server_app_failed", "error traceback",
+                          doc="the ServerApp raised: the run ends, with its traceback here")
+FLOWER_CALL = _kind("flower_call", "round type examples wall_s",
+                    doc="a ClientApp call returned: the examples its reply reports and the wall time it "
+                        "took (what `emu calibrate` prices a Flower app's training by)")
+
 # --- mode ps: parameter server, state server, workers (core/ps) --------------------
 PS_UPDATE = _kind("ps_update", "worker version iterations samples staleness", "loss",
                   doc="the parameter server took a worker's update (staleness: versions since its base)")

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from dtemu.core.ddp.collectives import FRAME_BYTES
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
+from dtemu.core.flower.spec import FlowerSpec
 from dtemu.core.geo.spec import GeoSpec, SiteSpec, central_site
 from dtemu.core.ml.user_code import BUILTIN_TASKS as TASKS, model_spec
 from dtemu.core.modes import MODES, Mode
@@ -390,7 +391,7 @@ class FaultSpec:
 class Scenario:
     # Names run folders (runs/<name>-<date>-<time>): letters, digits, . _ -, at most 100.
     name: str
-    mode: Literal["fl", "ddp", "ps", "geo"] = "fl"
+    mode: Literal["fl", "ddp", "ps", "geo", "flower"] = "fl"
     seed: int = field(default=0, metadata=check(between(0, (1 << 63) - 1, "a 64-bit seed")))
     model: str = "mnist_cnn"
     # What it learns, as a plugin (core.ml.task): "package.module:Name" supplying the model, the data,
@@ -410,6 +411,8 @@ class Scenario:
     faults: FaultSpec = field(default_factory=FaultSpec)
     # mode geo: hierarchical parameter servers across data centres (core.geo)
     geo: GeoSpec = field(default_factory=GeoSpec)
+    # mode flower: an unmodified Flower app over dtemu's network and clock (core.flower)
+    flower: FlowerSpec = field(default_factory=FlowerSpec)
     # Accuracies whose first time summary.json reports (time_to_accuracy); they measure, not steer.
     targets: list[float] = field(default_factory=lambda: [0.8, 0.9, 0.95])
 
@@ -486,7 +489,7 @@ class Scenario:
         d.pop("targets")  # what is measured, not what is trained
         if d["task"] is None:  # (digests from before tasks)
             del d["task"]
-        for section in ("fl", "ddp", "ps", "geo"):  # what its mode does not train with
+        for section in ("fl", "ddp", "ps", "geo", "flower"):  # what its mode does not train with
             if section not in self.kind.digest_sections:
                 d.pop(section)
         if not self.network.sites:

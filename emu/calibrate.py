@@ -39,27 +39,33 @@ def add_parser(sub) -> None:
 
 def measure(scenario, reps: int = 7) -> dict:
     """The profile of ``scenario`` on this machine (host.profile's format)."""
-    import yaml
-
-    from dtemu.host import profile as profiles
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import measured_s_per_sample, sample_of
     from dtemu.report.resolve import resolve
 
+    if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
+        return _profile(scenario, resolve(scenario.kind.costs)(scenario, reps), {"model": "the app's own",
+                                                                                 "reps": reps})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
     train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps)]
+    return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
+                                            "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
+                                            "input_dtype": str(sample[0].dtype), "reps": reps})
+
+
+def _profile(scenario, assignments: list[str], measured: dict) -> dict:
+    import yaml
+
+    from dtemu.host import profile as profiles
+
     sets = {}
     for a in assignments:
         key, _, value = a.partition("=")
         sets[key] = yaml.safe_load(value)
     return {"format": profiles.FORMAT, "machine": profiles.machine(),
-            "measured": {"scenario": scenario.name, "mode": scenario.mode, "model": scenario.model_spec,
-                         "batch_size": scenario.kind.batch_size(scenario), "threads": scenario.threads,
-                         "input_shape": list(sample[0].shape[1:]), "input_dtype": str(sample[0].dtype),
-                         "reps": reps},
-            "sets": sets}
+            "measured": {"scenario": scenario.name, "mode": scenario.mode, **measured}, "sets": sets}
 
 
 def main(args) -> int:

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
+from dtemu.core.errors import AppError, DtemuError, KeyFileError, ScenarioError
 from dtemu.host.keys import load_key
 from dtemu.host import cores
 from dtemu.host.scenario_file import check_code, load_scenario, read_init
@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_parser(sub)
     calibrate.add_parser(sub)
     return p
+
+
+EXIT_APP = 6  # the user's app raised (a Flower ServerApp): the same code as real's
 
 
 def default_out(name: str) -> Path:
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as err:  # found only once the run is built (a model factory that is no model)
         print(f"emu: {err}", file=sys.stderr)
         return 2
+    except AppError as err:  # the user's app ended the run (its traceback: in the run folder)
+        print(f"emu: {err}", file=sys.stderr)
+        return EXIT_APP
     except DtemuError as err:
         print(f"emu: {type(err).__name__}: {err}", file=sys.stderr)
         return 3

@@ -239,3 +239,30 @@ def geo_sets(scenario, reps: int = 7) -> list[str]:
     decode = geo_decode_cost(dim, scenario.geo.fp16, reps)
     return (transport_only_sets(scenario, reps, dim) + [f"compute.default.decode_s_per_mb={decode:.6e}"]
             + cpu_sets(geo_cpu_costs(scenario, reps)))
+
+
+def flower_sets(scenario, reps: int = 7) -> list[str]:
+    """A Flower app's training cost per example: its ClientApp's train calls timed in a short emulated
+    run of the app itself (one round, ``reps`` + 1 clients; the first call, which loads the data, left
+    out), the median of wall seconds over the examples each reports.  An app's model is its own, so
+    this is the only way to time it; its messages' costs are not measured yet."""
+    import tempfile
+    from pathlib import Path
+
+    from dtemu.core import events as ev
+    from dtemu.core.errors import ScenarioError
+    from dtemu.core.scenario import parse_scenario
+    from dtemu.emu.run import run_emulation
+
+    raw = scenario.to_dict()
+    raw["fl"]["clients"] = min(scenario.fl.clients, reps + 1)
+    raw["flower"]["run_config"] = {**raw["flower"]["run_config"], "num-server-rounds": 1}
+    with tempfile.TemporaryDirectory() as folder:
+        run_emulation(parse_scenario(raw), folder)
+        calls = [json.loads(line) for line in (Path(folder) / "events.jsonl").read_text().splitlines()]
+    rates = [e["wall_s"] / e["examples"] for e in calls
+             if e["kind"] == ev.FLOWER_CALL and e["type"].startswith("train") and e["examples"]]
+    if len(rates) < 2:
+        raise ScenarioError("flower", "the app's train calls report no examples (flower.examples_key): "
+                                      "nothing to price its training by")
+    return [f"compute.default.train_s_per_sample={statistics.median(rates[1:]):.6e}"]

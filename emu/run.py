@@ -16,7 +16,7 @@ from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
 from dtemu.core.runtime.wiring import roles
 from dtemu.core.scenario import Scenario
 from dtemu.host import cpu_arith
-from dtemu.host.datasets import load_for
+from dtemu.host.work import load_work
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
 from dtemu.host.spill import DiskSpill
@@ -76,8 +76,9 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
     wall_start = time.perf_counter()
     torch.set_num_threads(scenario.threads)
     # Before the run folder: a scenario whose model or data cannot be had leaves nothing behind.
-    work = work or Workload(scenario, load_for(scenario))
+    work = work or load_work(scenario)
     run = RunDir(out_dir)
+    getattr(work, "open_run", lambda folder: None)(run.path)  # (a Flower app: its log goes into the run)
     for fn in observers:
         run.observe(fn)
     try:

@@ -77,6 +77,11 @@ def check_code(scenario: Scenario) -> None:
     """Run the code the scenario names once, so that a factory that fails, exits, or returns the
     wrong thing is a ScenarioError naming its key before anything starts: the model is built,
     and a data factory called (its data set is kept for the run: host.datasets caches it)."""
+    if not scenario.kind.own_model:  # (a Flower app): loading its code is its check
+        from dtemu.host.work import load_work
+
+        load_work(scenario)
+        return
     from dtemu.core.ml.models import build_model  # torch: only when a run is about to start
 
     build_model(scenario.model_spec, seed=scenario.seed)

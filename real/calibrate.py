@@ -25,6 +25,8 @@ from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_
 
 def time_scale(scenario: Scenario, cores: int | None = None) -> tuple[float, str]:
     """(factor, how it was found): at least 1, never below the scenario's own timing."""
+    if not scenario.kind.own_model:
+        return 1.0, f"mode {scenario.mode} trains the app's own model, whose step dtemu cannot time ahead of the run"
     trainers = scenario.training_nodes
     reference = scenario.compute_for(trainers[0]).train_s_per_sample or model_cost(scenario.model_spec)
     if not reference:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from dtemu.host.keys import load_key
-from dtemu.core.errors import DtemuError, KeyFileError, ScenarioError
+from dtemu.core.errors import AppError, DtemuError, KeyFileError, ScenarioError
 from dtemu.report.cli import add_commands
 from dtemu.report.cli import run as run_reader
 from dtemu.core.ps.spec import PS
@@ -33,6 +33,7 @@ from dtemu.real import rogue
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
 EXIT_PEER_LOST = 5
+EXIT_APP = 6  # the user's app raised (a Flower ServerApp): its traceback is in the run folder
 
 
 class Terminated(BaseException):
@@ -186,6 +187,9 @@ def run_rank(args, scenario) -> int:
     except Terminated:
         print(f"real: {name} terminated; partial run in {out}", file=sys.stderr)
         return EXIT_TERMINATED
+    except AppError as err:
+        print(f"real: {name}: {err}", file=sys.stderr)
+        return EXIT_APP
     except DtemuError as err:
         print(f"real: {name}: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_RUN

@@ -18,7 +18,7 @@ from dtemu.core.runtime.summary import node_record
 from dtemu.core.runtime.wiring import readers_of, role_of
 from dtemu.core.scenario import Scenario
 from dtemu.host import cpu_arith
-from dtemu.host.datasets import load_for
+from dtemu.host.work import load_work
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
 
@@ -44,9 +44,10 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
     torch.set_num_threads(threads or scenario.threads)
     name = scenario.node_names[rank]
     # Before the run folder: a scenario whose model or data cannot be had leaves nothing behind.
-    work = Workload(scenario, load_for(scenario))
-    work.partitions  # and before joining: the barrier should not wait for this
+    work = load_work(scenario)
+    getattr(work, "partitions", None)  # and before joining: the barrier should not wait for this
     run = RunDir(out, append=append)
+    getattr(work, "open_run", lambda folder: None)(run.path)  # (a Flower app: its log goes into the run)
     for fn in observers:
         run.observe(fn)
     try:

@@ -11,6 +11,7 @@ SCENARIOS = {
     "ddp": {"name": "m", "mode": "ddp", "ddp": {"workers": 3, "max_steps": 7}},
     "ps": {"name": "m", "mode": "ps", "ps": {"workers": 3}},
     "geo": {"name": "m", "mode": "geo", "network": {"sites": {"c": {}, "a": {}, "b": {}}}},
+    "flower": {"name": "m", "mode": "flower", "flower": {"server_app": "a:s", "client_app": "a:c"}},
 }
 
 
@@ -33,7 +34,7 @@ def test_a_mode_answers_for_its_scenario(name):
     assert kind.batch_size(s) > 0 and kind.unit in ("round", "step")
     assert kind.rounds(s) is None or kind.rounds(s) > 0
     assert callable(resolve(kind.audit)) and callable(resolve(kind.report))
-    assert {"fl", "ddp", "ps", "geo"} >= kind.digest_sections
+    assert {"fl", "ddp", "ps", "geo", "flower"} >= kind.digest_sections
 
 
 def test_digests_keep_only_their_modes_sections():

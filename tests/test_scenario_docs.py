@@ -11,7 +11,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "scenarios.md"
 
 
 def schema_keys(cls=Scenario, prefix="") -> set[str]:
-    """Every documented unit of the schema: leaf keys; a mapping of nodes as ``<node>``;
+    """Every documented unit of the schema: leaf keys (a mapping of plain values is one); a mapping of
+    nodes (or sites) as ``<node>``;
     a nested section whose keys are documented together (``network.default``) by its name."""
     keys = set()
     hints = typing.get_type_hints(cls)
@@ -20,7 +21,7 @@ def schema_keys(cls=Scenario, prefix="") -> set[str]:
         kind = hints[f.name]
         if dataclasses.is_dataclass(kind) and f.name != "default":
             keys |= schema_keys(kind, path + ".")
-        elif typing.get_origin(kind) is dict:
+        elif typing.get_origin(kind) is dict and dataclasses.is_dataclass(typing.get_args(kind)[1]):
             keys.add(path + ".<node>")
         else:
             keys.add(path)

@@ -20,17 +20,17 @@ from dtemu.core.fl.aggregate import Update
 from dtemu.core.fl.inbox import ACCEPTED, UpdateInbox
 from dtemu.core.fl.server_opt import server_rule
 from dtemu.core.wire.checkpoint import decode_checkpoint
-from dtemu.core.errors import BarrierTimeout, CheckpointError
+from dtemu.core.errors import CheckpointError
 from dtemu.core.wire.messages import Stop, TrainCmd
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime import points
-from dtemu.core.runtime.requests import Evaluations, Point, Recv, Send, Sleep, WaitPeers
+from dtemu.core.runtime.requests import Evaluations, Point, Recv, Send, Sleep
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.core.fl.population import Population
 from dtemu.core.fl.downlink import Downlink
 from dtemu.core.fl import fedasync
-from dtemu.core.fl.steps import accepted, blob, checkpoint, evaluate, refuse_update
+from dtemu.core.fl.steps import accepted, barrier, blob, checkpoint, evaluate, refuse_update
 from dtemu.core import events as ev
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
@@ -78,7 +78,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     ctx.emit(ev.RUN_START, clients=list(clients), rounds=fl.rounds, first_round=start, dim=work.dim,
              authenticated=auth.enabled)
 
-    yield from _barrier(ctx, fl, clients)
+    yield from barrier(ctx, fl, clients)
     # fl.downlink_codec: the model goes down as a compressed delta on the clients' reference
     downlink = Downlink(fl, clients) if fl.downlink_codec != "fp32" else None
     first = downlink.full(start - 1, result.weights) if downlink else blob(start - 1, result.weights)
@@ -159,17 +159,6 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
         round_, attempt = round_ + 1, 0
 
     return round_
-
-
-def _barrier(ctx, fl, clients):
-    """No command before every expected client is there (or enough, if allowed)."""
-    t0 = ctx.now()
-    matched = yield WaitPeers(clients, deadline=t0 + fl.barrier_timeout_s)
-    missing = sorted(set(clients) - set(matched))
-    ctx.emit(ev.BARRIER, matched=sorted(matched), missing=missing, waited_s=ctx.now() - t0)
-    enough = len(matched) >= fl.min_clients and fl.barrier_require == "min_clients"
-    if missing and not enough:
-        raise BarrierTimeout(missing, fl.barrier_timeout_s)
 
 
 def _collect(ctx, inbox: UpdateInbox, cmd, clients, deadline, counts):

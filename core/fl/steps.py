@@ -11,7 +11,8 @@ from dtemu.core.compression import codecs
 from dtemu.core.fl.inbox import LATE, Verdict
 from dtemu.core.runtime import points
 from dtemu.core.runtime.refusal import refuse
-from dtemu.core.runtime.requests import Evaluate, Point
+from dtemu.core.errors import BarrierTimeout
+from dtemu.core.runtime.requests import Evaluate, Point, WaitPeers
 from dtemu.core.wire import messages
 from dtemu.core.wire.checkpoint import Checkpoint, encode_checkpoint
 from dtemu.core.wire.messages import ModelBlob
@@ -62,3 +63,15 @@ def refuse_update(ctx, counts, msg, verdict: Verdict, current: int) -> None:
     else:  # duplicate, not asked, unknown client
         refuse(ctx, counts, msg, reason.replace(" ", "_"), ev.UPDATE_REJECTED, client=up.client, round=up.round,
                reason=reason)
+
+
+def barrier(ctx, fl, clients):
+    """No command before every expected client is there (or enough, if fl.barrier_require allows).
+    (The FL controller's and the Flower server's, core.flower.server.)"""
+    t0 = ctx.now()
+    matched = yield WaitPeers(clients, deadline=t0 + fl.barrier_timeout_s)
+    missing = sorted(set(clients) - set(matched))
+    ctx.emit(ev.BARRIER, matched=sorted(matched), missing=missing, waited_s=ctx.now() - t0)
+    enough = len(matched) >= fl.min_clients and fl.barrier_require == "min_clients"
+    if missing and not enough:
+        raise BarrierTimeout(missing, fl.barrier_timeout_s)

@@ -45,7 +45,7 @@ def is_task(spec: str) -> bool:
 def code_keys(scenario: Scenario) -> dict[str, str]:
     """Every key of the scenario that names code, with what it names."""
     keys = {"task": scenario.task, "model": scenario.model, "data.factory": scenario.data.factory}
-    return {key: spec for key, spec in keys.items() if names_code(spec)}
+    return {**{key: spec for key, spec in keys.items() if names_code(spec)}, **scenario.kind.code_keys(scenario)}
 
 
 def refuse_code(scenario: Scenario) -> None:

@@ -57,6 +57,11 @@ class Mode:
     # What ``emu calibrate`` measures for it beyond the training step ("module:function" of
     # emu.costs, taking the scenario and repetitions, returning --set assignments).
     costs: str = "dtemu.emu.costs:transport_only_sets"
+    # Does dtemu build the model its nodes train (so real launch can time a step of it before a run)?
+    own_model: bool = True
+    # What its roles work on ("module:function" of host, taking the scenario): the learning task, loaded
+    # with its data (core.ml.workload.Workload), or a Flower app (host.flower_app).
+    work: str = "dtemu.host.work:dtemu_work"
     # What the run counts its progress in (summary.json's key, the dashboard's header): rounds (or
     # global versions), steps.
     unit: str = "round"
@@ -92,6 +97,10 @@ class Mode:
     # --- checks --------------------------------------------------------
     def validate(self, s) -> None:
         """The checks only this mode needs (core.scenario.validate runs the common ones)."""
+
+    def code_keys(self, s) -> dict[str, str]:
+        """The mode's own keys that name code, with what they name (``--no-code`` refuses them)."""
+        return {}
 
     def places_nodes_in_sites(self, s) -> bool:
         """Does the mode place its nodes in network.sites itself (rather than the scenario)?"""

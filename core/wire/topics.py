@@ -17,7 +17,12 @@ PS_UPDATE = "ps/update"  # workers -> parameter server: Update, Join
 SS_STATE = "ps/state"  # workers and the parameter server -> state server: REPORT, QUERY, RESET, LEAVE, STOP
 SS_REPLY = "ps/state_reply"  # state server -> one worker: RESPONSE
 
-ALL = (TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB, COLL_FRAMES, GEO_PUSH, GEO_PULL, PS_MODEL, PS_UPDATE, SS_STATE, SS_REPLY)
+# mode flower (core/flower): a Flower app's Messages, framed by core.flower.wire
+FLOWER_INS = "flower/instruction"  # server -> one client: an instruction Message; Stop to all
+FLOWER_RES = "flower/reply"  # clients -> server: reply Messages
+
+ALL = (TRAIN_CMD, CLIENT_UPDATE, MODEL_BLOB, COLL_FRAMES, GEO_PUSH, GEO_PULL, PS_MODEL, PS_UPDATE, SS_STATE, SS_REPLY,
+       FLOWER_INS, FLOWER_RES)
 
 # A late joiner gets the latest message of these topics (DDS TRANSIENT_LOCAL).
 DURABLE_TOPICS = frozenset({MODEL_BLOB})

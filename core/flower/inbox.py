@@ -1,0 +1,97 @@
+"""The server's inbox for Flower replies, with no I/O (in the manner of h11): offer it what arrived
+and it answers what the bytes are to the run.
+
+An instruction the server sent is *open* until the grid call that sent it closes (its replies are all
+in, or its deadline passed).  A reply is then one of:
+
+- accepted: an authentic, well-formed reply from the node asked, to an open instruction; its arrays
+  load, are finite and match what the instruction carried (core.flower.wire.check_reply);
+- late: to an instruction whose call has closed (the app has moved on);
+- duplicate: a second reply to the same instruction;
+- refused, with a reason: unsigned or forged (sealed runs), malformed, not a reply, a reply to
+  nothing the server sent, from a node that was not asked, or invalid arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dtemu.core.errors import AuthError, DecodeError
+from dtemu.core.flower import wire
+
+ACCEPTED, LATE, DUPLICATE, REFUSED = "accepted", "late", "duplicate", "refused"
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One instruction sent: to whom, of which round and type, and the arrays it carried."""
+
+    node: str
+    round: int
+    type: str
+    arrays: dict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    reply: Any = None  # the flwr Message (accepted, late, duplicate)
+    asked: Asked | None = None
+    reason: str = ""
+    error: str = ""
+
+
+class ReplyInbox:
+    def __init__(self, sealer):
+        self._sealer = sealer  # opens sealed frames (core.wire.auth; the identity without a key)
+        self._open: dict[str, Asked] = {}
+        self._closed: dict[str, Asked] = {}
+        self._answered: set[str] = set()
+
+    def expect(self, message_id: str, asked: Asked) -> None:
+        self._open[message_id] = asked
+
+    def close(self, message_ids) -> None:
+        """The call that sent these is over: later replies to them are late."""
+        for mid in message_ids:
+            asked = self._open.pop(mid, None)
+            if asked is not None:
+                self._closed[mid] = asked
+
+    def offer(self, topic: str, src: str, data: bytes) -> Verdict:
+        try:
+            body = self._sealer.open(topic, src, data).data
+            if wire.kind_of(body) != wire.REPLY:
+                return Verdict(REFUSED, reason="not_a_reply")
+            reply = wire.decode(body)
+        except AuthError as err:
+            return Verdict(REFUSED, reason=err.reason, error=str(err))
+        except DecodeError as err:
+            return Verdict(REFUSED, reason="malformed", error=str(err))
+        mid = reply.metadata.reply_to_message_id
+        asked = self._open.get(mid) or self._closed.get(mid)
+        if asked is None:
+            return Verdict(REFUSED, reply, reason="not_asked", error=f"a reply to {mid[:40]!r}, which was never sent")
+        if asked.node != src:
+            return Verdict(REFUSED, reply, asked, reason="wrong_sender", error=f"{src} answered {asked.node}'s instruction")
+        if mid in self._answered:
+            return Verdict(DUPLICATE, reply, asked, reason="duplicate")
+        if mid in self._closed:
+            self._answered.add(mid)
+            return Verdict(LATE, reply, asked, reason="late")
+        if not reply.has_error():
+            try:
+                wire.check_reply(reply, asked.arrays)
+            except DecodeError as err:
+                self._answered.add(mid)  # its one answer was unusable: a resend would be a duplicate
+                return Verdict(REFUSED, reply, asked, reason="invalid", error=str(err))
+        self._answered.add(mid)
+        return Verdict(ACCEPTED, reply, asked)
+
+    def asked(self, message_id: str) -> Asked | None:
+        return self._open.get(message_id) or self._closed.get(message_id)
+
+    def waiting(self, message_ids) -> int:
+        """How many of ``message_ids`` have no answer yet."""
+        return sum(1 for mid in message_ids if mid not in self._answered)

@@ -1,0 +1,237 @@
+"""The Flower server's role, written once for both runtimes: it runs the app's ServerApp and carries
+out each of its grid calls over dtemu's network and clock.
+
+- ``send_and_receive``: send each instruction to its node, then take replies until every one is in
+  or the deadline passes: the call's timeout, at most ``fl.round_timeout_s``, counted from before the
+  first instruction leaves.  The replies go back to the app in the order they arrived.
+- ``push_messages`` / ``pull_messages``: the same halves apart; a pull with nothing in waits for a
+  reply at most ``POLL_S`` of the runtime's clock (Flower's own grid sleeps between pulls).
+
+Everything a client sends goes through the inbox (core.flower.inbox); what it refuses is counted and
+logged through the one refusal path and never reaches the app.  A reply that carries the ClientApp's
+error is the app's to judge (Flower's strategies count it as a failure).  A client offline under
+``fl.availability`` is not sent to: as a node that is not connected, it does not answer.
+
+For the dashboard, the report and the audit, a train call is logged as an FL round is: round_start,
+update_accepted per reply, round_close; an evaluate call's replies give the round's accuracy (their
+mean of ``flower.accuracy_key`` weighted by their examples), logged as ``eval``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from dtemu.core import events as ev
+from dtemu.core.errors import AppError
+from dtemu.core.fl.steps import barrier
+from dtemu.core.flower import wire
+from dtemu.core.flower.app import FlowerApp, Finished, node_id
+from dtemu.core.flower.grid import make_grid
+from dtemu.core.flower.inbox import ACCEPTED, DUPLICATE, LATE, Asked, ReplyInbox
+from dtemu.core.flower.replies import accuracy_of, examples_of, round_of
+from dtemu.core.modes.base import DONE
+from dtemu.core.runtime.refusal import refuse
+from dtemu.core.runtime.requests import Recv, Send
+from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
+
+POLL_S = 0.1
+
+
+@dataclass
+class ServerResult:
+    rounds_completed: int = 0  # train calls that got at least one usable reply
+    rounds_failed: int = 0  # train calls that got none
+    final_accuracy: float | None = None
+    stop_reason: str = DONE
+    counts: Counter = field(default_factory=Counter)
+    history: list = field(default_factory=list)  # (time, accuracy) of every evaluate call
+    model_sha256: str | None = None  # of the arrays the server last sent
+
+
+def server(ctx, scenario, app: FlowerApp, population=None):
+    fl = scenario.fl
+    clients = scenario.client_names
+    ids = [node_id(i) for i in range(1, len(clients) + 1)]
+    rounds = app.run_config.get("num-server-rounds")
+    ctx.emit(ev.RUN_START, clients=list(clients), rounds=rounds if isinstance(rounds, int) else 0, first_round=1,
+             dim=0, authenticated=ctx.sealed)
+    yield from barrier(ctx, fl, clients)
+    _identify()
+    random.seed(scenario.seed)  # Flower's strategies draw their clients with the random module
+    thread = app.server_thread(lambda t: app.server_app(make_grid(t, ids), app.server_context()))
+    grid = _Carrier(ctx, scenario, dict(zip(ids, clients)), population)
+    failure = None
+    try:
+        while True:
+            call = thread.next()
+            if isinstance(call, Finished):
+                failure = call
+                break
+            thread.answer((yield from grid.carry_out(call)))
+    finally:  # the role's node crashed, or the run ended: the app's thread ends with it
+        thread.cancel()
+    yield Send(FLOWER_INS, ctx.seal(FLOWER_INS, 0, wire.encode(wire.STOP)))
+    result = grid.result
+    if failure.error is not None:
+        error = f"{type(failure.error).__name__}: {failure.error}"
+        ctx.emit(ev.SERVER_APP_FAILED, error=error, traceback=failure.trace)
+        raise AppError(f"the ServerApp raised {error} (its traceback is in events.jsonl, server_app_failed)",
+                       failure.trace)
+    ctx.emit(ev.RUN_END, reason=result.stop_reason, rounds_completed=result.rounds_completed,
+             rounds_failed=result.rounds_failed, model_sha256=result.model_sha256,
+             counts=dict(sorted(result.counts.items())))
+    result.final_accuracy = result.history[-1][1] if result.history else None
+    return result
+
+
+def _identify() -> None:
+    """The identity Flower stamps on the Messages a ServerApp makes (a SuperLink sets it per process)."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from dtemu.core.flower.app import RUN_ID
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, SUPERLINK_NODE_ID, 0
+
+
+class _Carrier:
+    """Carries out the app's grid calls with the role's requests; keeps what arrived until pulled."""
+
+    def __init__(self, ctx, scenario, name_of: dict[int, str], population):
+        self.ctx, self.fl, self.fs = ctx, scenario.fl, scenario.flower
+        self.name_of = name_of
+        self.population = population if scenario.fl.availability.kind != "always" else None
+        self.inbox = ReplyInbox(ctx.sealer)
+        self.arrived: dict[str, object] = {}  # message id -> accepted reply, in arrival order
+        self.result = ServerResult()
+        self.seq = 0
+        self.train_round = None  # the round of the last train instructions (round_start once per round)
+
+    def carry_out(self, call):
+        if call.name == "send_and_receive":
+            return (yield from self._send_and_receive(call.args[0], call.timeout))
+        if call.name == "push_messages":
+            return (yield from self._push(call.args[0]))
+        return (yield from self._pull(call.args[0]))
+
+    def _send_and_receive(self, messages, timeout):
+        timeout = self.fl.round_timeout_s if timeout is None else min(timeout, self.fl.round_timeout_s)
+        deadline = self.ctx.now() + timeout
+        sent = yield from self._push(messages)
+        yield from self._collect(sent, deadline, until_all=True)
+        self.inbox.close(sent)
+        replies = [self.arrived.pop(mid) for mid in list(self.arrived) if mid in set(sent)]
+        self._closed(messages, replies, timed_out=len(replies) < len(sent))
+        return replies
+
+    def _pull(self, message_ids):
+        wanted = set(message_ids)
+        if not any(mid in wanted for mid in self.arrived):
+            yield from self._collect(list(wanted), self.ctx.now() + POLL_S, until_all=False)
+        return [self.arrived.pop(mid) for mid in list(self.arrived) if mid in wanted]
+
+    # --- sending ---------------------------------------------------------
+    def _push(self, messages):
+        ctx, counts = self.ctx, self.result.counts
+        online = set(self.population.online(ctx.now())) if self.population is not None else None
+        content = {}  # id of a content -> (its proto, its arrays): one encoding for every node it goes to
+        sent, groups = [], {}
+        for message in messages:
+            self.seq += 1
+            mid = f"dtemu-{self.seq}"
+            message.metadata.__dict__["_message_id"] = mid  # (as Flower's own grids set it)
+            node = self.name_of.get(message.metadata.dst_node_id)
+            if node is None:
+                counts["unknown_node"] += 1
+                continue
+            round_, type_ = round_of(message), message.metadata.message_type
+            key = id(message.content) if message.has_content() else None
+            if key not in content:
+                content[key] = wire.content_of(message)
+            proto, arrays = content[key]
+            self.inbox.expect(mid, Asked(node, round_, type_, arrays))
+            sent.append(mid)
+            group = groups.setdefault((round_, type_), {"asked": 0, "bytes": 0, "unavailable": 0})
+            if type_.split(".")[0] == "train" and round_ != self.train_round:
+                self.train_round = round_
+                ctx.emit(ev.ROUND_START, round=round_, attempt=0)
+            if arrays:
+                self.result.model_sha256 = wire.model_sha256(next(iter(arrays.values())))
+            if online is not None and node not in online:
+                group["unavailable"] += 1
+                counts["unavailable"] += 1
+                continue
+            data = ctx.seal(FLOWER_INS, round_, wire.encode(wire.INSTRUCTION, message, content=proto))
+            group["asked"] += 1
+            group["bytes"] += len(data)
+            yield Send(FLOWER_INS, data, to=node)
+        for (round_, type_), group in groups.items():
+            ctx.emit(ev.FLOWER_SENT, round=round_, type=type_, **group)
+        return sent
+
+    # --- receiving -------------------------------------------------------
+    def _collect(self, message_ids, deadline, until_all: bool):
+        """Replies until every one of ``message_ids`` is in (or, ``until_all`` False, one of them),
+        or ``deadline``."""
+        ctx, counts = self.ctx, self.result.counts
+        wanted = set(message_ids)
+        while self.inbox.waiting(wanted):
+            msg = yield Recv((FLOWER_RES,), deadline)
+            if msg is None:
+                return
+            verdict = self.inbox.offer(msg.topic, msg.src, msg.data)
+            asked = verdict.asked
+            if verdict.kind == ACCEPTED:
+                mid = verdict.reply.metadata.reply_to_message_id
+                self.arrived[mid] = verdict.reply
+                if verdict.reply.has_error():  # the app's to judge; logged for the audit, not refused
+                    counts["client_error"] += 1
+                    ctx.emit(ev.UPDATE_REJECTED, client=msg.src, round=asked.round, reason="client_error",
+                             error=verdict.reply.error.reason[:200])
+                elif asked.type.split(".")[0] == "train":
+                    counts["accepted"] += 1
+                    ctx.emit(ev.UPDATE_ACCEPTED, client=msg.src, round=asked.round, bytes=len(msg.data),
+                             num_samples=examples_of(verdict.reply, self.fs.examples_key), sent_at=msg.sent_at,
+                             comm_s=msg.received_at - msg.sent_at)
+                else:
+                    counts["evaluated"] += 1
+                if not until_all and mid in wanted:
+                    return
+            elif verdict.kind == LATE:
+                refuse(ctx, counts, msg, "late", ev.UPDATE_LATE, client=msg.src, round=asked.round,
+                       current=self.train_round or 0)
+            elif verdict.kind == DUPLICATE:
+                refuse(ctx, counts, msg, "duplicate", ev.UPDATE_REJECTED, client=msg.src, round=asked.round,
+                       reason="duplicate")
+            elif asked is not None and asked.node == msg.src:  # its own answer, unusable (its arrays)
+                refuse(ctx, counts, msg, verdict.reason, ev.UPDATE_REJECTED, client=msg.src, round=asked.round,
+                       reason=verdict.reason, error=verdict.error)
+            else:
+                refuse(ctx, counts, msg, verdict.reason, ev.UPDATE_REJECTED, src=msg.src, reason=verdict.reason,
+                       error=verdict.error)
+
+    def _closed(self, messages, replies, timed_out: bool) -> None:
+        """Log a closed send_and_receive: as an FL round (train) or the round's accuracy (evaluate)."""
+        ctx, result = self.ctx, self.result
+        if not messages:
+            return
+        round_, type_ = round_of(messages[0]), messages[0].metadata.message_type
+        good = [r for r in replies if not r.has_error()]
+        ctx.emit(ev.FLOWER_REPLIES, round=round_, type=type_, asked=len(messages), replies=len(replies),
+                 errors=len(replies) - len(good), timed_out=timed_out)
+        category = type_.split(".")[0]
+        if category == "train":
+            names = sorted(self.inbox.asked(r.metadata.reply_to_message_id).node for r in good)
+            ctx.emit(ev.ROUND_CLOSE, round=round_, ready=len(good), expected=len(messages), min=1, clients=names,
+                     timed_out=timed_out, note=f"final-ready={len(good)}/{len(messages)} (errors={len(replies) - len(good)})")
+            if good:
+                result.rounds_completed += 1
+            else:
+                result.rounds_failed += 1
+        elif category == "evaluate":
+            accuracy = accuracy_of(good, self.fs.accuracy_key, self.fs.examples_key)
+            if accuracy is not None:
+                ctx.emit(ev.EVAL, round=round_, accuracy=accuracy)
+                result.history.append((ctx.now(), accuracy))

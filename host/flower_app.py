@@ -1,0 +1,90 @@
+"""A Flower app, loaded for dtemu's roles (core.flower): from its folder, as Flower's own tools load
+an app, or from the scenario's specs.
+
+An app folder holds a pyproject.toml whose ``[tool.flwr.app.components]`` names the ``serverapp`` and
+``clientapp`` ("package.module:attribute") and whose ``[tool.flwr.app.config]`` gives the run config's
+defaults; the scenario's ``flower.run_config`` goes over them.  The folder goes first on sys.path, so
+its package imports as Flower's tools import it.  Anything that fails (no such folder, a pyproject
+that does not parse, an app that does not import or is not a ServerApp / ClientApp) is a
+ScenarioError naming its key: exit 2, before a run folder exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+
+from dtemu.core.errors import ScenarioError
+from dtemu.core.flower.app import FlowerApp
+from dtemu.core.ml import user_code
+from dtemu.host import flower_thread
+
+EXTRA = "the Flower extra is not installed: pip install 'dtemu[flower]' (Flower 1.42)"
+
+
+class LoadedApp(FlowerApp):
+    def server_thread(self, main):
+        return flower_thread.AppThread(main)
+
+    def call(self, instruction, context, limit_s: float):
+        return flower_thread.call(self.client_app, instruction, context, limit_s)
+
+    def open_run(self, folder) -> None:
+        """Flower's own log (its strategies' round lines) goes to ``folder``/flower.log, not the terminal:
+        the run's progress is the dashboard's, and the log stays with the run."""
+        import logging
+
+        from flwr.common.logger import FLOWER_LOGGER
+
+        for handler in list(FLOWER_LOGGER.handlers):
+            FLOWER_LOGGER.removeHandler(handler)
+            handler.close()
+        handler = logging.FileHandler(Path(folder) / "flower.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        FLOWER_LOGGER.addHandler(handler)
+        FLOWER_LOGGER.propagate = False
+
+
+def load_app(scenario) -> FlowerApp:
+    spec = scenario.flower
+    if importlib.util.find_spec("flwr") is None:
+        raise ScenarioError("mode", EXTRA)
+    components, config = _folder(spec.app_dir) if spec.app_dir else ({}, {})
+    server_spec = spec.server_app or components.get("serverapp")
+    client_spec = spec.client_app or components.get("clientapp")
+    if not server_spec or not client_spec:
+        raise ScenarioError("flower.app_dir", f"{spec.app_dir}/pyproject.toml names no serverapp and clientapp in "
+                                              "[tool.flwr.app.components]; or set flower.server_app and flower.client_app")
+    server_app = _app("flower.server_app" if spec.server_app else "flower.app_dir", server_spec, "ServerApp")
+    client_app = _app("flower.client_app" if spec.client_app else "flower.app_dir", client_spec, "ClientApp")
+    return LoadedApp(server_app, client_app, {**config, **spec.run_config}, scenario.fl.clients,
+                     where=spec.app_dir or f"{server_spec}, {client_spec}")
+
+
+def _folder(app_dir: str) -> tuple[dict, dict]:
+    """The components and config defaults of the app in ``app_dir``; the folder goes on sys.path."""
+    folder = Path(app_dir).resolve()
+    try:
+        meta = tomllib.loads((folder / "pyproject.toml").read_text("utf-8"))
+    except OSError as err:
+        raise ScenarioError("flower.app_dir", f"cannot read {folder / 'pyproject.toml'}: {err.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ScenarioError("flower.app_dir", f"{folder / 'pyproject.toml'} does not parse: {err}") from None
+    app = meta.get("tool", {}).get("flwr", {}).get("app", {})
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return dict(app.get("components", {})), dict(app.get("config", {}))
+
+
+def _app(key: str, spec: str, kind: str):
+    """The ServerApp or ClientApp ``spec`` names."""
+    import flwr.clientapp
+    import flwr.serverapp
+
+    cls = flwr.serverapp.ServerApp if kind == "ServerApp" else flwr.clientapp.ClientApp
+    app = user_code.load(key, spec, kind)  # (an import that fails or raises is the key's error)
+    if not isinstance(app, cls):
+        raise ScenarioError(key, f"{spec!r} is a {type(app).__name__}, not a Flower {kind}")
+    return app

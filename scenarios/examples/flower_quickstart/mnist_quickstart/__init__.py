@@ -1,0 +1,1 @@
+"""mnist_quickstart: A Flower / PyTorch app on MNIST."""

@@ -1,0 +1,244 @@
+"""Flower apps under dtemu (mode flower, core.flower): an unmodified ServerApp and ClientApp over the
+emulated network and clock, their faults, and their misbehaviour.  Needs the extra dtemu[flower]."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is an optional extra: pip install 'dtemu[flower]'")
+
+from dtemu.core.errors import AppError, ScenarioError  # noqa: E402
+from dtemu.core.scenario import parse_scenario  # noqa: E402
+from dtemu.emu.run import run_emulation  # noqa: E402
+from dtemu.report.audit import audit  # noqa: E402
+
+TOY = {"server_app": "tests.flower_toy:server", "client_app": "tests.flower_toy:client"}
+
+
+def toy(run_config: dict | None = None, **sections) -> dict:
+    raw = {"name": "flower_toy", "mode": "flower",
+           "flower": {**TOY, "run_config": {"num-server-rounds": 2, **(run_config or {})}},
+           "fl": {"clients": 3, "round_timeout_s": 5.0},
+           "compute": {"default": {"train_s_per_sample": 0.001}}}
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return raw
+
+
+def run(tmp_path: Path, raw: dict, name: str = "run", **kwargs) -> tuple[dict, list[dict]]:
+    out = tmp_path / name
+    summary = run_emulation(parse_scenario(raw), out, **kwargs)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    return summary, events
+
+
+def kinds(events, kind, node=None):
+    return [e for e in events if e["kind"] == kind and (node is None or e["node"] == node)]
+
+
+def test_a_flower_app_runs_its_rounds_over_the_emulated_network(tmp_path):
+    summary, events = run(tmp_path, toy())
+    assert summary["mode"] == "flower" and summary["rounds"] == 2 and summary["stop_reason"] == "done"
+    assert summary["updates"] == {"accepted": 6, "evaluated": 6}
+    assert summary["final_accuracy"] == pytest.approx(0.6)  # (0.5 + 0.6 + 0.7) / 3, equal examples
+    # the ClientApp's cost is its reported examples times the node's cost per sample: client3's 30
+    # examples take 0.03 s of virtual time, client1's 10 take 0.01 s
+    done = {e["client"]: e["t"] for e in kinds(events, "update_accepted") if e["round"] == 1}
+    assert done["client3"] - done["client1"] == pytest.approx(0.02, abs=1e-3)
+    assert [e["round"] for e in kinds(events, "eval")] == [1, 2]
+    assert summary["bytes_up"] > 0 and summary["bytes_down"] > 0
+    assert audit(tmp_path / "run")["problems"] == []
+    again, _ = run(tmp_path, toy(), name="again")
+    assert again["model_sha256"] == summary["model_sha256"] and again["time_s"] == summary["time_s"]
+
+
+def test_a_clientapp_that_raises_costs_its_round_one_update(tmp_path):
+    summary, events = run(tmp_path, toy({"bad": "raise", "bad-client": 1, "bad-round": 1}))
+    assert summary["rounds"] == 2 and summary["stop_reason"] == "done"
+    assert summary["updates"] == {"accepted": 5, "client_error": 1, "evaluated": 6}
+    failed = kinds(events, "client_app_failed")
+    assert [(e["node"], e["round"], e["hung"]) for e in failed] == [("client2", 1, False)]
+    assert "RuntimeError: boom in train" in failed[0]["error"]
+    assert kinds(events, "round_close")[0]["clients"] == ["client1", "client3"]
+    assert audit(tmp_path / "run")["problems"] == []
+
+
+@pytest.mark.parametrize("bad, counted", [("wrong_type", "client_error"), ("nan", "invalid")])
+def test_a_wrong_reply_is_counted_and_the_round_goes_on(tmp_path, bad, counted):
+    summary, events = run(tmp_path, toy({"bad": bad, "bad-client": 0, "bad-round": 2}))
+    assert summary["rounds"] == 2 and summary["updates"][counted] == 1 and summary["updates"]["accepted"] == 5
+    if bad == "nan":  # refused by the server's inbox: the strategy never sees it, its bytes are charged
+        assert "not finite" in kinds(events, "update_rejected")[0]["error"]
+        assert summary["bytes_rejected"] > 0
+    assert audit(tmp_path / "run")["problems"] == []
+
+
+def test_a_clientapp_that_hangs_is_left_behind_and_the_round_closes_at_its_timeout(tmp_path):
+    raw = toy({"bad": "hang", "bad-client": 2, "bad-round": 1, "hang-s": 3.0},
+              flower={"call_limit_s": 0.3}, fl={"round_timeout_s": 2.0})
+    summary, events = run(tmp_path, raw)
+    assert summary["rounds"] == 2 and summary["updates"]["accepted"] == 5
+    hung = kinds(events, "client_app_failed")
+    assert [(e["node"], e["hung"]) for e in hung] == [("client3", True)]
+    close = kinds(events, "round_close")[0]
+    assert close["timed_out"] and close["clients"] == ["client1", "client2"]
+    assert close["t"] == pytest.approx(2.0, abs=0.01)  # the round's timeout, on the emulated clock
+
+
+def test_a_client_offline_for_a_round_misses_it_and_comes_back(tmp_path):
+    raw = toy(fl={"barrier_require": "min_clients", "barrier_timeout_s": 0.1, "round_timeout_s": 1.0},
+              faults={"offline": [{"node": "client2", "start_s": 0.0, "end_s": 0.5}]})
+    summary, events = run(tmp_path, raw)
+    closes = kinds(events, "round_close")
+    assert closes[0]["clients"] == ["client1", "client3"] and closes[0]["timed_out"]
+    assert closes[1]["clients"] == ["client1", "client2", "client3"]
+    assert summary["rounds"] == 2 and audit(tmp_path / "run")["problems"] == []
+
+
+def test_a_straggler_is_slower_in_emulated_time(tmp_path):
+    fast, _ = run(tmp_path, toy())
+    slow, _ = run(tmp_path, toy(compute={"nodes": {"client3": {"slowdown": 10.0}}}), name="slow")
+    # client3's 30 examples x 1 ms, 9 times more, in each of 2 rounds
+    assert slow["time_s"] - fast["time_s"] == pytest.approx(2 * 0.27, abs=0.005)
+    assert slow["model_sha256"] == fast["model_sha256"]
+
+
+def test_availability_decides_who_is_sent_to(tmp_path):
+    raw = toy(fl={"availability": {"kind": "onoff", "mean_on_s": 0.05, "mean_off_s": 0.05},
+                  "round_timeout_s": 0.2})
+    summary, events = run(tmp_path, raw)
+    sent = kinds(events, "flower_sent")
+    assert sum(e["unavailable"] for e in sent) == summary["updates"].get("unavailable")
+    assert summary["updates"]["unavailable"] > 0 and summary["stop_reason"] == "done"
+
+
+def test_a_sealed_run_trains_the_open_runs_model(tmp_path):
+    open_, _ = run(tmp_path, toy())
+    sealed, _ = run(tmp_path, toy(), name="sealed", key=b"k" * 32)
+    assert sealed["sealed"] and not open_["sealed"]
+    assert sealed["model_sha256"] == open_["model_sha256"]
+
+
+def test_a_serverapp_that_raises_ends_the_run_with_its_traceback(tmp_path):
+    with pytest.raises(AppError, match="ValueError: the server app gives up"):
+        run(tmp_path, toy({"server-raises": True}))
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    failed = kinds(events, "server_app_failed")
+    assert "Traceback" in failed[0]["traceback"] and "flower_toy.py" in failed[0]["traceback"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "the ServerApp raised" in summary["stop_reason"]
+
+
+def test_emu_exits_6_when_the_serverapp_raises(tmp_path, capsys):
+    from dtemu.emu.cli import main
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(toy({"server-raises": True})))
+    assert main(["run", str(path), "--out", str(tmp_path / "r"), "--no-tui"]) == 6
+    assert "the ServerApp raised ValueError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"flower": {"server_app": None, "client_app": None}}, "flower"),
+    ({"fl": {"codec": "q8"}}, "fl.codec"),
+    ({"fl": {"algorithm": "fedadam"}}, "fl.algorithm"),
+    ({"faults": {"crashes": [{"node": "server", "at": "mid_round", "round": 1}]}}, "faults.crashes[0].at"),
+])
+def test_what_a_flower_run_cannot_do_is_refused_at_load(change, key):
+    raw = toy()
+    for section, value in change.items():
+        raw[section] = {**raw.get(section, {}), **value}
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(raw)
+    assert err.value.path == key
+
+
+def test_no_code_refuses_a_flower_app_and_a_bad_app_is_a_scenario_error(tmp_path):
+    from dtemu.core.ml.user_code import refuse_code
+    from dtemu.host.flower_app import load_app
+
+    with pytest.raises(ScenarioError, match="names code"):
+        refuse_code(parse_scenario(toy()))
+    raw = toy()
+    raw["flower"]["client_app"] = "tests.flower_toy:server"
+    with pytest.raises(ScenarioError, match="not a Flower ClientApp"):
+        load_app(parse_scenario(raw))
+    raw["flower"]["client_app"] = "tests.no_such_module:client"
+    with pytest.raises(ScenarioError, match="cannot be imported"):
+        load_app(parse_scenario(raw))
+
+
+def test_without_the_extra_the_run_is_refused_naming_it(monkeypatch):
+    import importlib.util
+
+    from dtemu.host import flower_app
+
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real_find(name, *a))
+    with pytest.raises(ScenarioError, match=r"dtemu\[flower\]"):
+        flower_app.load_app(parse_scenario(toy()))
+
+
+def _instruction(dst: int, arrays=None):
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, RecordDict
+
+    from dtemu.core.flower.server import _identify
+
+    _identify()
+    msg = Message(RecordDict({"arrays": ArrayRecord([np.zeros(3, np.float32) if arrays is None else arrays])}),
+                  dst, "train")
+    msg.metadata.__dict__["_message_id"] = "dtemu-1"
+    return msg
+
+
+def test_the_inbox_answers_what_every_reply_is():
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, RecordDict
+
+    from dtemu.core.flower import wire
+    from dtemu.core.flower.inbox import ACCEPTED, DUPLICATE, LATE, REFUSED, Asked, ReplyInbox
+    from dtemu.core.wire.auth import Sealer
+    from dtemu.core.wire.topics import FLOWER_RES
+
+    ins = _instruction(7)
+    inbox = ReplyInbox(Sealer(None, "server"))
+    inbox.expect("dtemu-1", Asked("client1", 1, "train", wire.arrays_of(ins)))
+
+    def reply(values):
+        return wire.encode(wire.REPLY, Message(RecordDict({"arrays": ArrayRecord([values])}), reply_to=ins))
+
+    offer = lambda src, data: inbox.offer(FLOWER_RES, src, data)  # noqa: E731
+    assert offer("client1", b"DTFW\x01\x02garbage").reason == "malformed"
+    assert offer("client1", b"junk").reason == "malformed"
+    assert offer("client1", wire.encode(wire.STOP)).reason == "not_a_reply"
+    assert offer("client2", reply(np.ones(3, np.float32))).reason == "wrong_sender"
+    assert offer("client1", reply(np.ones(4, np.float32))).kind == REFUSED  # not the shape it was sent
+    inbox.expect("dtemu-1", Asked("client1", 1, "train", wire.arrays_of(ins)))  # (a fresh instruction)
+    inbox._answered.clear()
+    assert offer("client1", reply(np.ones(3, np.float32))).kind == ACCEPTED
+    assert offer("client1", reply(np.ones(3, np.float32))).kind == DUPLICATE
+    inbox.close(["dtemu-1"])
+    inbox._answered.clear()
+    assert offer("client1", reply(np.ones(3, np.float32))).kind == LATE
+    sealed = ReplyInbox(Sealer(b"k" * 32, "server"))
+    assert sealed.offer(FLOWER_RES, "client1", reply(np.ones(3, np.float32))).reason == "unsigned"
+
+
+def test_the_dashboard_reads_every_event_of_a_flower_run(tmp_path):
+    from rich.console import Console
+
+    from dtemu.host.dashboard import DashboardState, render
+
+    s = parse_scenario(toy({"bad": "raise", "bad-client": 0, "bad-round": 2}))
+    run_emulation(s, tmp_path / "run")
+    state = DashboardState.from_scenario(s)
+    for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines():
+        state.observe(json.loads(line))
+    assert state.bad_events == 0 and state.accepted == 5
+    console = Console(record=True, width=200)
+    console.print(render(state, "test"))
+    assert "round 2/2" in console.export_text()
