@@ -12,6 +12,8 @@ same ``events.jsonl`` and ``model_sha256`` as a serial run.
   each with the data set as shared memory (one copy on the machine) and the
   scenario's torch threads; a worker that dies is replaced and the jobs it
   owed run again.
+- A Flower app's ClientApp calls (host.flower_jobs) go to the same executors: sent as
+  soon as the server sends their instructions, taken when the client reaches them.
 - ``RayExecutor`` (``--executor ray --address ADDR``, ``pip install dtemu[ray]``):
   the same jobs as Ray tasks on a cluster; the data set goes to Ray's object
   store once.  Ray re-runs a task whose worker died (``max_retries``).
@@ -38,7 +40,7 @@ class RayExecutor:
         if not ray.is_initialized():
             kwargs = {"address": address} if address else {"num_cpus": workers or cores.available()}
             ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
-        self._data = ray.put(dataset)
+        self._data = None if dataset is None else ray.put(dataset)
         self._task = ray.remote(num_cpus=1, max_retries=3)(_ray_run)
         self._threads = threads
 
@@ -71,8 +73,11 @@ class open_executor:
     def __init__(self, kind: str, jobs: int, work, threads: int, address: str | None = None):
         self.pool = None
         dataset = getattr(work, "dataset", None)
-        if dataset is None or not hasattr(work, "train_job"):
-            return  # a stand-in workload (tests): nothing to ship
+        # A workload ships its training as jobs over its data set; a Flower app ships its calls (with no
+        # data set: the app reads its own).  A stand-in workload (tests) has nothing to ship.
+        ships_calls = getattr(work, "ships_calls", False)
+        if (dataset is None or not hasattr(work, "train_job")) and not ships_calls:
+            return
         if kind == "ray":
             self.pool = RayExecutor(dataset, threads, address=address, workers=jobs)
         elif kind == "local":

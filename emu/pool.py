@@ -76,9 +76,12 @@ def init_worker(dataset, threads: int) -> None:
 
 def run_job(job: TrainJob | EvalJob):
     """A job's result on this worker's data set: a training's (weights, TrainResult), an
-    evaluation's (correct, total); the module is built once per model."""
+    evaluation's (correct, total); the module is built once per model.  A job that carries its
+    own work (``run()``: a Flower app's call, host.flower_jobs) runs it."""
     from dtemu.core.ml.models import build_model
 
+    if hasattr(job, "run"):
+        return job.run()
     key = (job.model, job.model_seed)
     if key not in _models:
         _models[key] = build_model(job.model, seed=job.model_seed)
@@ -193,7 +196,7 @@ class ProcessPool:
         self.jobs, self.threads = jobs, threads
         prestart(jobs, threads)  # at once if emu run started it already
         self._context = _context()
-        for t in (dataset.x_train, dataset.y_train):
+        for t in (() if dataset is None else (dataset.x_train, dataset.y_train)):
             t.share_memory_()
         self._dataset = dataset
         self._workers = self._start()  # they start (spawn, torch import) while the world is built

@@ -17,7 +17,8 @@ import tomllib
 from pathlib import Path
 
 from dtemu.core.errors import ScenarioError
-from dtemu.core.flower.app import FlowerApp
+from dtemu.core.flower import wire
+from dtemu.core.flower.app import FlowerApp, Outcome
 from dtemu.core.ml import user_code
 from dtemu.host import flower_thread
 
@@ -25,11 +26,22 @@ EXTRA = "the Flower extra is not installed: pip install 'dtemu[flower]' (Flower 
 
 
 class LoadedApp(FlowerApp):
-    def server_thread(self, main):
-        return flower_thread.AppThread(main)
+    """The app as emu and real run it: the ServerApp in a thread, each client's Context here, and its
+    calls in this process or, where emu has an executor (``--jobs``, Ray), in its workers."""
 
-    def call(self, instruction, context, limit_s: float):
-        return flower_thread.call(self.client_app, instruction, context, limit_s)
+    ships_calls = True  # (emu.executor: this work's jobs are its ClientApp calls)
+
+    def __init__(self, *args, names: tuple = (), call_limit_s: float = 600.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.names = names  # (app_dir, client_app spec): what a worker loads (host.flower_jobs)
+        self.call_limit_s = call_limit_s
+        self.contexts: dict[int, object] = {}
+        self.lives: dict[int, int] = {}
+        self.pending: dict[str, tuple[int, int, object]] = {}  # message id -> (client, life, ticket)
+        self.executor = None
+
+    def attach_executor(self, pool) -> None:
+        self.executor = pool
 
     def open_run(self, folder) -> None:
         """Flower's own log (its strategies' round lines) goes to ``folder``/flower.log, not the terminal:
@@ -46,6 +58,48 @@ class LoadedApp(FlowerApp):
         FLOWER_LOGGER.addHandler(handler)
         FLOWER_LOGGER.propagate = False
 
+    def server_thread(self, main):
+        return flower_thread.AppThread(main)
+
+    def start_client(self, index: int) -> None:
+        self.contexts[index] = self.client_context(index)
+        self.lives[index] = self.lives.get(index, 0) + 1
+
+    def prefetch(self, index: int, frame: bytes, message_id: str) -> None:
+        if self.executor is None or index not in self.contexts:
+            return
+        from dtemu.host.flower_jobs import FlowerCall, context_bytes
+
+        job = FlowerCall(self.names, bytes(frame), context_bytes(self.contexts[index]), self.call_limit_s)
+        self.pending[message_id] = (index, self.lives[index], self.executor.submit(job))
+
+    def call(self, instruction, index: int, limit_s: float):
+        mine = self._take(instruction.metadata.message_id, index)
+        if mine is None:
+            return flower_thread.call(self.client_app, instruction, self.contexts[index], limit_s)
+        from dtemu.host.flower_jobs import context_from_bytes
+
+        try:
+            reply, error, wall_s, context = self.executor.result(mine)
+        except Exception as err:  # the worker could not run it (the app did not load there)
+            return flower_thread.failed(instruction, f"the call failed in a worker: {type(err).__name__}: {err}")
+        self.contexts[index] = context_from_bytes(context)
+        return Outcome(None if reply is None else wire.decode(reply), error, wall_s)
+
+    def _take(self, message_id: str, index: int):
+        """The ticket of this call's prefetch, if it ran on what the client holds now; the client's
+        other prefetches (instructions it never got, or got in an earlier life) are forgotten."""
+        mine = None
+        for mid, (client, life, ticket) in list(self.pending.items()):
+            if client != index:
+                continue
+            del self.pending[mid]
+            if mid == message_id and life == self.lives[index]:
+                mine = ticket
+            else:
+                self.executor.forget(ticket)
+        return mine
+
 
 def load_app(scenario) -> FlowerApp:
     spec = scenario.flower
@@ -59,8 +113,18 @@ def load_app(scenario) -> FlowerApp:
                                               "[tool.flwr.app.components]; or set flower.server_app and flower.client_app")
     server_app = _app("flower.server_app" if spec.server_app else "flower.app_dir", server_spec, "ServerApp")
     client_app = _app("flower.client_app" if spec.client_app else "flower.app_dir", client_spec, "ClientApp")
-    return LoadedApp(server_app, client_app, {**config, **spec.run_config}, scenario.fl.clients,
-                     where=spec.app_dir or f"{server_spec}, {client_spec}")
+    app = LoadedApp(server_app, client_app, {**config, **spec.run_config}, scenario.fl.clients,
+                    where=spec.app_dir or f"{server_spec}, {client_spec}",
+                    names=(spec.app_dir and str(Path(spec.app_dir).resolve()), client_spec),
+                    call_limit_s=spec.call_limit_s)
+    return app
+
+
+def client_app_of(app_dir: str | None, spec: str):
+    """The ClientApp ``spec`` names, its app's folder first on sys.path (a worker process's loading)."""
+    if app_dir and app_dir not in sys.path:
+        sys.path.insert(0, app_dir)
+    return _app("flower.client_app", spec, "ClientApp")
 
 
 def _folder(app_dir: str) -> tuple[dict, dict]:

@@ -90,8 +90,7 @@ class AppThread:
 def call(client_app, instruction, context, limit_s: float) -> Outcome:
     """Call the ClientApp on ``instruction`` in a thread of its own, waiting ``limit_s`` wall seconds
     at most (the wall clock, not the runtime's: a hung call hangs in wall time in either runtime)."""
-    from flwr.app import Error, Message
-    from flwr.common.constant import ErrorCode
+    from flwr.app import Message
 
     box: dict = {}
 
@@ -114,6 +113,15 @@ def call(client_app, instruction, context, limit_s: float) -> Outcome:
                               and reply.metadata.reply_to_message_id == instruction.metadata.message_id):
         error = f"the ClientApp returned {type(reply).__name__}, not a reply to its message"
     if error is not None:
-        code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-        return Outcome(Message(Error(code=code, reason=error[:1000]), reply_to=instruction), error, box["wall_s"])
+        return failed(instruction, error, box["wall_s"])
     return Outcome(reply, "", box["wall_s"])
+
+
+def failed(instruction, error: str, wall_s: float = 0.0) -> Outcome:
+    """The error reply a client answers ``instruction`` with when its ClientApp failed (as Flower's
+    own runtime answers: the strategy counts it as a failure)."""
+    from flwr.app import Error, Message
+    from flwr.common.constant import ErrorCode
+
+    reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=error[:1000]), reply_to=instruction)
+    return Outcome(reply, error, wall_s)

@@ -1,5 +1,5 @@
 """A small Flower app for the Flower tests (numpy only): FedAvg over a four-number model; client k adds
-(k + 1) / 100 and reports 10 (k + 1) examples; evaluate reports eval_acc 0.5 + k / 10.  Variants
+(k + 1) / 100 times the calls it has had (its Context's state) and reports 10 (k + 1) examples; evaluate reports eval_acc 0.5 + k / 10.  Variants
 misbehave on purpose (names below)."""
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ def train(msg: Message, context: Context) -> Message:
     if bad == "wrong_type":
         return {"not": "a message"}  # type: ignore[return-value]
     k = _partition(context)
-    arrays = [a + np.float32((k + 1) / 100) for a in msg.content["arrays"].to_numpy_ndarrays()]
+    # the client's state counts its calls (Flower keeps a node's Context between calls), and the step
+    # grows with it: a run that lost a Context on the way would train another model
+    calls = int(context.state["calls"]["n"]) + 1 if "calls" in context.state else 1
+    context.state["calls"] = MetricRecord({"n": calls})
+    arrays = [a + np.float32((k + 1) * calls / 100) for a in msg.content["arrays"].to_numpy_ndarrays()]
     if bad == "nan":
         arrays = [a * np.float32("nan") for a in arrays]
-    context.state["calls"] = MetricRecord({"n": int(context.state["calls"]["n"]) + 1 if "calls" in context.state else 1})
     return Message(RecordDict({"arrays": ArrayRecord(arrays),
                                "metrics": MetricRecord({"num-examples": 10 * (k + 1), "train_loss": 1.0 / (k + 1)})}),
                    reply_to=msg)

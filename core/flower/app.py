@@ -55,16 +55,25 @@ class FlowerApp:
     reference_cost: float | None = None
     dim: int = 0
 
-    # --- what the host runs it in (host.flower_app: threads, which core does not start) ------
+    # --- what the host runs it in (host.flower_app: threads, executors; core starts neither) ------
     def server_thread(self, main):
         """A handle that runs ``main(handle)`` one grid call at a time: ``next()`` runs it to its next
         Call (or Finished), ``answer(value)`` resumes it, ``cancel()`` ends it; ``ask(call)`` is the
         app's side (host.flower_thread.AppThread)."""
         raise NotImplementedError
 
-    def call(self, instruction, context, limit_s: float) -> Outcome:
-        """The ClientApp on ``instruction``, waited for ``limit_s`` wall seconds at most."""
+    def start_client(self, index: int) -> None:
+        """Client ``index`` starts a life: a new Context (what an earlier life kept died with it)."""
         raise NotImplementedError
+
+    def call(self, instruction, index: int, limit_s: float) -> Outcome:
+        """Client ``index``'s ClientApp on ``instruction`` with its Context, waited for ``limit_s`` wall
+        seconds at most."""
+        raise NotImplementedError
+
+    def prefetch(self, index: int, frame: bytes, message_id: str) -> None:
+        """The server sent client ``index`` the instruction ``frame``: an executor may start its call now
+        (host.flower_app; the client's ``call`` then takes the result).  Nothing by default."""
 
     def server_context(self):
         from flwr.app import Context, RecordDict

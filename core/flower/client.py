@@ -38,7 +38,7 @@ from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
 def client(ctx, scenario, app: FlowerApp, index: int):
     """Client ``index`` (1-based); runs until the server's Stop.  Returns the calls it answered."""
     me = node_id(index)
-    context = app.client_context(index)
+    app.start_client(index)
     rejected: Counter = Counter()
     answered = 0
     while True:
@@ -55,7 +55,7 @@ def client(ctx, scenario, app: FlowerApp, index: int):
             continue
         if training:
             yield Point(points.TRAIN, round_)
-        outcome = yield Compute(lambda: app.call(instruction, context, scenario.flower.call_limit_s),
+        outcome = yield Compute(lambda: app.call(instruction, index, scenario.flower.call_limit_s),
                                 kind="train" if training else "eval")
         if outcome.error:
             ctx.emit(ev.CLIENT_APP_FAILED, round=round_, type=type_, error=outcome.error, hung=outcome.reply is None)

@@ -61,7 +61,7 @@ def server(ctx, scenario, app: FlowerApp, population=None):
     _identify()
     random.seed(scenario.seed)  # Flower's strategies draw their clients with the random module
     thread = app.server_thread(lambda t: app.server_app(make_grid(t, ids), app.server_context()))
-    grid = _Carrier(ctx, scenario, dict(zip(ids, clients)), population)
+    grid = _Carrier(ctx, scenario, app, dict(zip(ids, clients)), population)
     failure = None
     try:
         while True:
@@ -99,8 +99,9 @@ def _identify() -> None:
 class _Carrier:
     """Carries out the app's grid calls with the role's requests; keeps what arrived until pulled."""
 
-    def __init__(self, ctx, scenario, name_of: dict[int, str], population):
-        self.ctx, self.fl, self.fs = ctx, scenario.fl, scenario.flower
+    def __init__(self, ctx, scenario, app, name_of: dict[int, str], population):
+        self.ctx, self.fl, self.fs, self.app = ctx, scenario.fl, scenario.flower, app
+        self.index_of = {name: i for i, name in enumerate(scenario.client_names, 1)}
         self.name_of = name_of
         self.population = population if scenario.fl.availability.kind != "always" else None
         self.inbox = ReplyInbox(ctx.sealer)
@@ -163,7 +164,9 @@ class _Carrier:
                 group["unavailable"] += 1
                 counts["unavailable"] += 1
                 continue
-            data = ctx.seal(FLOWER_INS, round_, wire.encode(wire.INSTRUCTION, message, content=proto))
+            frame = wire.encode(wire.INSTRUCTION, message, content=proto)
+            self.app.prefetch(self.index_of[node], frame, mid)
+            data = ctx.seal(FLOWER_INS, round_, frame)
             group["asked"] += 1
             group["bytes"] += len(data)
             yield Send(FLOWER_INS, data, to=node)

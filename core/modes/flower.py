@@ -20,7 +20,7 @@ FL_KEYS = frozenset({"clients", "round_timeout_s", "barrier_timeout_s", "barrier
 class FlowerApp(FederatedLearning):
     name = "flower"
     digest_sections = frozenset({"fl", "flower"})
-    trains_as_jobs = False
+    trains_as_jobs = True  # its ClientApp calls (host.flower_jobs)
     crash_points = {"leader": (), "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_flower:check_flower"
     costs = "dtemu.emu.costs:flower_sets"

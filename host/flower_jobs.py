@@ -1,0 +1,57 @@
+"""A ClientApp call as a job for emu's executors (``--jobs N``, ``--executor ray``): the app's
+names, the instruction's frame and the client's Context as bytes, so that it runs in a worker process
+and gives what the same call in the emulator gives (the Context comes back with the reply).
+
+The server's role names each instruction to the app as it sends it (core.flower.server: ``prefetch``),
+so the calls of a round run in the workers while the emulator goes on; the client's role takes its
+call's result when it gets there (host.flower_app).  A call is a function of the instruction and the
+Context only where the app seeds its own randomness, as a Flower app must to be repeatable anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtemu.core.flower import wire
+
+_apps: dict[tuple, object] = {}  # in a worker: the ClientApps loaded, by what names them
+
+
+@dataclass(frozen=True, eq=False)
+class FlowerCall:
+    names: tuple  # (app_dir, client_app spec): host.flower_app.client_app_of
+    instruction: bytes  # a wire.INSTRUCTION frame
+    context: bytes  # the client's flwr Context, protobuf
+    limit_s: float
+
+    def split(self, parts: int) -> list["FlowerCall"]:
+        return [self]
+
+    def finish(self, results: list):
+        return results[0]
+
+    def run(self) -> tuple[bytes | None, str, float, bytes]:
+        """(the reply's frame, or None if the call hung; what went wrong; wall seconds; the Context after)."""
+        from dtemu.host import flower_thread
+        from dtemu.host.flower_app import client_app_of
+
+        if self.names not in _apps:
+            _apps[self.names] = client_app_of(*self.names)
+        instruction = wire.decode(self.instruction)
+        context = context_from_bytes(self.context)
+        outcome = flower_thread.call(_apps[self.names], instruction, context, self.limit_s)
+        reply = None if outcome.reply is None else wire.encode(wire.REPLY, outcome.reply)
+        return reply, outcome.error, outcome.wall_s, context_bytes(context)
+
+
+def context_bytes(context) -> bytes:
+    from flwr.common.serde import context_to_proto
+
+    return context_to_proto(context).SerializeToString()
+
+
+def context_from_bytes(data: bytes):
+    from flwr.common.serde import context_from_proto
+    from flwr.proto.message_pb2 import Context as ProtoContext
+
+    return context_from_proto(ProtoContext.FromString(data))
