@@ -19,8 +19,8 @@ from pathlib import Path
 from dtemu.core.errors import ScenarioError
 from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, Outcome
-from dtemu.core.ml import user_code
 from dtemu.host import flower_thread
+from dtemu.host.flower_jobs import app_named
 
 EXTRA = "the Flower extra is not installed: pip install 'dtemu[flower]' (Flower 1.42)"
 
@@ -111,20 +111,13 @@ def load_app(scenario) -> FlowerApp:
     if not server_spec or not client_spec:
         raise ScenarioError("flower.app_dir", f"{spec.app_dir}/pyproject.toml names no serverapp and clientapp in "
                                               "[tool.flwr.app.components]; or set flower.server_app and flower.client_app")
-    server_app = _app("flower.server_app" if spec.server_app else "flower.app_dir", server_spec, "ServerApp")
-    client_app = _app("flower.client_app" if spec.client_app else "flower.app_dir", client_spec, "ClientApp")
+    server_app = app_named("flower.server_app" if spec.server_app else "flower.app_dir", server_spec, "ServerApp")
+    client_app = app_named("flower.client_app" if spec.client_app else "flower.app_dir", client_spec, "ClientApp")
     app = LoadedApp(server_app, client_app, {**config, **spec.run_config}, scenario.fl.clients,
                     where=spec.app_dir or f"{server_spec}, {client_spec}",
                     names=(spec.app_dir and str(Path(spec.app_dir).resolve()), client_spec),
                     call_limit_s=spec.call_limit_s)
     return app
-
-
-def client_app_of(app_dir: str | None, spec: str):
-    """The ClientApp ``spec`` names, its app's folder first on sys.path (a worker process's loading)."""
-    if app_dir and app_dir not in sys.path:
-        sys.path.insert(0, app_dir)
-    return _app("flower.client_app", spec, "ClientApp")
 
 
 def _folder(app_dir: str) -> tuple[dict, dict]:
@@ -140,15 +133,3 @@ def _folder(app_dir: str) -> tuple[dict, dict]:
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
     return dict(app.get("components", {})), dict(app.get("config", {}))
-
-
-def _app(key: str, spec: str, kind: str):
-    """The ServerApp or ClientApp ``spec`` names."""
-    import flwr.clientapp
-    import flwr.serverapp
-
-    cls = flwr.serverapp.ServerApp if kind == "ServerApp" else flwr.clientapp.ClientApp
-    app = user_code.load(key, spec, kind)  # (an import that fails or raises is the key's error)
-    if not isinstance(app, cls):
-        raise ScenarioError(key, f"{spec!r} is a {type(app).__name__}, not a Flower {kind}")
-    return app

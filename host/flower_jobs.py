@@ -10,9 +10,12 @@ Context only where the app seeds its own randomness, as a Flower app must to be 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
+from dtemu.core.errors import ScenarioError
 from dtemu.core.flower import wire
+from dtemu.core.ml import user_code
 
 _apps: dict[tuple, object] = {}  # in a worker: the ClientApps loaded, by what names them
 
@@ -33,8 +36,6 @@ class FlowerCall:
     def run(self) -> tuple[bytes | None, str, float, bytes]:
         """(the reply's frame, or None if the call hung; what went wrong; wall seconds; the Context after)."""
         from dtemu.host import flower_thread
-        from dtemu.host.flower_app import client_app_of
-
         if self.names not in _apps:
             _apps[self.names] = client_app_of(*self.names)
         instruction = wire.decode(self.instruction)
@@ -55,3 +56,22 @@ def context_from_bytes(data: bytes):
     from flwr.proto.message_pb2 import Context as ProtoContext
 
     return context_from_proto(ProtoContext.FromString(data))
+
+
+def client_app_of(app_dir: str | None, spec: str):
+    """The ClientApp ``spec`` names, its app's folder first on sys.path (a worker process's loading)."""
+    if app_dir and app_dir not in sys.path:
+        sys.path.insert(0, app_dir)
+    return app_named("flower.client_app", spec, "ClientApp")
+
+
+def app_named(key: str, spec: str, kind: str):
+    """The ServerApp or ClientApp ``spec`` names."""
+    import flwr.clientapp
+    import flwr.serverapp
+
+    cls = flwr.serverapp.ServerApp if kind == "ServerApp" else flwr.clientapp.ClientApp
+    app = user_code.load(key, spec, kind)  # (an import that fails or raises is the key's error)
+    if not isinstance(app, cls):
+        raise ScenarioError(key, f"{spec!r} is a {type(app).__name__}, not a Flower {kind}")
+    return app

@@ -3,7 +3,9 @@ out each of its grid calls over dtemu's network and clock.
 
 - ``send_and_receive``: send each instruction to its node, then take replies until every one is in
   or the deadline passes: the call's timeout, at most ``fl.round_timeout_s``, counted from before the
-  first instruction leaves.  The replies go back to the app in the order they arrived.
+  first instruction leaves.  The replies go back to the app in the order their instructions were
+  sent (not as they arrived, which is timing): the same replies give the same aggregate in emu and
+  for real.
 - ``push_messages`` / ``pull_messages``: the same halves apart; a pull with nothing in waits for a
   reply at most ``POLL_S`` of the runtime's clock (Flower's own grid sleeps between pulls).
 
@@ -123,7 +125,9 @@ class _Carrier:
         sent = yield from self._push(messages)
         yield from self._collect(sent, deadline, until_all=True)
         self.inbox.close(sent)
-        replies = [self.arrived.pop(mid) for mid in list(self.arrived) if mid in set(sent)]
+        # In the order the instructions went out, not the order of arrival: the app sums what it gets in
+        # this order, and arrival order is timing (real mode's differs from emu's, run to run)
+        replies = [self.arrived.pop(mid) for mid in sent if mid in self.arrived]
         self._closed(messages, replies, timed_out=len(replies) < len(sent))
         return replies
 
@@ -131,7 +135,7 @@ class _Carrier:
         wanted = set(message_ids)
         if not any(mid in wanted for mid in self.arrived):
             yield from self._collect(list(wanted), self.ctx.now() + POLL_S, until_all=False)
-        return [self.arrived.pop(mid) for mid in list(self.arrived) if mid in wanted]
+        return [self.arrived.pop(mid) for mid in message_ids if mid in self.arrived]
 
     # --- sending ---------------------------------------------------------
     def _push(self, messages):
