@@ -74,4 +74,8 @@ def app_named(key: str, spec: str, kind: str):
     app = user_code.load(key, spec, kind)  # (an import that fails or raises is the key's error)
     if not isinstance(app, cls):
         raise ScenarioError(key, f"{spec!r} is a {type(app).__name__}, not a Flower {kind}")
+    if kind == "ServerApp" and getattr(app, "_main", None) is None:  # (flwr 1.42's ServerApp: no @app.main)
+        raise ScenarioError(key, f"{spec!r} is a legacy ServerApp (server_fn / a Strategy of flwr.server): its "
+                                 "clients are driven from a thread pool, in an order the emulator's clock cannot "
+                                 "fix; write it on the Message API (@app.main, flwr.serverapp.strategy)")
     return app

@@ -35,8 +35,8 @@ class AppThread:
     def __init__(self, main: Callable[[Any], None], name: str = "flower-serverapp"):
         """``main(grid)`` runs the app; its grid calls ``ask``."""
         self._main = main
-        self._calls: queue.Queue = queue.Queue()
-        self._answers: queue.Queue = queue.Queue()
+        self._calls: queue.Queue = queue.Queue()  # (call, the slot its answer goes to), or Finished
+        self._serving: queue.Queue | None = None  # the slot of the call the role carries out now
         self._thread = threading.Thread(target=self._body, name=name, daemon=True)
         self._started = False
         self.done = False
@@ -52,9 +52,12 @@ class AppThread:
 
     # --- the app's side (its thread) ------------------------------------
     def ask(self, call: Call) -> Any:
-        """Hand ``call`` to the role and wait for its answer."""
-        self._calls.put(call)
-        answer = self._answers.get()
+        """Hand ``call`` to the role and wait for its answer.  (Each call has its own slot: an app that
+        asks from several threads gets each answer in the thread that asked; the role serves them one
+        at a time, in the order asked.)"""
+        slot: queue.Queue = queue.Queue(1)
+        self._calls.put((call, slot))
+        answer = slot.get()
         if answer is _CANCEL:
             raise Cancelled()
         return answer
@@ -69,19 +72,21 @@ class AppThread:
         if isinstance(item, Finished):
             self.done = True
             self._thread.join()
-        return item
+            return item
+        call, self._serving = item
+        return call
 
     def answer(self, value: Any) -> None:
-        self._answers.put(value)
+        self._serving.put(value)
 
     def cancel(self) -> None:
         """End the app, which waits at a grid call whenever the role runs (it raises Cancelled there),
         and wait for its thread."""
         if self.done or not self._started:
             return
-        self._answers.put(_CANCEL)
-        while not isinstance(self._calls.get(), Finished):  # an app that caught it and asked again
-            self._answers.put(_CANCEL)
+        self._serving.put(_CANCEL)
+        while not isinstance(item := self._calls.get(), Finished):  # other threads' calls, or one that asked again
+            item[1].put(_CANCEL)
         self.done = True
         self._thread.join()
 

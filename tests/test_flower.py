@@ -166,6 +166,10 @@ def test_no_code_refuses_a_flower_app_and_a_bad_app_is_a_scenario_error(tmp_path
     raw["flower"]["client_app"] = "tests.flower_toy:server"
     with pytest.raises(ScenarioError, match="not a Flower ClientApp"):
         load_app(parse_scenario(raw))
+    raw["flower"]["client_app"], raw["flower"]["server_app"] = TOY["client_app"], "tests.flower_toy:legacy_server"
+    with pytest.raises(ScenarioError, match="legacy ServerApp"):
+        load_app(parse_scenario(raw))
+    raw["flower"]["server_app"] = TOY["server_app"]
     raw["flower"]["client_app"] = "tests.no_such_module:client"
     with pytest.raises(ScenarioError, match="cannot be imported"):
         load_app(parse_scenario(raw))

@@ -44,7 +44,7 @@ def content_of(message) -> tuple:
         return None, {}
     from flwr.common.serde import recorddict_to_proto
 
-    return recorddict_to_proto(message.content), arrays_of(message)
+    return recorddict_to_proto(message.content), arrays_of(message, strict=False)
 
 
 def kind_of(data: bytes) -> int:
@@ -68,9 +68,11 @@ def decode(data: bytes):
         raise DecodeError(f"not a Flower message: {type(err).__name__}: {err}") from None
 
 
-def arrays_of(message) -> dict[str, dict[str, np.ndarray]]:
+def arrays_of(message, strict: bool = True) -> dict[str, dict[str, np.ndarray]]:
     """Every array of ``message``'s content as numpy, by record and key; DecodeError if one does not
-    load (a wrong dtype or shape for its bytes) or a float array holds NaN or inf."""
+    load, holds another dtype or shape than it declares, or is a float array with NaN or inf.
+    (Flower's legacy Parameters declare neither: an empty dtype is not checked.)  ``strict`` False:
+    what does not load is left out instead (the server's own instructions: the app's business)."""
     out: dict[str, dict[str, np.ndarray]] = {}
     if not message.has_content():
         return out
@@ -79,13 +81,17 @@ def arrays_of(message) -> dict[str, dict[str, np.ndarray]]:
         for key, array in record.items():
             try:
                 value = array.numpy()
+                if array.dtype and (list(value.shape) != list(array.shape) or str(value.dtype) != array.dtype):
+                    raise DecodeError(f"array {name}.{key} says {array.dtype}{list(array.shape)} but holds "
+                                      f"{value.dtype}{list(value.shape)}")
+                if value.dtype.kind in "fc" and not np.isfinite(value).all():
+                    raise DecodeError(f"array {name}.{key} is not finite (NaN or inf)")
             except Exception as err:
+                if not strict:
+                    continue
+                if isinstance(err, DecodeError):
+                    raise
                 raise DecodeError(f"array {name}.{key} does not load: {type(err).__name__}: {err}") from None
-            if list(value.shape) != list(array.shape) or str(value.dtype) != array.dtype:
-                raise DecodeError(f"array {name}.{key} says {array.dtype}{list(array.shape)} but holds "
-                                  f"{value.dtype}{list(value.shape)}")
-            if value.dtype.kind in "fc" and not np.isfinite(value).all():
-                raise DecodeError(f"array {name}.{key} is not finite (NaN or inf)")
             out[name][key] = value
     return out
 
