@@ -10,7 +10,8 @@ def add_commands(sub) -> None:
     rep = sub.add_parser("report", help="figures and a Markdown table from run folders (emu or real)",
                          description="Figures and a Markdown table comparing run folders (emu or real).")
     rep.add_argument("runs", nargs="+", metavar="RUN", help="run folders (events.jsonl, summary.json, ...)")
-    rep.add_argument("--out", default="report", help="folder for the figures and the table (default: report)")
+    rep.add_argument("--out", help="folder for the figures and the table (default: RUN/report for one run, "
+                                   "report/ beside the first run for several)")
     aud = sub.add_parser("audit", help="the faults a run met, and whether any data was lost (every mode)",
                          description="Count a run's faults and updates (or steps, iterations, rounds) and check "
                                      "that nothing was lost, for any mode (works on a run that was killed or is "
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "report":
         from .report import main
 
-        return main([*args.runs, "--out", args.out])
+        return main([*args.runs, *(["--out", args.out] if args.out else [])])
     from .audit import main
 
     return main([args.run] + (["--json"] if args.json else []))

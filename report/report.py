@@ -41,11 +41,20 @@ REPORTS: dict[str, Callable[[list[Run], Path], tuple[list[Path], str]]] = {
     name: resolve(mode.report) for name, mode in MODES.items() if mode.report}
 
 
+def default_out(runs: list[str]) -> str:
+    """Beside the runs it reads: never ./report, which in a checkout is this package's own folder."""
+    first = Path(runs[0])
+    return str(first / "report" if len(runs) == 1 else first.parent / "report")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="emu report", description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (events.jsonl, summary.json, ...)")
-    parser.add_argument("--out", default="report", help="folder for the figures and report.md / ddp.md (default: report)")
+    parser.add_argument("--out", help="folder for the figures and report.md / ddp.md (default: RUN/report for "
+                                      "one run, report/ beside the first run for several)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = default_out(args.runs)
     try:
         runs = [load_run(p) for p in args.runs]
     except ReportError as err:

@@ -55,4 +55,4 @@ def test_a_mode_without_checks_is_refused_not_misread(tmp_path, capsys):
     with pytest.raises(NotAudited):
         audit(tmp_path)
     assert audit_cli.main([str(tmp_path)]) == 2
-    assert "is a newmode run: emu audit checks fl, ddp, ps, geo runs" in capsys.readouterr().err
+    assert "is a newmode run: emu audit checks fl, ddp, ps, geo, flower runs" in capsys.readouterr().err

@@ -259,3 +259,25 @@ def test_clientapp_calls_in_worker_processes_give_the_same_run(tmp_path):
     strip = lambda events: [{k: v for k, v in e.items() if k != "wall_s"} for e in events]  # noqa: E731
     assert strip(one) == strip(two) and pooled["model_sha256"] == serial["model_sha256"]
     assert kinds(two, "client_app_failed") and kinds(two, "node_down")
+
+
+def test_dropouts_and_a_partition_cost_their_updates_and_are_accounted_for(tmp_path):
+    raw = toy({"num-server-rounds": 3}, fl={"round_timeout_s": 1.0},
+              faults={"dropout_p": 0.3, "partitions": [{"nodes": ["client1"], "start_s": 0.0, "end_s": 1.5}]})
+    summary, events = run(tmp_path, raw)
+    dropped = kinds(events, "dropout")
+    assert dropped and all(e["node"] != "server" for e in dropped)
+    cut = [e for e in kinds(events, "fault") if e["fault"] == "partition"]
+    assert cut and {e["node"] for e in cut} <= {"server", "client1"}
+    assert summary["stop_reason"] == "done" and summary["rounds"] + summary["rounds_failed"] == 3
+    assert summary["updates"]["accepted"] <= 9 - len(dropped) - 1  # the dropouts and client1's cut round
+    assert audit(tmp_path / "run")["problems"] == []
+
+
+def test_emu_report_reads_a_flower_run(tmp_path):
+    from dtemu.emu.cli import main
+
+    run(tmp_path, toy())
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
+    table = (tmp_path / "report" / "report.md").read_text()
+    assert "| flower | emu | 2 | 0.6000 |" in table
