@@ -17,7 +17,7 @@ from dtemu.host.scenario_file import load_scenario
 SEQ = "toy_tasks:NextToken"
 MODES = {
     "fl": {"fl": {"clients": 2, "rounds": 3, "batch_size": 16, "lr": 0.5}},
-    "ddp": {"mode": "ddp", "ddp": {"workers": 2, "max_steps": 12, "batch_size": 16, "lr": 0.5}},
+    "ddp": {"mode": "ddp", "ddp": {"workers": 2, "max_steps": 8, "batch_size": 16, "lr": 0.5}},
     "ps": {"mode": "ps", "ps": {"workers": 2, "rounds": 3, "batch_size": 16, "lr": 0.5, "algorithm": "ssgd"}},
     "geo": {"mode": "geo", "network": {"sites": {s: {"wan": {"up_mbps": 10, "down_mbps": 10, "latency_ms": 5}}
                                                  for s in ("c", "a", "b")}},
@@ -125,17 +125,27 @@ def test_a_task_runs_for_real_and_ends_with_emus_model(tmp_path):
     assert real["model_sha256"] == emu["model_sha256"] and real["rounds"] == 2
 
 
-@pytest.mark.parametrize("mode", ["fl", "ps"])
+SITES = {"network": {"sites": {"c": {}, "a": {}, "b": {}}}}
+
+
+@pytest.mark.parametrize("mode", ["fl", "ps", "ddp", "geo", "geo-hfa"])
 def test_task_code_that_raises_costs_its_node_the_round_not_the_run(mode, tmp_path):
+    """FL and ps: the node sends no update that round.  DDP and geo: its gradient that step is zero, so
+    its peers are not left waiting for its share."""
     extra = {"fl": {"fl": {"clients": 3, "rounds": 4, "batch_size": 16, "lr": 0.5, "min_clients": 1,
                            "round_timeout_s": 5}},
              "ps": {"mode": "ps", "ps": {"workers": 3, "rounds": 4, "batch_size": 16, "lr": 0.5,
-                                         "algorithm": "fedasync"}}}[mode]
+                                         "algorithm": "fedasync"}},
+             "ddp": {"mode": "ddp", "ddp": {"workers": 2, "max_steps": 8, "batch_size": 16, "lr": 0.5}},
+             "geo": {"mode": "geo", **SITES, "geo": {"workers_per_site": 2, "rounds": 4, "batch_size": 16}},
+             "geo-hfa": {"mode": "geo", **SITES, "geo": {"workers_per_site": 2, "rounds": 4, "batch_size": 16,
+                                                          "sync": "hfa", "k1": 1, "k2": 1}}}[mode]
     s = parse_scenario({"name": f"flaky-{mode}", "seed": 2, "task": "toy_tasks:Flaky", **extra})
     summary = run_emulation(s, tmp_path / mode)
     events = [json.loads(line) for line in (tmp_path / mode / "events.jsonl").read_text().splitlines()]
     failed = [e for e in events if e["kind"] == "train_failed"]
     assert failed and all("toy_tasks:Flaky" in e["error"] and "not to my liking" in e["error"] for e in failed)
     # the run went on to its end: rounds nobody could answer failed under the quorum rules, not the run
-    assert summary["rounds"] + summary.get("rounds_failed", 0) == 4 and summary["rounds"] >= 1
+    done = summary.get("steps") if mode == "ddp" else summary["rounds"] + summary.get("rounds_failed", 0)
+    assert done == (8 if mode == "ddp" else 4) and (mode == "ddp" or summary["rounds"] >= 1)
     assert summary["stop_reason"] == "done" and summary["model_sha256"]

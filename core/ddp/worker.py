@@ -53,6 +53,7 @@ from dtemu.core.ml.workload import Workload
 from dtemu.core.ddp.dgc_exchange import DGCExchange
 from dtemu.core.ddp.exchange import DenseExchange, Exchange
 from dtemu.core.ddp.regroup import BARRIER_STOP, Position, on_loss, ranks_text
+from dtemu.core.ml.task import failed_gradients
 from dtemu.core import events as ev
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
@@ -168,7 +169,10 @@ def _step(ctx, d, coll: Collective, exchange, work: Workload, model, rank: int, 
     """One training step; its profile row.  Nothing changes if a wait fails."""
     epoch = step // work.steps_per_epoch
     t0 = ctx.now()
-    loss = yield Compute(lambda: work.gradients(model, batch, rank, step), samples=len(batch))
+    try:
+        loss = yield Compute(lambda: work.gradients(model, batch, rank, step), samples=len(batch))
+    except Exception as err:  # the task's own code raised: this step's share is zero, the run goes on
+        loss = failed_gradients(ctx, work, model, err, step)
     t1 = ctx.now()
     payload = yield Compute(lambda: exchange.compress(step), kind="compress")
     t2 = ctx.now()

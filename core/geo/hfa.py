@@ -23,6 +23,7 @@ from dtemu.core.geo.common import GEO_PULL, GEO_PUSH, get_vector, round_batch, s
 from dtemu.core.geo.payload import STATE, encode_dense
 from dtemu.core.geo.spec import GLOBAL_PS, MASTER
 from dtemu.core.runtime.requests import Compute
+from dtemu.core.ml.task import failed_gradients
 
 
 def first_round(state_round: int, g) -> int:
@@ -45,7 +46,10 @@ def worker(b, index: int, up: str, pulls, start: int = 1):
             for _ in range(g.k1):
                 step += 1
                 batch = round_batch(work, b.s, index, step)
-                loss = yield Compute(lambda: work.gradients(b.model, batch, index, step), samples=len(batch))
+                try:
+                    loss = yield Compute(lambda: work.gradients(b.model, batch, index, step), samples=len(batch))
+                except Exception as err:  # the task's own code raised: a zero step, the run goes on
+                    loss = failed_gradients(ctx, work, b.model, err, step)
                 opt.step()
             t1 = ctx.now()
             data = encode_dense(sync, get_vector(b.model), g.fp16)

@@ -45,6 +45,7 @@ from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_worker
 from dtemu.core.geo.sums import applied, root_sum, site_share
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime.requests import Compute, Send, WaitPeers
+from dtemu.core.ml.task import failed_gradients
 
 
 # (pushes, pull): how many round timeouts each role waits.  The waits nest, so that a level
@@ -194,7 +195,10 @@ def worker(ctx, scenario, work, name: str):
     while (r := r + 1) <= g.rounds:
         batch = round_batch(work, scenario, index, r)
         t0 = ctx.now()
-        loss = yield Compute(lambda: work.gradients(b.model, batch, index, r), samples=len(batch))
+        try:
+            loss = yield Compute(lambda: work.gradients(b.model, batch, index, r), samples=len(batch))
+        except Exception as err:  # the task's own code raised: this round's push is zero, the run goes on
+            loss = failed_gradients(ctx, work, b.model, err, r)
         t1 = ctx.now()
         data = yield from b.cpu("encode", b.vec_bytes, lambda: encode_dense(r, grad_vector(b.model), g.fp16))
         yield from b.send(GEO_PUSH, data, up)

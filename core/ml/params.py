@@ -57,6 +57,16 @@ def load_flat(model: nn.Module, vec: np.ndarray) -> None:
             off += n
 
 
+def zero_gradients(model: nn.Module) -> None:
+    """Every parameter's gradient set to zero (made, where a failed pass left none): a step whose
+    task code raised contributes nothing to its exchange, and still takes part in it."""
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        else:
+            p.grad.zero_()
+
+
 def grads_vector(params) -> np.ndarray:
     """The parameters' gradients as one flat vector (their dtype; a data-parallel step's payload)."""
     return torch.cat([p.grad.reshape(-1) for p in params]).numpy()

@@ -119,6 +119,18 @@ def task_of(spec: str) -> Task:
     return load_task(spec[len(PREFIX):]) if is_task(spec) else CLASSIFICATION
 
 
+def failed_gradients(ctx, work, model, err: Exception, step: int) -> float:
+    """A gradient step (DDP, geo) whose task code raised: logged as ``train_failed`` (with the task's
+    name), and its gradient is zero, so that its node still sends this step's share and its peers
+    do not wait for one that never comes; the step's loss is NaN.  The run goes on."""
+    from dtemu.core import events as ev
+    from dtemu.core.ml.params import zero_gradients
+
+    ctx.emit(ev.TRAIN_FAILED, round=step, error=training_error(work, err))
+    zero_gradients(model)
+    return float("nan")
+
+
 def training_error(work, err: Exception) -> str:
     """What a failed training says (event ``train_failed``): whose code raised, and what it raised."""
     spec = getattr(getattr(work, "scenario", None), "model_spec", "the model")
