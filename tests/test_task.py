@@ -149,3 +149,18 @@ def test_task_code_that_raises_costs_its_node_the_round_not_the_run(mode, tmp_pa
     done = summary.get("steps") if mode == "ddp" else summary["rounds"] + summary.get("rounds_failed", 0)
     assert done == (8 if mode == "ddp" else 4) and (mode == "ddp" or summary["rounds"] >= 1)
     assert summary["stop_reason"] == "done" and summary["model_sha256"]
+
+
+@pytest.mark.parametrize("mode", ["fl", "ps"])
+def test_a_task_may_bring_its_own_optimizer(mode, tmp_path):
+    import toy_tasks
+
+    extra = {"fl": {"fl": {"clients": 2, "rounds": 2, "batch_size": 16, "lr": 0.01}},
+             "ps": {"mode": "ps", "ps": {"workers": 2, "rounds": 2, "batch_size": 16, "lr": 0.01,
+                                         "algorithm": "ssgd"}}}[mode]
+    sgd = run_emulation(parse_scenario({"name": "sgd", "task": "toy_tasks:NextToken", **extra}), tmp_path / "sgd")
+    before = toy_tasks.WithAdam.made
+    adam = run_emulation(parse_scenario({"name": "adam", "task": "toy_tasks:WithAdam", **extra}), tmp_path / "adam")
+    # FL: a fresh optimizer per client per round; ps: one per worker for the run
+    assert toy_tasks.WithAdam.made - before == (4 if mode == "fl" else 2)
+    assert adam["model_sha256"] != sgd["model_sha256"] and adam["stop_reason"] == "done"

@@ -74,3 +74,13 @@ class Flaky(NextToken):
         if int(target.sum()) % 5 == 0:
             raise ValueError("this batch is not to my liking")
         return super().loss(output, target)
+
+
+class WithAdam(NextToken):
+    """NextToken trained with Adam at the scenario's learning rate: a task's own optimizer."""
+
+    made = 0  # optimizers made in this process (the tests run the clients here)
+
+    def optimizer(self, params, lr, momentum, weight_decay):
+        WithAdam.made += 1
+        return torch.optim.Adam(params, lr=lr)

@@ -16,7 +16,12 @@ and, where the defaults below do not fit,
 - ``correct(output, target) -> (right, counted)``: how many predictions are right of how many
   (default: argmax over dimension 1 equals the target, one per sample);
 - ``train_s_per_sample``: emu's modelled training cost on the reference machine (default: none,
-  so the scenario sets ``compute.default.train_s_per_sample``; ``emu calibrate`` measures it).
+  so the scenario sets ``compute.default.train_s_per_sample``; ``emu calibrate`` measures it);
+- ``optimizer(params, lr, momentum, weight_decay)``: the optimizer of a node's local training, an
+  object with ``zero_grad()`` and ``step()`` (a torch.optim optimizer), made from the scenario's
+  settings: FL clients' local epochs (a fresh one a round) and ps workers' local iterations (one for
+  the run).  Default: SGD.  DDP and geo keep their own, which are part of their algorithms (DGC's
+  momentum correction, the parameter servers' update).
 
 Every mode's training step and evaluator go through it (core.ml.train,
 core.ml.evaluation, core.ps.local), so a task trains the same way under fl,
@@ -46,6 +51,7 @@ class Task:
     """The defaults: classification by cross-entropy over dimension 1, argmax accuracy."""
 
     name = "classification"
+    optimizer = None  # the mode's own SGD (a task may bring another: see the module's text)
     train_s_per_sample: float | None = None
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -88,7 +94,7 @@ class UserTask(Task):
         for method in ("model", "data"):
             if not callable(getattr(obj, method, None)):
                 raise ScenarioError("task", f"task {spec!r} ({type(obj).__name__}) has no {method}() method")
-        for method in ("loss", "loss_sum", "correct"):
+        for method in ("loss", "loss_sum", "correct", "optimizer"):
             if callable(getattr(obj, method, None)):
                 setattr(self, method, getattr(obj, method))
         cost = getattr(obj, "train_s_per_sample", None)

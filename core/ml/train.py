@@ -54,14 +54,17 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
     added to the gradient rather than built into the loss: the same value, no autograd graph
     over every parameter, and at μ = 0 not one operation more.
 
-    ``task`` (core.ml.task) gives the loss: cross-entropy unless the scenario names its own.
+    ``task`` (core.ml.task) gives the loss (cross-entropy unless the scenario names its own) and may
+    bring its optimizer (else SGD with the settings above).
     """
     if epochs < 0 or batch_size < 1:
         raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
     indices = np.asarray(indices, dtype=np.int64)
     n = len(indices)
-    opt = SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)  # torch's bits, no dynamo
-    anchor = [p.detach().clone() for p in opt.params] if proximal_mu else None
+    params = list(model.parameters())
+    make = task.optimizer or SGD  # SGD: torch's bits, no dynamo
+    opt = make(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    anchor = [p.detach().clone() for p in params] if proximal_mu else None
     model.train()
     steps = 0
     loss_sum = torch.zeros((), dtype=torch.float64)  # summed as a tensor: no sync per step
@@ -75,7 +78,7 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
                 loss = task.loss(model(x[idx]), y[idx])
                 loss.backward()
                 if anchor is not None:
-                    _add_proximal(opt.params, anchor, proximal_mu)
+                    _add_proximal(params, anchor, proximal_mu)
                 opt.step()
                 loss_sum += loss.detach() * len(idx)
                 steps += 1

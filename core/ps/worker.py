@@ -66,7 +66,8 @@ class _Worker:
         self.stream = BatchStream(work.partitions[index], self.ps.batch_size, scenario.seed, rank)
         self.plan = local_iterations(self.ps, self.stream.per_epoch)
         self.model = work.new_model()
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=self.ps.lr)
+        make = getattr(getattr(work, "task", None), "optimizer", None) or torch.optim.SGD  # a task may bring its own
+        self.opt = make(self.model.parameters(), lr=self.ps.lr, momentum=0.0, weight_decay=0.0)
         self.pending: pm.Model | None = None  # a newer model that arrived meanwhile
         # Models older than this are ignored: the version being trained + 1, or, once its update
         # is pushed, that version itself (the server restarted and publishes it again).
