@@ -401,6 +401,9 @@ class Scenario:
     # processes of one thread fit N cores (host.cores); a count is part of the arithmetic, so both modes
     # use the scenario's.
     threads: int = field(default=1, metadata=check(positive))
+    # Where the training runs: cpu; cuda (a GPU: refused at load where torch sees none, and, until the
+    # GPU path is built, everywhere); auto (a GPU if there is one and dtemu can use it, else the CPU).
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
     data: DataSpec = field(default_factory=DataSpec)
     fl: FLSpec = field(default_factory=FLSpec)
     ddp: DDPSpec = field(default_factory=DDPSpec)
@@ -489,6 +492,8 @@ class Scenario:
         d.pop("targets")  # what is measured, not what is trained
         if d["task"] is None:  # (digests from before tasks)
             del d["task"]
+        if d["device"] != "cuda":  # (digests from before devices; auto trains on the CPU today)
+            del d["device"]
         for section in ("fl", "ddp", "ps", "geo", "flower"):  # what its mode does not train with
             if section not in self.kind.digest_sections:
                 d.pop(section)

@@ -15,6 +15,7 @@ from pathlib import Path
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import CheckpointError, DataError, ScenarioError
 from dtemu.core.ml import user_code
+from dtemu.host import devices
 from dtemu.host import profile as profiles
 from dtemu.core.scenario import Scenario, parse_scenario
 from dtemu.core.wire.checkpoint import decode_checkpoint
@@ -44,6 +45,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
         where = Path(profile).resolve() if profile is not None else profiles.resolve(scenario.compute.profile, path)
         costs = profiles.assignments(profiles.read_profile(where))
         scenario = parse_scenario(raw, [*costs, *overrides, f"{profiles.KEY}={where}"])
+    devices.resolve(scenario)  # a GPU it cannot have: refused now, not run on the CPU
     if not allow_code:
         user_code.refuse_code(scenario)
     return scenario

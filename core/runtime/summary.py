@@ -77,6 +77,7 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
         "time_s": None if time_s is None else round(time_s, 9),
         "wall_time_s": round(wall_time_s, 3),
         "time_to_accuracy": time_to_accuracy([], scenario.targets),
+        "device": "cpu",  # where it trained: every run so far (device: cuda is refused at load; auto is the CPU)
     }
     summary.update(scenario.kind.summary(scenario, records, lambda history: time_to_accuracy(history, scenario.targets),
                                          time_s))
