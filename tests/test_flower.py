@@ -248,14 +248,17 @@ def test_the_dashboard_reads_every_event_of_a_flower_run(tmp_path):
     assert "round 2/2" in console.export_text()
 
 
-def test_clientapp_calls_in_worker_processes_give_the_same_run(tmp_path):
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_clientapp_calls_in_worker_processes_give_the_same_run(tmp_path, executor):
     """--jobs 2: each call runs in a worker as soon as its instruction is sent, with the client's Context
     shipped there and back; the events (but the calls' wall times) and the model are a serial run's."""
     raw = toy({"bad": "raise", "bad-client": 1, "bad-round": 2, "num-server-rounds": 3},
               faults={"crashes": [{"node": "client3", "round": 2, "at": "during_train", "restart_after_s": 0.0}]})
+    if executor == "ray":
+        pytest.importorskip("ray", reason="Ray is not installed (pip install 'dtemu[ray]')")
     serial, one = run(tmp_path, raw, name="serial")
-    pooled, two = run(tmp_path, raw, name="pooled", jobs=2)
-    assert pooled["emu"]["executor"]["jobs"] == 2
+    pooled, two = run(tmp_path, raw, name="pooled", jobs=2, executor=executor)
+    assert pooled["emu"]["executor"]["kind"] == executor and pooled["emu"]["executor"]["jobs"] == 2
     strip = lambda events: [{k: v for k, v in e.items() if k != "wall_s"} for e in events]  # noqa: E731
     assert strip(one) == strip(two) and pooled["model_sha256"] == serial["model_sha256"]
     assert kinds(two, "client_app_failed") and kinds(two, "node_down")
