@@ -417,3 +417,22 @@ def test_cnn4_is_four_convolutions_and_one_linear_layer():
     out = m(torch.zeros(3, 1, 28, 28))
     assert out.shape == (3, 10) and torch.allclose(out.exp().sum(1), torch.ones(3), atol=1e-5)
     assert 2.5 < model_cost("cnn4") / model_cost("small_cnn") < 4  # measured: 3.2x a small_cnn step
+
+
+def test_a_rounds_inbox_says_what_each_worker_message_is():
+    """core.ps.inbox, with no I/O: the server's synchronous round only acts on its verdicts."""
+    import numpy as np
+
+    from dtemu.core.ps import messages as pm
+    from dtemu.core.ps.inbox import ACCEPTED, IGNORED, JOIN, NOT_FINITE, REFUSED, RoundInbox
+
+    inbox = RoundInbox(version=3, expected={2, 3, 4})
+    update = lambda worker, version=3: pm.Update(version, worker, 1, 16, 0.5, np.zeros(2, np.float32))  # noqa: E731
+    assert inbox.offer(pm.Join(2)).kind == JOIN and inbox.offer(None).kind == IGNORED
+    assert (inbox.offer(update(2, 2)).kind, inbox.offer(update(2, 2)).reason) == (REFUSED, "late")
+    assert inbox.offer(update(2, 4)).reason == "future" and inbox.offer(update(9)).reason == "not_selected"
+    assert inbox.offer(update(2)).kind == ACCEPTED and inbox.offer(update(2)).reason == "duplicate"
+    assert inbox.open(quorum=3)
+    assert inbox.offer(pm.NotFinite(3, 3, 1)).kind == NOT_FINITE and inbox.offer(update(3)).reason == "duplicate"
+    assert inbox.open(quorum=3) and inbox.offer(update(4)).kind == ACCEPTED
+    assert not inbox.open(quorum=3)  # every worker expected answered (one of them not finite)

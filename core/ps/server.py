@@ -41,6 +41,7 @@ from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError, NotFiniteError
 from dtemu.core.ml.params import load_flat, sha256_of
 from dtemu.core.ps import messages as pm
+from dtemu.core.ps.inbox import ACCEPTED, JOIN, NOT_FINITE, REFUSED, RoundInbox
 from dtemu.core.ps.local import evaluate_loss, xavier_weights
 from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import make_strategy
@@ -221,33 +222,27 @@ def _synchronous(s: _Server):
             yield s.send_model(model)
         if s.uses_ss:
             yield s.state(pm.RESET, s.rank_of[PS], version)
-        updates: dict[int, pm.Update] = {}
-        failed: set[int] = set()  # workers whose update from this version was not finite
+        inbox = RoundInbox(version, expected)
+        updates, failed = inbox.updates, inbox.failed
         arrivals: dict[int, float] = {}
         quorum = strategy.quorum(len(expected))
-        while len(updates) < quorum and len(updates) + len(failed) < len(expected) and not s.diverged:
+        while inbox.open(quorum) and not s.diverged:
             msg = yield Recv((PS_UPDATE,), deadline=deadline)
             if msg is None:
                 break
             m = s.decode(msg)
-            if isinstance(m, pm.Join):
+            verdict = inbox.offer(m)
+            if verdict.kind == JOIN:
                 yield s.send_model(model, to=msg.src)
-            elif isinstance(m, (pm.Update, pm.NotFinite)):
-                if m.version != version:
-                    s.refuse(msg, "late" if m.version < version else "future", f"version {m.version}, now {version}")
-                elif m.worker not in expected:
-                    s.refuse(msg, "not_selected")
-                elif m.worker in updates or m.worker in failed:
-                    s.refuse(msg, "duplicate")
-                elif isinstance(m, pm.NotFinite):
-                    failed.add(m.worker)
-                    s.not_finite(msg, m)
-                else:
-                    updates[m.worker] = m
-                    arrivals[m.worker] = ctx.now() - start
-                    out.counts["accepted"] += 1
-                    ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
-                             samples=m.samples, staleness=0, loss=round(m.loss, 6))
+            elif verdict.kind == REFUSED:
+                s.refuse(msg, verdict.reason, verdict.error)
+            elif verdict.kind == NOT_FINITE:
+                s.not_finite(msg, m)
+            elif verdict.kind == ACCEPTED:
+                arrivals[m.worker] = ctx.now() - start
+                out.counts["accepted"] += 1
+                ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
+                         samples=m.samples, staleness=0, loss=round(m.loss, 6))
         if s.diverged:
             break
         short = len(updates) < quorum
