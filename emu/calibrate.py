@@ -9,13 +9,14 @@ It measures, on this machine and with this process's arithmetic:
   warm steps: other load only slows a step down);
 - what the mode's roles spend outside training, as the mode names it
   (emu.costs: FL's and DDP's decoding per MB, geo's decoding and its roles' CPU
-  per op), and real mode's framing and writer history.
+  per op), and real mode's framing and writer history;
+- what one message costs the CPU over DDS, each side, whatever its size
+  (emu.message_costs: a writer here, a reader process, on loopback).
 
 It writes them to a profile (host.profile) that records the machine.
 ``emu run SCENARIO --profile FILE``, or ``compute.profile: FILE`` in the
 scenario, applies it: emu then predicts what this machine would take, before
-anything runs for real.  Not measured yet: per-message CPU over DDS
-(``python -m tools.bench_small_messages``), codec encoding at FL clients, and
+anything runs for real.  Not measured yet: codec encoding at FL clients, and
 cores shared by ranks (``compute.shared_cores``, set by hand).
 """
 
@@ -43,16 +44,31 @@ def measure(scenario, reps: int = 7) -> dict:
     from dtemu.host.train_cost import measured_s_per_sample, sample_of
     from dtemu.report.resolve import resolve
 
+    messages = _message_sets()  # every mode's messages cost the transport's CPU, whatever their size
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
-        return _profile(scenario, resolve(scenario.kind.costs)(scenario, reps), {"model": "the app's own",
-                                                                                 "reps": reps})
+        return _profile(scenario, [*resolve(scenario.kind.costs)(scenario, reps), *messages],
+                        {"model": "the app's own", "reps": reps})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
     train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
-    assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps)]
+    assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps),
+                   *messages]
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
                                             "input_dtype": str(sample[0].dtype), "reps": reps})
+
+
+def _message_sets() -> list[str]:
+    """A message's own CPU over DDS, each side (emu.message_costs: a writer here, a reader process),
+    or nothing where CycloneDDS is not there (emu needs it for nothing else)."""
+    import importlib.util
+
+    if importlib.util.find_spec("cyclonedds") is None:
+        return []
+    from .message_costs import message_costs
+
+    costs = message_costs()
+    return [f"compute.default.{side}_s_per_message={costs[side]:.6e}" for side in ("send", "recv")]
 
 
 def _profile(scenario, assignments: list[str], measured: dict) -> dict:

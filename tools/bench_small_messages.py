@@ -24,101 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
 
-from dtemu.core.wire.topics import TRAIN_CMD
-
-
-def _rusage() -> tuple:
-    r = resource.getrusage(resource.RUSAGE_THREAD)
-    return (r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
-
-
-def read(domain: int, n: int, mode: str) -> None:
-    from dtemu.real.transport import DdsTransport
-
-    kw = {"caller_takes": (TRAIN_CMD,)} if mode != "thread" else {}
-    with DdsTransport("rx", profile="loopback", domain_id=domain, subscribe=[TRAIN_CMD], **kw) as t:
-        print("ready", flush=True)
-        recv = _bare_recv(t) if mode == "bare" else (lambda: t.recv([TRAIN_CMD], timeout_s=10))
-        if recv() is None:  # the first one starts the clocks
-            raise RuntimeError("no message")
-        cpu, ru, got = time.process_time(), _rusage(), 0
-        while got < n - 1 and recv() is not None:
-            got += 1
-        cpu, ru = time.process_time() - cpu, [b - a for a, b in zip(ru, _rusage())]
-    print(json.dumps({"messages": got, "process_us": round(1e6 * cpu / got, 1),
-                      "caller_user_us": round(1e6 * ru[0] / got, 1), "caller_sys_us": round(1e6 * ru[1] / got, 1),
-                      "caller_switches": round((ru[2] + ru[3]) / got, 2)}), flush=True)
-
-
-def _bare_recv(t):
-    """Wait on the caller's WaitSet and take one sample: what is left without the transport's work."""
-    from cyclonedds.util import duration
-
-    from dtemu.real.transport import _ANY_STATE, _ddspy_take
-
-    refs, held = [r._ref for _, r in t._caller_readers], []
-
-    def recv():
-        while not held:
-            if not t._caller_ws.wait(duration(seconds=10)):
-                return None
-            for ref in refs:
-                held.extend(_ddspy_take(ref, _ANY_STATE, 4096))
-        return held.pop()
-    return recv
-
-
-def write(domain: int, n: int, size: int, gap_s: float) -> dict:
-    from dtemu.real.transport import DdsTransport
-
-    with DdsTransport("tx", profile="loopback", domain_id=domain) as t:
-        if t.wait_matched({TRAIN_CMD: ["rx"]}, timeout_s=60):
-            raise RuntimeError("the reader never matched")
-        write_cpu = [0.0]
-        plain = t._write
-
-        def timed_write(w, ser):  # dds_write alone
-            c = time.thread_time()
-            plain(w, ser)
-            write_cpu[0] += time.thread_time() - c
-
-        t._write = timed_write
-        payload, send_cpu = os.urandom(size), 0.0
-        for _ in range(n):
-            c = time.thread_time()
-            t.send(TRAIN_CMD, payload, to="rx")
-            send_cpu += time.thread_time() - c
-            time.sleep(gap_s)
-        t.flush(timeout_s=10)
-    return {"send_us": round(1e6 * send_cpu / n, 1), "dds_write_us": round(1e6 * write_cpu[0] / n, 1)}
-
-
-def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> dict[str, float]:
-    """Seconds of CPU per message, whatever its size: the writer's ``send`` and the reader process
-    (its receive thread, the hand-off, the thread in ``recv``), over DDS on loopback."""
-    import os
-    import subprocess
-    import sys
-
-    domain = 140 + os.getpid() % 30
-    rx = subprocess.Popen([sys.executable, "-m", "tools.bench_small_messages", "--read", "thread", "--domain",
-                           str(domain), "--messages", str(messages)], stdout=subprocess.PIPE, text=True)
-    try:
-        if rx.stdout.readline().strip() != "ready":
-            raise RuntimeError("the reader failed to start")
-        wrote = write(domain, messages, size, gap_ms / 1000)
-        read = json.loads(rx.communicate(timeout=120)[0].strip().splitlines()[-1])
-    finally:
-        if rx.poll() is None:
-            rx.kill()
-            rx.wait()
-    return {"send": wrote["send_us"] * 1e-6, "recv": read["process_us"] * 1e-6}
-
+from dtemu.emu.message_costs import write
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,15 +35,11 @@ def main() -> int:
     p.add_argument("--bytes", type=int, default=48)
     p.add_argument("--gap-ms", type=float, default=0.3)
     p.add_argument("--domain", type=int, default=170 + os.getpid() % 30)
-    p.add_argument("--read", choices=("thread", "caller", "bare"), help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.read:
-        read(args.domain, args.messages, args.read)
-        return 0
     rows = {}
     labels = {"thread": "receive thread", "caller": "caller takes", "bare": "bare wait+take"}
     for mode in labels:
-        rx = subprocess.Popen([sys.executable, "-m", "tools.bench_small_messages", "--read", mode, "--domain",
+        rx = subprocess.Popen([sys.executable, "-m", "dtemu.emu.message_costs", "--read", mode, "--domain",
                                str(args.domain), "--messages", str(args.messages)], stdout=subprocess.PIPE, text=True)
         try:
             if rx.stdout.readline().strip() != "ready":
