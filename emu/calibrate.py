@@ -8,16 +8,17 @@ It measures, on this machine and with this process's arithmetic:
   optimizer and loss, on a batch of its own data (best of three timings of 24
   warm steps: other load only slows a step down);
 - what the mode's roles spend outside training, as the mode names it
-  (emu.costs: FL's and DDP's decoding per MB, geo's decoding and its roles' CPU
-  per op), and real mode's framing and writer history;
+  (emu.costs: FL's decoding and its clients' codec encoding, DDP's decoding per
+  MB, geo's decoding and its roles' CPU per op), and real mode's framing and
+  writer history;
 - what one message costs the CPU over DDS, each side, whatever its size
   (emu.message_costs: a writer here, a reader process, on loopback).
 
 It writes them to a profile (host.profile) that records the machine.
 ``emu run SCENARIO --profile FILE``, or ``compute.profile: FILE`` in the
 scenario, applies it: emu then predicts what this machine would take, before
-anything runs for real.  Not measured yet: codec encoding at FL clients, and
-cores shared by ranks (``compute.shared_cores``, set by hand).
+anything runs for real.  Not measured yet: cores shared by ranks
+(``compute.shared_cores``, set by hand).
 """
 
 from __future__ import annotations

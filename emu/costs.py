@@ -220,12 +220,30 @@ def transport_only_sets(scenario, reps: int = 7, dim: int | None = None) -> list
 
 
 def fl_sets(scenario, reps: int = 7) -> list[str]:
-    """A client's and the controller's decoding, and real mode's transport."""
+    """A client's and the controller's decoding, a client's encoding of its update, and real mode's
+    transport."""
     dim = dim_of(scenario)
     costs = fl_decode_costs(dim, reps)
     return transport_only_sets(scenario, reps, dim) + [
         f"compute.default.decode_s_per_mb={costs['client']:.6e}",
-        f"compute.nodes.{scenario.node_names[0]}.decode_s_per_mb={costs['controller']:.6e}"]
+        f"compute.nodes.{scenario.node_names[0]}.decode_s_per_mb={costs['controller']:.6e}",
+        f"compute.default.cpu.encode_s_per_mb={fl_encode_cost(scenario, dim, reps):.6e}"]
+
+
+def fl_encode_cost(scenario, dim: int, reps: int = 7) -> float:
+    """Seconds per MB of the fp32 delta for a client's codec (fl.codec, with error feedback if the
+    scenario uses it) to encode its update."""
+    import torch
+
+    from dtemu.core.compression import codecs
+
+    torch.set_num_threads(1)
+    fl = scenario.fl
+    params = codecs.CodecParams(fl.codec, chunk=fl.chunk, density=fl.density)
+    delta = np.random.default_rng(1).standard_normal(dim).astype(np.float32) * 0.01
+    feedback = codecs.ErrorFeedback(params) if fl.error_feedback and fl.codec != "fp32" else None
+    encode = (lambda: feedback.encode(delta)) if feedback else (lambda: codecs.encode(delta, params))
+    return median_s(encode, reps) / (delta.nbytes / 1e6)
 
 
 def ddp_sets(scenario, reps: int = 7) -> list[str]:

@@ -65,6 +65,7 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Resid
         feedback.store = residuals
         residuals.forget(ctx.node)  # a new life: what an earlier one kept died with it
     state = _State()
+    priced_encode = scenario.compute_for(ctx.node).cpu.encode_s_per_mb > 0
     while state.stop is None:
         if state.resend:
             state.resend = False
@@ -76,7 +77,7 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Resid
         if cmd is not None and state.model_round == cmd.round - 1:
             state.cmd = None
             base = state.held.weights(work.dim)
-            data = yield from _train_and_upload(ctx, work, index, cmd, base, params, feedback, auth)
+            data = yield from _train_and_upload(ctx, work, index, cmd, base, params, feedback, auth, priced_encode)
             state.done.add((cmd.round, cmd.seed))
             if data is not None:
                 state.last_sent = ((cmd.round, cmd.seed), data)
@@ -174,7 +175,9 @@ def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
         state.cmd = None
 
 
-def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, params, feedback, auth: Sealer):
+def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, params, feedback, auth: Sealer,
+                      priced_encode: bool = False):
+    """``priced_encode``: emu prices the codec's encoding (compute.<node>.cpu.encode_s_per_mb), a request."""
     samples = cmd.epochs * work.subset_size(index, cmd.subset)
     ctx.emit(ev.TRAIN_START, round=cmd.round, samples=samples)
     yield Point(points.TRAIN, cmd.round)
@@ -192,15 +195,10 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
         # A diverged client: nothing a codec could carry; the round goes on without it.
         ctx.emit(ev.UPDATE_NOT_FINITE, round=cmd.round)
         return
-    if feedback is None:
-        packet = codecs.encode(delta, params)
-    elif getattr(feedback, "store", None) is None:
-        packet = feedback.encode(delta)
-    else:  # the residual is the store's between rounds (bounded in memory, the rest spilled)
-        feedback.residual = feedback.store.take(ctx.node)
-        packet = feedback.encode(delta)
-        feedback.store.put(ctx.node, feedback.residual)
-        feedback.residual = None
+    if priced_encode:
+        packet = yield Compute(lambda: _encode(ctx, delta, params, feedback), kind="encode", nbytes=delta.nbytes)
+    else:  # free (the default): done in place, no request, nothing moves
+        packet = _encode(ctx, delta, params, feedback)
     update = ClientUpdate(
         round=cmd.round,
         seed=cmd.seed,
@@ -219,3 +217,16 @@ def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, para
     ctx.emit(ev.UPLOAD_DONE, round=cmd.round, bytes=len(sealed))
     yield Point(points.UPLOADED, cmd.round)
     return data
+
+
+def _encode(ctx, delta, params, feedback) -> bytes:
+    """The update's packet: ``delta`` under the codec, with error feedback's residual if it has one."""
+    if feedback is None:
+        return codecs.encode(delta, params)
+    if getattr(feedback, "store", None) is None:
+        return feedback.encode(delta)
+    feedback.residual = feedback.store.take(ctx.node)  # the store's between rounds (bounded in memory)
+    packet = feedback.encode(delta)
+    feedback.store.put(ctx.node, feedback.residual)
+    feedback.residual = None
+    return packet
