@@ -269,6 +269,7 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
 
     from dtemu.core import events as ev
     from dtemu.core.errors import ScenarioError
+    from dtemu.core.flower.replies import is_train
     from dtemu.core.scenario import parse_scenario
     from dtemu.emu.run import run_emulation
 
@@ -279,7 +280,7 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
         run_emulation(parse_scenario(raw), folder)
         calls = [json.loads(line) for line in (Path(folder) / "events.jsonl").read_text().splitlines()]
     rates = [e["wall_s"] / e["examples"] for e in calls
-             if e["kind"] == ev.FLOWER_CALL and e["type"].startswith("train") and e["examples"]]
+             if e["kind"] == ev.FLOWER_CALL and is_train(e["type"]) and e["examples"]]
     if len(rates) < 2:
         raise ScenarioError("flower", "the app's train calls report no examples (flower.examples_key): "
                                       "nothing to price its training by")

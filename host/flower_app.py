@@ -12,7 +12,6 @@ ScenarioError naming its key: exit 2, before a run folder exists.
 from __future__ import annotations
 
 import importlib.util
-import sys
 import tomllib
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from dtemu.core.errors import ScenarioError
 from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, Outcome
 from dtemu.host import flower_thread
-from dtemu.host.flower_jobs import app_named
+from dtemu.host.flower_jobs import app_named, on_path
 
 EXTRA = "the Flower extra is not installed: pip install 'dtemu[flower]' (Flower 1.42)"
 
@@ -31,10 +30,9 @@ class LoadedApp(FlowerApp):
 
     ships_calls = True  # (emu.executor: this work's jobs are its ClientApp calls)
 
-    def __init__(self, *args, names: tuple = (), call_limit_s: float = 600.0, **kwargs):
+    def __init__(self, *args, names: tuple = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.names = names  # (app_dir, client_app spec): what a worker loads (host.flower_jobs)
-        self.call_limit_s = call_limit_s
         self.contexts: dict[int, object] = {}
         self.lives: dict[int, int] = {}
         self.pending: dict[str, tuple[int, int, object]] = {}  # message id -> (client, life, ticket)
@@ -73,10 +71,10 @@ class LoadedApp(FlowerApp):
         job = FlowerCall(self.names, bytes(frame), context_bytes(self.contexts[index]), self.call_limit_s)
         self.pending[message_id] = (index, self.lives[index], self.executor.submit(job))
 
-    def call(self, instruction, index: int, limit_s: float):
+    def call(self, instruction, index: int):
         mine = self._take(instruction.metadata.message_id, index)
         if mine is None:
-            return flower_thread.call(self.client_app, instruction, self.contexts[index], limit_s)
+            return flower_thread.call(self.client_app, instruction, self.contexts[index], self.call_limit_s)
         from dtemu.host.flower_jobs import context_from_bytes
 
         try:
@@ -113,11 +111,8 @@ def load_app(scenario) -> FlowerApp:
                                               "[tool.flwr.app.components]; or set flower.server_app and flower.client_app")
     server_app = app_named("flower.server_app" if spec.server_app else "flower.app_dir", server_spec, "ServerApp")
     client_app = app_named("flower.client_app" if spec.client_app else "flower.app_dir", client_spec, "ClientApp")
-    app = LoadedApp(server_app, client_app, {**config, **spec.run_config}, scenario.fl.clients,
-                    where=spec.app_dir or f"{server_spec}, {client_spec}",
-                    names=(spec.app_dir and str(Path(spec.app_dir).resolve()), client_spec),
-                    call_limit_s=spec.call_limit_s)
-    return app
+    return LoadedApp(server_app, client_app, {**config, **spec.run_config}, scenario.fl.clients, spec.call_limit_s,
+                     names=(spec.app_dir and str(Path(spec.app_dir).resolve()), client_spec))
 
 
 def _folder(app_dir: str) -> tuple[dict, dict]:
@@ -130,6 +125,5 @@ def _folder(app_dir: str) -> tuple[dict, dict]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ScenarioError("flower.app_dir", f"{folder / 'pyproject.toml'} does not parse: {err}") from None
     app = meta.get("tool", {}).get("flwr", {}).get("app", {})
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+    on_path(str(folder))
     return dict(app.get("components", {})), dict(app.get("config", {}))

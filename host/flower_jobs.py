@@ -22,7 +22,7 @@ _apps: dict[tuple, object] = {}  # in a worker: the ClientApps loaded, by what n
 
 @dataclass(frozen=True, eq=False)
 class FlowerCall:
-    names: tuple  # (app_dir, client_app spec): host.flower_app.client_app_of
+    names: tuple  # (app_dir, client_app spec): client_app_of
     instruction: bytes  # a wire.INSTRUCTION frame
     context: bytes  # the client's flwr Context, protobuf
     limit_s: float
@@ -36,6 +36,7 @@ class FlowerCall:
     def run(self) -> tuple[bytes | None, str, float, bytes]:
         """(the reply's frame, or None if the call hung; what went wrong; wall seconds; the Context after)."""
         from dtemu.host import flower_thread
+
         if self.names not in _apps:
             _apps[self.names] = client_app_of(*self.names)
         instruction = wire.decode(self.instruction)
@@ -60,9 +61,15 @@ def context_from_bytes(data: bytes):
 
 def client_app_of(app_dir: str | None, spec: str):
     """The ClientApp ``spec`` names, its app's folder first on sys.path (a worker process's loading)."""
-    if app_dir and app_dir not in sys.path:
-        sys.path.insert(0, app_dir)
+    if app_dir:
+        on_path(app_dir)
     return app_named("flower.client_app", spec, "ClientApp")
+
+
+def on_path(folder: str) -> None:
+    """An app's folder first on sys.path, as Flower's tools put it, so that its package imports."""
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def app_named(key: str, spec: str, kind: str):

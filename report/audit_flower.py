@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dtemu.core import events as ev
+from dtemu.core.flower.replies import is_train
 
 SERVER = "server"
 
@@ -34,7 +35,7 @@ def check_flower(events: list[dict], summary: dict, finished: bool, scenario: di
             heard[(e["client"], e.get("round"))] += 1
     lost_on_way = sum(1 for e in server if e["kind"] == ev.FAULT and e.get("fault") in ("message_lost", "partition"))
     sent = Counter((e["node"], e["round"]) for e in events
-                   if e["kind"] == ev.FLOWER_CALL and str(e.get("type", "")).startswith("train"))
+                   if e["kind"] == ev.FLOWER_CALL and is_train(str(e.get("type", ""))))
     unheard = sum(max(0, n - heard[key]) for key, n in sent.items())
     lost = max(0, unheard - lost_on_way) if finished else 0
     tallied = {k: v for k, v in (summary.get("updates") or {}).items() if k != "evaluated"}

@@ -50,7 +50,7 @@ class FlowerApp:
     client_app: Any  # flwr ClientApp (callable(message, context) -> Message)
     run_config: dict = field(default_factory=dict)
     clients: int = 0
-    where: str = ""  # what was loaded, for messages (the app's folder or specs)
+    call_limit_s: float = 600.0  # flower.call_limit_s: wall seconds a ClientApp call may take
     # What emu and real ask of a scenario's work (core.ml.workload.Workload): an app's model is its own.
     reference_cost: float | None = None
     dim: int = 0
@@ -66,9 +66,9 @@ class FlowerApp:
         """Client ``index`` starts a life: a new Context (what an earlier life kept died with it)."""
         raise NotImplementedError
 
-    def call(self, instruction, index: int, limit_s: float) -> Outcome:
-        """Client ``index``'s ClientApp on ``instruction`` with its Context, waited for ``limit_s`` wall
-        seconds at most."""
+    def call(self, instruction, index: int) -> Outcome:
+        """Client ``index``'s ClientApp on ``instruction`` with its Context, waited for ``call_limit_s``
+        wall seconds at most."""
         raise NotImplementedError
 
     def prefetch(self, index: int, frame: bytes, message_id: str) -> None:

@@ -26,7 +26,7 @@ from dtemu.core import events as ev
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, node_id
-from dtemu.core.flower.replies import examples_of, round_of
+from dtemu.core.flower.replies import examples_of, is_train, round_of
 from dtemu.core.flower.spec import SERVER
 from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime import points
@@ -49,13 +49,13 @@ def client(ctx, scenario, app: FlowerApp, index: int):
         if instruction is wire.STOP:
             break
         round_, type_ = round_of(instruction), instruction.metadata.message_type
-        training = type_.split(".")[0] == "train"
+        training = is_train(type_)
         if training and faultlib.drops_round(scenario.seed, index, round_, scenario.faults.dropout_p):
             ctx.emit(ev.DROPOUT, round=round_)
             continue
         if training:
             yield Point(points.TRAIN, round_)
-        outcome = yield Compute(lambda: app.call(instruction, index, scenario.flower.call_limit_s),
+        outcome = yield Compute(lambda: app.call(instruction, index),
                                 kind="train" if training else "eval")
         if outcome.error:
             ctx.emit(ev.CLIENT_APP_FAILED, round=round_, type=type_, error=outcome.error, hung=outcome.reply is None)

@@ -19,6 +19,11 @@ def round_of(message) -> int:
     return 0
 
 
+def is_train(message_type: str) -> bool:
+    """Is a message of this type a training instruction (Flower's "train" or "train.<action>")?"""
+    return message_type.split(".")[0] == "train"
+
+
 def _metrics(reply) -> dict:
     out: dict = {}
     if reply.has_content():

@@ -32,7 +32,7 @@ from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, Finished, node_id
 from dtemu.core.flower.grid import make_grid
 from dtemu.core.flower.inbox import ACCEPTED, DUPLICATE, LATE, Asked, ReplyInbox
-from dtemu.core.flower.replies import accuracy_of, examples_of, round_of
+from dtemu.core.flower.replies import accuracy_of, examples_of, is_train, round_of
 from dtemu.core.modes.base import DONE
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.requests import Recv, Send
@@ -141,7 +141,8 @@ class _Carrier:
     def _push(self, messages):
         ctx, counts = self.ctx, self.result.counts
         online = set(self.population.online(ctx.now())) if self.population is not None else None
-        content = {}  # id of a content -> (its proto, its arrays): one encoding for every node it goes to
+        # id of a content -> (its proto, its arrays, their sha256): one encoding for every node it goes to
+        content = {}
         sent, groups = [], {}
         for message in messages:
             self.seq += 1
@@ -154,16 +155,17 @@ class _Carrier:
             round_, type_ = round_of(message), message.metadata.message_type
             key = id(message.content) if message.has_content() else None
             if key not in content:
-                content[key] = wire.content_of(message)
-            proto, arrays = content[key]
+                proto, arrays = wire.content_of(message)
+                content[key] = proto, arrays, wire.model_sha256(next(iter(arrays.values()))) if arrays else None
+            proto, arrays, sha = content[key]
             self.inbox.expect(mid, Asked(node, round_, type_, arrays))
             sent.append(mid)
             group = groups.setdefault((round_, type_), {"asked": 0, "bytes": 0, "unavailable": 0})
-            if type_.split(".")[0] == "train" and round_ != self.train_round:
+            if is_train(type_) and round_ != self.train_round:
                 self.train_round = round_
                 ctx.emit(ev.ROUND_START, round=round_, attempt=0)
             if arrays:
-                self.result.model_sha256 = wire.model_sha256(next(iter(arrays.values())))
+                self.result.model_sha256 = sha
             if online is not None and node not in online:
                 group["unavailable"] += 1
                 counts["unavailable"] += 1
@@ -197,7 +199,7 @@ class _Carrier:
                     counts["client_error"] += 1
                     ctx.emit(ev.UPDATE_REJECTED, client=msg.src, round=asked.round, reason="client_error",
                              error=verdict.reply.error.reason[:200])
-                elif asked.type.split(".")[0] == "train":
+                elif is_train(asked.type):
                     counts["accepted"] += 1
                     ctx.emit(ev.UPDATE_ACCEPTED, client=msg.src, round=asked.round, bytes=len(msg.data),
                              num_samples=examples_of(verdict.reply, self.fs.examples_key), sent_at=msg.sent_at,
@@ -228,8 +230,7 @@ class _Carrier:
         good = [r for r in replies if not r.has_error()]
         ctx.emit(ev.FLOWER_REPLIES, round=round_, type=type_, asked=len(messages), replies=len(replies),
                  errors=len(replies) - len(good), timed_out=timed_out)
-        category = type_.split(".")[0]
-        if category == "train":
+        if is_train(type_):
             names = sorted(self.inbox.asked(r.metadata.reply_to_message_id).node for r in good)
             ctx.emit(ev.ROUND_CLOSE, round=round_, ready=len(good), expected=len(messages), min=1, clients=names,
                      timed_out=timed_out, note=f"final-ready={len(good)}/{len(messages)} (errors={len(replies) - len(good)})")
@@ -237,7 +238,7 @@ class _Carrier:
                 result.rounds_completed += 1
             else:
                 result.rounds_failed += 1
-        elif category == "evaluate":
+        elif type_.split(".")[0] == "evaluate":
             accuracy = accuracy_of(good, self.fs.accuracy_key, self.fs.examples_key)
             if accuracy is not None:
                 ctx.emit(ev.EVAL, round=round_, accuracy=accuracy)
