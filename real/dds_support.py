@@ -86,6 +86,19 @@ def _load_dds_write():
 _dds_write = _load_dds_write()
 
 
+def _load_dds_write_ts():
+    """``dds_write_ts``: a write whose source timestamp is given (a clock with an injected error)."""
+    try:
+        from cyclonedds.internal import DDS
+        proto = ct.CFUNCTYPE(ct.c_int32, ct.c_int32, ct.POINTER(_SampleContainer), ct.c_int64)
+        return proto(("dds_write_ts", DDS._dll_handle))
+    except Exception:  # pragma: no cover
+        return None
+
+
+_dds_write_ts = _load_dds_write_ts()
+
+
 def _wait_for_acks(writer: DataWriter, seconds: float) -> bool:
     """``DataWriter.wait_for_acks``, False on a timeout.
 

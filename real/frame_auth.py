@@ -56,3 +56,14 @@ def hello_tag(fkey: bytes, node: str, guid: str) -> bytes:
         h.update(struct.pack("<H", len(b)))
         h.update(b)
     return h.digest()
+
+
+def tick_tag(fkey: bytes, src: str, dst: str, t1: int, t2: int, t3: int) -> bytes:
+    """Authenticates one half of a clock exchange (real.clock_sync): who, to whom, and its times."""
+    h = hashlib.blake2b(key=fkey, digest_size=TAG_BYTES, person=b"dtemu-tick")
+    h.update(struct.pack("<QQQ", t1, t2, t3))
+    for s in (src, dst):
+        b = s.encode()
+        h.update(struct.pack("<H", len(b)))
+        h.update(b)
+    return h.digest()

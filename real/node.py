@@ -88,10 +88,12 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         # Let what we sent last (the final model, Stop, the last frames) reach the peers.
         transport.flush(timeout_s=5.0)
         stats = dict(transport.stats)
+        clocks = transport.clock.offsets.as_dict()
     record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
                          bytes_rejected=prims.bytes_rejected, sealed=key is not None)
     summary = {**record, "platform": cpu_arith.describe(), "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
                                   "writer_history": whc_high,
+                                  "clocks": clocks,  # each peer's clock minus this rank's (real.clock_sync)
                                   "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}
     run.write_json("summary.json", summary)
     return summary

@@ -21,8 +21,8 @@ What emu's max-min fluid model has and this has not: a receiver's downlink
 shared among several senders (a FIFO per sender cannot see the others), loss,
 and the rtps framing's headers.  For the shipped FL scenarios these move a
 message by well under a millisecond of scenario time.  The ``sent_at`` a
-receiver reads is the sender's clock: this holds on one machine, where the
-launch runs every rank, and is off on the ``lan`` profile (real links).
+receiver reads is the sender's clock read on the receiver's (real.clock_sync),
+so pacing holds between machines whose clocks disagree.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class RealPrimitives:
         self.run = run
         self.publishes = tuple(publishes)
         self.timer = timer
-        start = time.time()
+        start = transport.clock.wall_ns() / 1e9  # (a clock with an injected error is off here too)
         self.t0 = time.monotonic() - (start - epoch if epoch is not None else 0.0)
         self.bytes_sent = 0
         self.bytes_received = 0

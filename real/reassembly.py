@@ -32,7 +32,8 @@ MAX_MESSAGE_BYTES = 1 << 30
 class Message:
     """A reassembled message.  Times are on this process's ``time.monotonic()`` clock:
     ``sent_at`` is the DDS source timestamp of the first frame (sender's wall clock,
-    moved to this clock; 0.0 if unknown), ``received_at`` when the last frame arrived."""
+    moved to this clock with the offset real.clock_sync measured; 0.0 if unknown), ``received_at``
+    when the last frame arrived."""
     topic: str
     src: str
     data: bytes

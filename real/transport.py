@@ -78,6 +78,10 @@ Design
   another node are ignored (``dst`` is filtered at the receiver: DDS ships
   them to every reader of the topic).
 
+* Clocks: ``real.clock_sync`` measures each peer's clock offset (NTP's exchange
+  on ``ctl/clock``, on a thread of its own), and a message's ``sent_at`` is its
+  DDS source timestamp (the sender's clock) read on this node's clock.
+
 * Same-host payloads go beside DDS (``real.shm``; the ``loopback`` profile,
   unsealed runs, not on durable topics): a frame of 64 KiB or more is copied
   into a slot of a shared-memory pool per (writer, destination) and DDS carries
@@ -116,7 +120,8 @@ from cyclonedds.util import duration
 from dtemu.real.config import config_xml
 from dtemu.core.runtime.requests import Buffers
 from dtemu.core.wire import topics as wire_topics
-from dtemu.real.dds_support import _acquire_domain, _dds_write, _delete_entity, _matched_handles, _release_domain, \
+from dtemu.real.clock_sync import ClockExchange, skew_ns
+from dtemu.real.dds_support import _acquire_domain, _dds_write, _dds_write_ts, _delete_entity, _matched_handles, _release_domain, \
     _SampleContainer, _wait_for_acks
 from dtemu.real import frame_auth, shm
 from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, REASSEMBLY_STATS, Message, Reassembler
@@ -178,9 +183,12 @@ class DdsTransport(Reassembler):
                  key: Optional[bytes] = None,
                  addressed: Iterable[str] = ADDRESSED_TOPICS,
                  whc_high: Optional[str] = None,
-                 caller_takes: Iterable[str] = CALLER_TAKES):
+                 caller_takes: Iterable[str] = CALLER_TAKES,
+                 clock_skew_s: Optional[float] = None):
         """``key``: the run's shared key; every frame sent is tagged and every frame received
-        must carry a valid tag (``real.frame_auth``)."""
+        must carry a valid tag (``real.frame_auth``).  ``clock_skew_s``: this node's clock set
+        off by so much (default ``$DTEMU_CLOCK_SKEW_S``, 0; real.clock_sync), to test that no time
+        compares two clocks."""
         if not node or not isinstance(node, str):
             raise ValueError("node must be a non-empty name")
         if frame_bytes <= frame_auth.TAG_BYTES or max_message_bytes < 1:
@@ -260,6 +268,8 @@ class DdsTransport(Reassembler):
             tag = frame_auth.hello_tag(self.frame_key, node, self.guid) if self.frame_key else b""
             self._hello_writer.write(Hello(node=node, guid=self.guid, pid=os.getpid(), host=socket.gethostname(),
                                            tag=tag))
+            skew = skew_ns() if clock_skew_s is None else int(clock_skew_s * 1e9)
+            self.clock = ClockExchange(self._dp, node, self.frame_key, self.stats, skew)
             self._thread = threading.Thread(target=self._run, name=f"dds-recv-{node}", daemon=True)
             self._thread.start()
             if subscribe:
@@ -363,7 +373,10 @@ class DdsTransport(Reassembler):
             ser += b"\0" * pad
         if _dds_write is not None:
             c = _SampleContainer(ct.cast(ct.c_char_p(ser), ct.c_void_p), len(ser))
-            ret = _dds_write(w._ref, ct.byref(c))
+            if self.clock.skew:  # a clock with an injected error stamps its own time
+                ret = _dds_write_ts(w._ref, ct.byref(c), self.clock.wall_ns())
+            else:
+                ret = _dds_write(w._ref, ct.byref(c))
         else:  # pragma: no cover
             from cyclonedds._clayer import ddspy_write
             ret = ddspy_write(w._ref, ser)
@@ -699,8 +712,8 @@ class DdsTransport(Reassembler):
         topic = self._logical.get(topic, topic)  # a per-node DDS topic delivers as its topic
         now = time.monotonic()
         sent_at = 0.0
-        if source_ts and source_ts > 0:
-            sent_at = now - (time.time() - source_ts / 1e9)
+        if source_ts and source_ts > 0:  # the sender's clock, read on ours (real.clock_sync)
+            sent_at = now - (self.clock.wall_ns() / 1e9 - self.clock.local_time(src, source_ts))
         msg = Message(topic=topic, src=src, data=data, sent_at=sent_at, received_at=now, dst=dst, tag=tag,
                       msg_id=msg_id)
         self.stats["recv_msgs"] += 1
@@ -855,6 +868,9 @@ class DdsTransport(Reassembler):
         t = getattr(self, "_thread", None)
         if t is not None and t is not threading.current_thread():
             t.join(timeout=10.0)
+        clock = getattr(self, "clock", None)
+        if clock is not None:
+            clock.close()
         self._flush_rejects()
         self._teardown()
 

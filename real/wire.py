@@ -43,7 +43,7 @@ from cyclonedds.idl.types import sequence, uint8, uint32, uint64
 
 from dtemu.core.errors import DecodeError
 
-__all__ = ["Frame", "Hello", "INVALID_HELLO", "WireError", "encode_frame", "decode_frame", "valid_name"]
+__all__ = ["Frame", "Hello", "INVALID_HELLO", "Tick", "INVALID_TICK", "WireError", "encode_frame", "decode_frame", "valid_name"]
 
 
 class WireError(DecodeError):
@@ -118,6 +118,35 @@ def valid_name(name) -> bool:
 
 
 INVALID_HELLO = Hello(node="")
+
+
+@dataclass
+class Tick(IdlStruct, typename="dtemu.Tick"):
+    """One half of NTP's exchange (real.clock_sync): a ping (``dst`` empty; ``t1``, the pinger's
+    wall clock in ns) or an answer to ``dst`` (``t1`` echoed, ``t2`` when the answerer took the
+    ping and ``t3`` when it answered, on its own clock).  In a sealed run ``tag`` authenticates
+    the rest (``real.frame_auth.tick_tag``).  Anything that does not decode, or names no sensible
+    node, decodes as ``INVALID_TICK`` (``src == ""``)."""
+    src: str
+    dst: str = ""
+    t1: uint64 = 0
+    t2: uint64 = 0
+    t3: uint64 = 0
+    tag: sequence[uint8] = b""
+
+    @classmethod
+    def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Tick":
+        try:
+            tick = cls.__idl__.deserialize(data, has_header=has_header, use_version_2=use_version_2)
+        except Exception:  # bad UTF-8, or anything else the stock decoder refuses
+            return INVALID_TICK
+        tick.tag = bytes(tick.tag)
+        if not valid_name(tick.src) or not (tick.dst == "" or valid_name(tick.dst)):
+            return INVALID_TICK
+        return tick
+
+
+INVALID_TICK = Tick(src="")
 
 
 # ---------------------------------------------------------------------------------------------

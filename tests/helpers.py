@@ -83,7 +83,8 @@ class Ranks:
         self.domain = new_domain()
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, rank: int, name: str, *overrides: str, args: tuple[str, ...] = ()) -> subprocess.Popen:
+    def start(self, rank: int, name: str, *overrides: str, args: tuple[str, ...] = (),
+              extra_env: dict | None = None) -> subprocess.Popen:
         """``args``: more arguments of ``real run`` (``--append`` for a restarted rank)."""
         cmd = [sys.executable, "-m", "dtemu.real.cli", "run", str(self.scenario), "--rank", str(rank),
                "--out", str(self.folder / name), "--no-tui", "--domain", str(self.domain), "--threads", "1",
@@ -91,7 +92,7 @@ class Ranks:
         for o in overrides:
             cmd += ["--set", o]
         log = open(self.folder / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT,
+        self.procs[name] = subprocess.Popen(cmd, cwd=ROOT, env={**env(), **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         log.close()
         return self.procs[name]

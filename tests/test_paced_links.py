@@ -54,6 +54,7 @@ class FakeTransport:
     def __init__(self):
         self.inbox = []
         self.on_reject = None
+        self.clock = SimpleNamespace(wall_ns=time.time_ns)  # this machine's clock (real.clock_sync)
 
     def put(self, topic, src, sent_at):
         self.inbox.append(SimpleNamespace(topic=topic, src=src, data=b"x", sent_at=sent_at, received_at=sent_at))

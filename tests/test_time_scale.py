@@ -44,7 +44,8 @@ def _paced(pace, slowdown, elapsed):
     from dtemu.real.primitives import RealPrimitives
 
     timer = ComputeTimer(ComputeSpec(train_s_per_sample=1e-4, slowdown=slowdown), None, seed=0)
-    prims = RealPrimitives("client1", SimpleNamespace(on_reject=None), None, (), timer, pace=pace)
+    prims = RealPrimitives("client1", SimpleNamespace(on_reject=None, clock=SimpleNamespace(wall_ns=time.time_ns)),
+                           None, (), timer, pace=pace)
     t0 = time.perf_counter()
     run_blocking(prims.computed(Compute(lambda: None, samples=100), elapsed))
     return time.perf_counter() - t0

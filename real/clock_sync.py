@@ -1,0 +1,189 @@
+"""Each peer's clock against this node's: NTP's exchange over DDS, so no time compares two clocks.
+
+A receiver reads when a message was sent from its DDS source timestamp, which
+is the *sender's* wall clock.  A message's transfer time (events' ``comm_s``),
+ESync's m_k (``core.ps.worker``) and a paced link's delivery time
+(``real.paced_links``) subtract it from the receiver's clock.  Between two
+machines whose clocks are off by a second, an ESync worker would then look a
+second slow (issue 28, part 4).  So every transport measures each peer's offset
+with NTP's four timestamps and reads source timestamps on its own clock:
+
+- it pings on ``ctl/clock`` (``real.wire.Tick``: ``t1``, its own wall clock);
+- every peer answers it at once (``t1`` echoed, ``t2`` when the ping was taken,
+  ``t3`` when answered, both on the peer's clock);
+- the answer is taken at ``t4``, and then::
+
+      delay  = (t4 - t1) - (t3 - t2)          # the round trip, less the peer's time
+      offset = ((t2 - t1) + (t3 - t4)) / 2    # the peer's clock minus ours
+
+  exact when both halves of the trip take equally long; off by at most half
+  the delay otherwise.  Of a peer's last ``KEEP`` answers the one with the
+  least delay gives its offset (a queued answer only lengthens the delay).
+
+Pings go every ``FAST_S`` for the first ``FAST_PINGS``, then every ``SLOW_S``
+(clocks drift slowly).  Until a peer has answered, its offset is 0: what every
+time assumed before.  An answer that is not to a ping of ours, or in a sealed
+run does not carry a valid tag, is counted (``stats["clock_refused"]``) and
+dropped: anyone on the domain can publish a Tick.
+
+``DTEMU_CLOCK_SKEW_S`` sets this process's clock off by that many seconds
+(source timestamps, ticks, and the rank's own clock, ``real.primitives``): it
+is how the tests make a machine whose clock is wrong.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+import time
+from collections import deque
+
+from cyclonedds.core import GuardCondition, InstanceState, Policy, Qos, ReadCondition, SampleState, ViewState, WaitSet
+from cyclonedds.pub import DataWriter
+from cyclonedds.sub import DataReader
+from cyclonedds.topic import Topic
+from cyclonedds.util import duration
+
+from dtemu.real import frame_auth
+from dtemu.real.dds_support import _delete_entity
+from dtemu.real.wire import Tick
+
+log = logging.getLogger("dtemu.real.clock_sync")
+
+SKEW_ENV = "DTEMU_CLOCK_SKEW_S"
+CLOCK = "ctl/clock"
+KEEP = 8
+FAST_PINGS, FAST_S, SLOW_S = 8, 0.1, 2.0
+_OUTSTANDING = 32  # pings whose answers are still taken
+
+
+def skew_ns() -> int:
+    """This process's clock error, injected (``DTEMU_CLOCK_SKEW_S``; 0 by default)."""
+    try:
+        return int(float(os.environ.get(SKEW_ENV, "0") or 0) * 1e9)
+    except ValueError:
+        return 0
+
+
+class Offsets:
+    """Each peer's clock minus ours, in seconds, from NTP exchanges (no I/O: the arithmetic)."""
+
+    def __init__(self, keep: int = KEEP):
+        self._samples: dict[str, deque] = {}
+        self._keep = keep
+        self._best: dict[str, float] = {}
+
+    def add(self, peer: str, t1: int, t2: int, t3: int, t4: int) -> bool:
+        """One answered ping (ns); False if its times cannot be a round trip."""
+        delay = (t4 - t1) - (t3 - t2)
+        if t4 < t1 or t3 < t2 or delay < 0:
+            return False
+        samples = self._samples.setdefault(peer, deque(maxlen=self._keep))
+        samples.append((delay, ((t2 - t1) + (t3 - t4)) / 2))
+        self._best[peer] = min(samples)[1] / 1e9
+        return True
+
+    def offset(self, peer: str) -> float:
+        """``peer``'s clock minus ours, s (0 until it has answered)."""
+        return self._best.get(peer, 0.0)
+
+    def delay(self, peer: str) -> float | None:
+        """The least round trip seen to ``peer``, s."""
+        samples = self._samples.get(peer)
+        return min(samples)[0] / 1e9 if samples else None
+
+    def as_dict(self) -> dict:
+        return {p: {"offset_s": round(self._best[p], 6), "delay_s": round(self.delay(p), 6),
+                    "samples": len(self._samples[p])} for p in sorted(self._best)}
+
+
+class ClockExchange:
+    """This node's pings and answers on ``ctl/clock``, on a thread of their own."""
+
+    def __init__(self, participant, node: str, fkey: bytes | None, stats: dict, skew: int = 0):
+        self.node, self._fkey, self.stats = node, fkey, stats
+        self.skew = skew  # ns: this clock's error, injected
+        stats.setdefault("clock_samples", 0)
+        stats.setdefault("clock_refused", 0)
+        self.offsets = Offsets()
+        self._sent: deque = deque(maxlen=_OUTSTANDING)  # t1 of our recent pings
+        self._closing = False
+        qos = Qos(Policy.Reliability.BestEffort, Policy.History.KeepLast(64))
+        topic = Topic(participant, CLOCK, Tick)
+        self._writer = DataWriter(participant, topic, qos=qos)
+        self._reader = DataReader(participant, topic, qos=qos)
+        cond = ReadCondition(self._reader, SampleState.Any | ViewState.Any | InstanceState.Any)
+        self._guard = GuardCondition(participant)  # wakes the thread to stop
+        self._ws = WaitSet(participant)
+        self._ws.attach(cond)
+        self._ws.attach(self._guard)
+        self._entities = [topic, self._writer, self._reader, cond, self._guard]
+        self._thread = threading.Thread(target=self._run, name=f"dds-clock-{node}", daemon=True)
+        self._thread.start()
+
+    def offset(self, peer: str) -> float:
+        return self.offsets.offset(peer)
+
+    def wall_ns(self) -> int:
+        """This node's wall clock (ns since the epoch), as a machine with its error would read it."""
+        return time.time_ns() + self.skew
+
+    def local_time(self, peer: str, peer_ns: int) -> float:
+        """A time ``peer`` read on its clock (ns), on ours (s since the epoch)."""
+        return peer_ns / 1e9 - self.offsets.offset(peer)
+
+    def _write(self, dst: str, t1: int, t2: int = 0, t3: int = 0) -> None:
+        tag = frame_auth.tick_tag(self._fkey, self.node, dst, t1, t2, t3) if self._fkey else b""
+        self._writer.write(Tick(src=self.node, dst=dst, t1=t1, t2=t2, t3=t3, tag=tag), timestamp=self.wall_ns())
+
+    def _run(self) -> None:
+        pings, next_ping = 0, time.monotonic()
+        while not self._closing:
+            try:
+                now = time.monotonic()
+                if now >= next_ping:
+                    t1 = self.wall_ns()
+                    self._sent.append(t1)
+                    self._write("", t1)
+                    pings += 1
+                    next_ping = now + (FAST_S if pings < FAST_PINGS else SLOW_S)
+                self._ws.wait(duration(seconds=max(0.001, next_ping - time.monotonic())))
+                if not self._closing:
+                    self._take()
+            except Exception:  # never die: a clock that is not synchronised only keeps offset 0
+                if self._closing:
+                    break
+                self.stats["errors"] = self.stats.get("errors", 0) + 1
+                log.exception("clock exchange of %s", self.node)
+                time.sleep(0.05)
+
+    def _take(self) -> None:
+        for tick in self._reader.take(N=256):
+            taken = self.wall_ns()
+            if not isinstance(tick, Tick) or tick.src in ("", self.node):
+                continue
+            if tick.dst not in ("", self.node):
+                continue  # an answer to someone else
+            if self._fkey and not hmac.compare_digest(
+                    bytes(tick.tag), frame_auth.tick_tag(self._fkey, tick.src, tick.dst, tick.t1, tick.t2, tick.t3)):
+                self.stats["clock_refused"] += 1
+                continue
+            if tick.dst == "":
+                self._write(tick.src, tick.t1, taken, self.wall_ns())  # a ping: answer at once
+            elif tick.t1 in self._sent and self.offsets.add(tick.src, tick.t1, tick.t2, tick.t3, taken):
+                self.stats["clock_samples"] += 1
+            else:
+                self.stats["clock_refused"] += 1
+
+    def close(self) -> None:
+        """Stop the thread; the transport deletes the participant, and these entities with it."""
+        self._closing = True
+        try:
+            self._guard.set(True)
+        except Exception:
+            pass
+        self._thread.join(timeout=5.0)
+        for e in reversed([self._ws, *self._entities]):
+            _delete_entity(e)

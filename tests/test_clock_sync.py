@@ -1,0 +1,136 @@
+"""No time that emu and real compare rests on two machines' clocks agreeing (issue 28, part 4).
+
+Real mode reads when a message was sent from its DDS source timestamp, the
+sender's clock; each transport measures its peers' clock offsets with NTP's
+exchange (real.clock_sync) and reads those timestamps on its own clock.  Tested
+with an error injected into one rank's clock (``DTEMU_CLOCK_SKEW_S``): a
+message's transfer time and ESync's m_k stay what the network took.
+"""
+
+import time
+
+import pytest
+
+pytest.importorskip("cyclonedds")
+
+from dtemu.real.clock_sync import Offsets  # noqa: E402
+from dtemu.real.wire import INVALID_TICK, Tick  # noqa: E402
+from helpers import new_domain  # noqa: E402
+
+TOPIC = "train/client_update"
+
+
+def test_ntp_arithmetic_by_hand():
+    """Peer 2 s ahead; the ping takes 10 ms out, the answer 30 ms back, the peer holds it 5 ms."""
+    o = Offsets()
+    s = 1_000_000_000
+    t1 = 100 * s
+    t2 = t1 + 2 * s + 10_000_000           # its clock: 2 s ahead, 10 ms later
+    t3 = t2 + 5_000_000
+    t4 = t1 + 45_000_000                    # ours: 10 + 5 + 30 ms after t1
+    assert o.add("p", t1, t2, t3, t4)
+    assert o.delay("p") == pytest.approx(0.040)          # (t4 - t1) - (t3 - t2)
+    assert o.offset("p") == pytest.approx(2.0 - 0.010)   # off by half the asymmetry, (30 - 10) / 2 ms
+    # a queued answer (longer trip) does not replace the best one; a shorter, symmetric one does
+    assert o.add("p", t1, t1 + 2 * s + 200_000_000, t1 + 2 * s + 200_000_000, t1 + 400_000_000)
+    assert o.offset("p") == pytest.approx(1.990)
+    assert o.add("p", t1, t1 + 2 * s + 1_000_000, t1 + 2 * s + 1_000_000, t1 + 2_000_000)
+    assert o.offset("p") == pytest.approx(2.0) and o.delay("p") == pytest.approx(0.002)
+    # times that cannot be a round trip are refused; an unknown peer is at 0
+    assert not o.add("p", t1, t2, t2 - 1, t4) and not o.add("p", t1, t2, t3, t1 - 1)
+    assert o.offset("q") == 0.0 and o.as_dict()["p"]["samples"] == 3
+
+
+def test_a_tick_that_does_not_decode_is_invalid_not_an_exception():
+    good = Tick(src="a", dst="b", t1=1, t2=2, t3=3, tag=b"x")
+    assert Tick.deserialize(good.serialize()) == good
+    assert Tick.deserialize(b"\x00\x01\x00\x00garbage") is INVALID_TICK
+    assert Tick.deserialize(Tick(src="a\nb").serialize()) is INVALID_TICK
+
+
+def _pair(domain: int, skew_a: float, key: bytes | None = None):
+    from dtemu.real.transport import DdsTransport
+
+    a = DdsTransport("a", domain_id=domain, clock_skew_s=skew_a, key=key, subscribe=[TOPIC])
+    b = DdsTransport("b", domain_id=domain, key=key, subscribe=[TOPIC])
+    assert not a.wait_matched({TOPIC: ["b"]}, timeout_s=20) and not b.wait_matched({TOPIC: ["a"]}, timeout_s=20)
+    deadline = time.monotonic() + 10
+    while (a.stats["clock_samples"] < 3 or b.stats["clock_samples"] < 3) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return a, b
+
+
+@pytest.mark.parametrize("skew", [-30.0, 7.5])
+def test_transfer_times_do_not_see_a_clock_error(skew):
+    a, b = _pair(new_domain(), skew)
+    try:
+        assert b.clock.offset("a") == pytest.approx(skew, abs=0.01)
+        assert a.clock.offset("b") == pytest.approx(-skew, abs=0.01)
+        a.send(TOPIC, b"x" * 1000)
+        m = b.recv([TOPIC], timeout_s=10)
+        assert 0.0 <= m.received_at - m.sent_at < 0.5
+        b.send(TOPIC, b"y" * 3_000_000)
+        m = a.recv([TOPIC], timeout_s=10)
+        assert 0.0 <= m.received_at - m.sent_at < 0.5
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_forged_answer_moves_no_clock_in_a_sealed_run():
+    """Anyone on the domain can publish a Tick: one under another key is counted and dropped."""
+    from cyclonedds.domain import DomainParticipant
+    from cyclonedds.pub import DataWriter
+    from cyclonedds.topic import Topic
+
+    from dtemu.real.clock_sync import CLOCK
+
+    domain = new_domain()
+    a, b = _pair(domain, 3.0, key=b"a clock key of sixteen bytes or more")
+    try:
+        before = b.clock.offset("a")
+        refused = b.stats["clock_refused"]
+        dp = DomainParticipant(domain)
+        w = DataWriter(dp, Topic(dp, CLOCK, Tick))
+        now = time.time_ns()
+        for t1 in list(b.clock._sent)[-4:]:  # answers to b's own pings, in a's name, unsigned
+            w.write(Tick(src="a", dst="b", t1=t1, t2=now + 10**12, t3=now + 10**12, tag=b"\0" * 16))
+        deadline = time.monotonic() + 10
+        while b.stats["clock_refused"] < refused + 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert b.stats["clock_refused"] > refused
+        assert b.clock.offset("a") == pytest.approx(before, abs=0.01) == pytest.approx(3.0, abs=0.01)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_esync_m_is_the_transfer_not_the_clock_error(tmp_path):
+    """ESync for real, rank by rank, the parameter server's clock 30 s behind: each worker's m_k
+    (the model's transfer, ``ps_worker_round``) stays under a second, the parameter server sees
+    its updates arrive in well under a second, and the model is emu's."""
+    from dtemu.core.scenario import parse_scenario
+    from dtemu.emu.run import run_emulation
+    from dtemu.host.rundir import read_summary
+    from helpers import DATA, Ranks, scenario_file, needs_mnist  # noqa: F401
+    from test_ps_real import PS
+
+    if not (__import__("pathlib").Path(DATA) / "MNIST").exists():
+        pytest.skip("MNIST not available")
+    raw = {**PS, "name": "real_ps_skewed"}
+    ranks = Ranks(scenario_file(tmp_path, raw), tmp_path)
+    try:
+        for rank, name in enumerate(("ps", "ss", "worker1", "worker2")):
+            ranks.start(rank, name, extra_env={"DTEMU_CLOCK_SKEW_S": "-30"} if name == "ps" else None)
+        for name in ("worker1", "worker2", "ss", "ps"):
+            assert ranks.wait(name, 120) == 0, ranks.logs()
+    finally:
+        ranks.close()
+    for worker in ("worker1", "worker2"):
+        ms = [e["m"] for e in ranks.events(worker) if e["kind"] == "ps_worker_round"]
+        assert ms and all(0.0 <= m < 1.0 for m in ms), ms
+        assert read_summary(tmp_path / worker)["real"]["clocks"]["ps"]["offset_s"] == pytest.approx(-30, abs=0.05)
+    comms = [e["comm_s"] for e in ranks.events("ps") if e["kind"] == "deliver" and e["src"].startswith("worker")]
+    assert comms and all(0.0 <= c < 1.0 for c in comms), comms
+    emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
+    assert read_summary(tmp_path / "ps")["model_sha256"] == emu["model_sha256"]
