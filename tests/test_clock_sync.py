@@ -15,7 +15,7 @@ pytest.importorskip("cyclonedds")
 
 from dtemu.real.clock_sync import Offsets  # noqa: E402
 from dtemu.real.wire import INVALID_TICK, Tick  # noqa: E402
-from helpers import new_domain  # noqa: E402
+from helpers import DATA, Ranks, needs_mnist, new_domain, scenario_file  # noqa: E402
 
 TOPIC = "train/client_update"
 
@@ -105,18 +105,17 @@ def test_a_forged_answer_moves_no_clock_in_a_sealed_run():
         b.close()
 
 
-def test_esync_m_is_the_transfer_not_the_clock_error(tmp_path):
+@needs_mnist
+def test_esync_m_is_the_transfer_not_the_clock_error(tmp_path, monkeypatch):
     """ESync for real, rank by rank, the parameter server's clock 30 s behind: each worker's m_k
     (the model's transfer, ``ps_worker_round``) stays under a second, the parameter server sees
     its updates arrive in well under a second, and the model is emu's."""
     from dtemu.core.scenario import parse_scenario
     from dtemu.emu.run import run_emulation
     from dtemu.host.rundir import read_summary
-    from helpers import DATA, Ranks, scenario_file, needs_mnist  # noqa: F401
     from test_ps_real import PS
 
-    if not (__import__("pathlib").Path(DATA) / "MNIST").exists():
-        pytest.skip("MNIST not available")
+    monkeypatch.setenv("DTEMU_DATA", DATA)
     raw = {**PS, "name": "real_ps_skewed"}
     ranks = Ranks(scenario_file(tmp_path, raw), tmp_path)
     try:
