@@ -21,10 +21,14 @@ with NTP's four timestamps and reads source timestamps on its own clock:
   least delay gives its offset (a queued answer only lengthens the delay).
 
 Pings go every ``FAST_S`` for the first ``FAST_PINGS``, then every ``SLOW_S``
-(clocks drift slowly).  Until a peer has answered, its offset is 0: what every
-time assumed before.  An answer that is not to a ping of ours, or in a sealed
-run does not carry a valid tag, is counted (``stats["clock_refused"]``) and
-dropped: anyone on the domain can publish a Tick.
+(clocks drift slowly); a ping from a peer that has not answered yet is followed
+by one of ours at once.  Until a peer has answered, its offset is 0, and a
+message that arrived before that has its time corrected when a role takes it
+(``DdsTransport.recv``, which waits for the answer at most ``WAIT_S``, once
+per peer): a run's first messages can beat its clocks' first exchange.  An
+answer that is not to a ping of ours, or in a sealed run does not carry a valid
+tag, is counted (``stats["clock_refused"]``) and dropped: anyone on the domain
+can publish a Tick.
 
 ``DTEMU_CLOCK_SKEW_S`` sets this process's clock off by that many seconds
 (source timestamps, ticks, and the rank's own clock, ``real.primitives``): it
@@ -55,7 +59,8 @@ log = logging.getLogger("dtemu.real.clock_sync")
 SKEW_ENV = "DTEMU_CLOCK_SKEW_S"
 CLOCK = "ctl/clock"
 KEEP = 8
-FAST_PINGS, FAST_S, SLOW_S = 8, 0.1, 2.0
+FAST_PINGS, FAST_S, SLOW_S = 20, 0.05, 2.0
+WAIT_S = 2.0  # the most a recv waits for a peer's first answer (one that never answers stays at 0)
 _OUTSTANDING = 32  # pings whose answers are still taken
 
 
@@ -109,6 +114,8 @@ class ClockExchange:
         stats.setdefault("clock_refused", 0)
         self.offsets = Offsets()
         self._sent: deque = deque(maxlen=_OUTSTANDING)  # t1 of our recent pings
+        self._answered = threading.Condition()  # notified on each answer taken
+        self._last_ping = 0.0
         self._closing = False
         qos = Qos(Policy.Reliability.BestEffort, Policy.History.KeepLast(64))
         topic = Topic(participant, CLOCK, Tick)
@@ -126,6 +133,21 @@ class ClockExchange:
     def offset(self, peer: str) -> float:
         return self.offsets.offset(peer)
 
+    def known(self, peer: str) -> bool:
+        """Whether ``peer`` has answered a ping (its offset is measured)."""
+        return self.offsets.delay(peer) is not None
+
+    def wait(self, peers, timeout_s: float) -> list[str]:
+        """Wait until every one of ``peers`` has answered a ping; those that have not, at the end."""
+        deadline = time.monotonic() + timeout_s
+        with self._answered:
+            while True:
+                missing = [p for p in peers if not self.known(p)]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0 or self._closing:
+                    return missing
+                self._answered.wait(left)
+
     def wall_ns(self) -> int:
         """This node's wall clock (ns since the epoch), as a machine with its error would read it."""
         return time.time_ns() + self.skew
@@ -138,15 +160,19 @@ class ClockExchange:
         tag = frame_auth.tick_tag(self._fkey, self.node, dst, t1, t2, t3) if self._fkey else b""
         self._writer.write(Tick(src=self.node, dst=dst, t1=t1, t2=t2, t3=t3, tag=tag), timestamp=self.wall_ns())
 
+    def _ping(self) -> None:
+        self._last_ping = time.monotonic()
+        t1 = self.wall_ns()
+        self._sent.append(t1)
+        self._write("", t1)
+
     def _run(self) -> None:
         pings, next_ping = 0, time.monotonic()
         while not self._closing:
             try:
                 now = time.monotonic()
                 if now >= next_ping:
-                    t1 = self.wall_ns()
-                    self._sent.append(t1)
-                    self._write("", t1)
+                    self._ping()
                     pings += 1
                     next_ping = now + (FAST_S if pings < FAST_PINGS else SLOW_S)
                 self._ws.wait(duration(seconds=max(0.001, next_ping - time.monotonic())))
@@ -172,8 +198,12 @@ class ClockExchange:
                 continue
             if tick.dst == "":
                 self._write(tick.src, tick.t1, taken, self.wall_ns())  # a ping: answer at once
+                if not self.known(tick.src) and time.monotonic() - self._last_ping > 0.005:
+                    self._ping()  # a new peer: ping it now rather than at the next tick
             elif tick.t1 in self._sent and self.offsets.add(tick.src, tick.t1, tick.t2, tick.t3, taken):
                 self.stats["clock_samples"] += 1
+                with self._answered:  # (DdsTransport.recv may wait for it)
+                    self._answered.notify_all()
             else:
                 self.stats["clock_refused"] += 1
 

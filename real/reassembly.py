@@ -42,6 +42,8 @@ class Message:
     dst: str = ""
     tag: str = ""
     msg_id: int = 0
+    # sent_at is still on the sender's clock: its offset was not measured yet when it arrived
+    sender_clock: bool = False
 
 
 @dataclass

@@ -394,8 +394,11 @@ def run_real(bed: Testbed, scenario_path: str, sets: list[str], out: Path, timeo
     return summary
 
 
-def run_emu(scenario_path: str, sets: list[str], out: Path) -> dict:
+def run_emu(scenario_path: str, sets: list[str], out: Path, profile: Path | None = None) -> dict:
+    """``emu run`` (the CLI) of the scenario with ``sets`` (and a calibration ``profile`` under them)."""
     cmd = [sys.executable, "-m", "dtemu.emu.cli", "run", scenario_path, "--out", str(out), "--no-tui"]
+    if profile is not None:
+        cmd += ["--profile", str(profile)]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -475,11 +475,21 @@ def markdown(result: dict) -> str:
 # the comparison
 
 
+def base_sets(rounds: int, workers_per_site: int, model: str, test_samples: int) -> list[str]:
+    """What the testbed's run sets of a geo scenario, before its WAN: one thread per rank, no
+    evaluation before the end."""
+    return [f"model={model}", "threads=1", f"geo.rounds={rounds}", f"geo.eval_every={rounds + 1000}",
+            f"geo.workers_per_site={workers_per_site}", f"data.test_samples={test_samples}"]
+
+
 def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, workers_per_site: int = 2,
         mbps: float | None = 20.0, model: str = "small_cnn", extra_sets: list[str] = (), out: Path | None = None,
         keep: bool = False, timeout_s: float = 600.0, test_samples: int = 500, delay_ms: float = 0.0,
         reuse: Path | None = None, late_site: str | None = None, late_at_s: float = 3.0,
-        calibrate_from: Path | None = None) -> dict:
+        calibrate_from: Path | None = None, profile: Path | None = None) -> dict:
+    """The real run over namespaced sites, then emu: replays of its compute and an ``emu run``
+    calibrated from it; or, with ``profile`` (``emu calibrate``'s, made before), only the a-priori
+    ``emu run`` under that profile (``compare_apriori``; tools/fidelity.py)."""
     from dtemu.core.geo.spec import central_site
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
@@ -500,8 +510,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
                 args[k] for k in ("scenario_path", "rounds", "workers_per_site", "mbps", "model", "extra_sets",
                                   "test_samples"))
             late_site, late_at_s = args.get("late_site"), args.get("late_at_s", late_at_s)
-    sets = [f"model={model}", "threads=1", f"geo.rounds={rounds}", f"geo.eval_every={rounds + 1000}",
-            f"geo.workers_per_site={workers_per_site}", f"data.test_samples={test_samples}"]
+    sets = base_sets(rounds, workers_per_site, model, test_samples)
     sites = list(load_scenario(scenario_path, sets + list(extra_sets)).network.sites)
     if mbps is not None:
         sets += [f"network.sites.{s}.wan.{d}_mbps={mbps:g}" for s in sites for d in ("up", "down")]
@@ -586,6 +595,17 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
                                "emu": result["late"]["emu_summary"].get("wan_bytes")}
         (out / "netns_geo.json").write_text(json.dumps(result, indent=2, default=str))
         (out / "netns_geo.md").write_text(markdown(result))
+        return result
+    if profile is not None:  # a priori: this machine's profile, the testbed's links and shared cores
+        t0 = time.monotonic()
+        summary = run_emu(scenario_path, sets + net + [f"compute.shared_cores={cores}"], out / "emu-apriori",
+                          profile=profile)
+        print(f"netns: emu run a priori {time.monotonic() - t0:.1f} s -> {out / 'emu-apriori'}", file=sys.stderr,
+              flush=True)
+        result["compare_apriori"] = compare(real_events, read_events_partial(out / "emu-apriori")[0])
+        result["emu_summary"] = summary
+        result["sha256"] = {**sha, "emu-apriori": summary.get("model_sha256")}
+        (out / "netns_geo.json").write_text(json.dumps(result, indent=2, default=str))
         return result
     for key, folder, extra in (("compare_replay", "emu-replay", full),
                                ("compare_replay_own_cores", "emu-replay-own-cores",
