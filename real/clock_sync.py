@@ -22,10 +22,12 @@ with NTP's four timestamps and reads source timestamps on its own clock:
 
 Pings go every ``FAST_S`` for the first ``FAST_PINGS``, then every ``SLOW_S``
 (clocks drift slowly); a ping from a peer that has not answered yet is followed
-by one of ours at once.  Until a peer has answered, its offset is 0, and a
-message that arrived before that has its time corrected when a role takes it
-(``DdsTransport.recv``, which waits for the answer at most ``WAIT_S``, once
-per peer): a run's first messages can beat its clocks' first exchange.  An
+by one of ours at once.  Until a peer has answered, its offset is 0.  A role's
+barrier (real.primitives' ``wait_peers``) waits, at most ``WAIT_S``, for its
+peers' first answers; a message that still arrived before its sender's is read
+on our clock when the role takes it, if the answer has come by then
+(``DdsTransport.recv`` never waits for one: anyone can publish under a name
+that never answers).  An
 answer that is not to a ping of ours, or in a sealed run does not carry a valid
 tag, is counted (``stats["clock_refused"]``) and dropped: anyone on the domain
 can publish a Tick.
@@ -60,7 +62,7 @@ SKEW_ENV = "DTEMU_CLOCK_SKEW_S"
 CLOCK = "ctl/clock"
 KEEP = 8
 FAST_PINGS, FAST_S, SLOW_S = 20, 0.05, 2.0
-WAIT_S = 2.0  # the most a recv waits for a peer's first answer (one that never answers stays at 0)
+WAIT_S = 2.0  # the most a barrier waits for its peers' first answers (one that never answers stays at 0)
 _OUTSTANDING = 32  # pings whose answers are still taken
 
 

@@ -10,7 +10,8 @@ that never yields, so ``run_blocking`` drives the role to its end):
 - computed:   a node with ``compute.slowdown`` > 1 (or jitter) idles for the
               rest of its stretched time, so a straggler can be staged on one machine.
 - wait_peers: every peer present (``ctl/hello``) and matched as a reader of
-              the topics this node publishes.
+              the topics this node publishes, and its clock measured
+              (``real.clock_sync``; at most ``WAIT_S``: one that never answers stays at 0).
 - die:        flush what was sent, log ``node_down`` and exit with
               ``CRASH_EXIT + i`` (``real launch`` restarts the rank if the fault says so).
 
@@ -33,6 +34,7 @@ from dtemu.core.runtime.requests import Compute, Message
 from dtemu.host.rundir import RunDir
 
 from .aside import Aside
+from .clock_sync import WAIT_S as CLOCK_WAIT_S
 from .paced_links import PacedLinks
 from .reassembly import RejectLimiter
 from .transport import DdsTransport
@@ -188,6 +190,8 @@ class RealPrimitives:
             for names in unmatched.values():
                 if isinstance(names, (list, tuple, set)):
                     missing.update(names)
+        # and their clocks, so that the first messages' times read right (real.clock_sync)
+        self.transport.clock.wait([p for p in peers if p not in missing], timeout_s=min(left(), CLOCK_WAIT_S))
         return frozenset(p for p in peers if p not in missing)
 
     def die(self, crash: faultlib.Crash) -> None:

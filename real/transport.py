@@ -120,7 +120,7 @@ from cyclonedds.util import duration
 from dtemu.real.config import config_xml
 from dtemu.core.runtime.requests import Buffers
 from dtemu.core.wire import topics as wire_topics
-from dtemu.real.clock_sync import WAIT_S, ClockExchange, skew_ns
+from dtemu.real.clock_sync import ClockExchange, skew_ns
 from dtemu.real.dds_support import _acquire_domain, _dds_write, _dds_write_ts, _delete_entity, _matched_handles, _release_domain, \
     _SampleContainer, _wait_for_acks
 from dtemu.real import frame_auth, shm
@@ -270,7 +270,6 @@ class DdsTransport(Reassembler):
                                            tag=tag))
             skew = skew_ns() if clock_skew_s is None else int(clock_skew_s * 1e9)
             self.clock = ClockExchange(self._dp, node, self.frame_key, self.stats, skew)
-            self._clock_waited: set[str] = set()  # peers whose first clock answer a recv waited for
             self._thread = threading.Thread(target=self._run, name=f"dds-recv-{node}", daemon=True)
             self._thread.start()
             if subscribe:
@@ -534,13 +533,13 @@ class DdsTransport(Reassembler):
         return self._on_our_clock(msg) if msg is not None and msg.sender_clock else msg
 
     def _on_our_clock(self, msg: Message) -> Message:
-        """A message that came before its sender's clock was measured: its time once it is (the
-        first messages of a run can beat the clocks' first exchange; waited for once per peer)."""
-        if msg.src not in self._clock_waited:
-            self._clock_waited.add(msg.src)
-            self.clock.wait([msg.src], timeout_s=WAIT_S)
-        msg.sent_at -= self.clock.offset(msg.src)
-        msg.sender_clock = False
+        """A message that came before its sender's clock was measured: its time on ours, if the
+        clock is measured by now (the first messages of a run can beat the clocks' first exchange;
+        a role's barrier waits for its peers' clocks, real.primitives).  Never waited for here:
+        a sender that never answers (anyone can publish under any name) would stall the role."""
+        if self.clock.known(msg.src):
+            msg.sent_at = min(msg.received_at, msg.sent_at - self.clock.offset(msg.src))
+            msg.sender_clock = False
         return msg
 
     def _pop(self, wanted: Optional[list[str]]) -> Optional[Message]:
@@ -728,7 +727,8 @@ class DdsTransport(Reassembler):
         known = True
         if source_ts and source_ts > 0:  # the sender's clock, read on ours (real.clock_sync)
             known = self.clock.known(src)
-            sent_at = now - (self.clock.wall_ns() / 1e9 - self.clock.local_time(src, source_ts))
+            # (never after its arrival: the offset is exact only to half the round trip's asymmetry)
+            sent_at = now - max(0.0, self.clock.wall_ns() / 1e9 - self.clock.local_time(src, source_ts))
         msg = Message(topic=topic, src=src, data=data, sent_at=sent_at, received_at=now, dst=dst, tag=tag,
                       msg_id=msg_id, sender_clock=not known)
         self.stats["recv_msgs"] += 1
