@@ -6,7 +6,9 @@ It measures, on this machine and with this process's arithmetic:
 
 - the training step of the scenario's model at its training batch, threads,
   optimizer and loss, on a batch of its own data (best of three timings of 24
-  warm steps: other load only slows a step down);
+  warm steps: other load only slows a step down); with ``--together``, the
+  median step of every training rank of the scenario training at once (up to
+  16 processes), which is what a run whose ranks share this machine sees;
 - what the mode's roles spend outside training, as the mode names it
   (emu.costs: FL's decoding and its clients' codec encoding, DDP's decoding per
   MB, geo's decoding and its roles' CPU per op), and real mode's framing and
@@ -37,12 +39,17 @@ def add_parser(sub) -> None:
     p.add_argument("--out", help="profile file to write (default: profiles/<name>-<host>.yaml)")
     p.add_argument("--reps", type=int, default=7, help="repetitions of each timing, median taken (default: 7)")
     p.add_argument("--no-code", action="store_true", help="refuse a scenario that names code (as emu run)")
+    p.add_argument("--together", action="store_true",
+                   help="time training with every training rank of the scenario at once on this machine (a run "
+                        "whose ranks share it: real launch here, a testbed of namespaces); default: one rank alone, "
+                        "as on a machine of its own")
 
 
-def measure(scenario, reps: int = 7) -> dict:
-    """The profile of ``scenario`` on this machine (host.profile's format)."""
+def measure(scenario, reps: int = 7, together: bool = False) -> dict:
+    """The profile of ``scenario`` on this machine (host.profile's format); ``together``: its
+    training timed with every training rank at once (``--together``)."""
     from dtemu.host.datasets import load_for
-    from dtemu.host.train_cost import measured_s_per_sample, sample_of
+    from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of
     from dtemu.report.resolve import resolve
 
     messages = _message_sets()  # every mode's messages cost the transport's CPU, whatever their size
@@ -51,12 +58,19 @@ def measure(scenario, reps: int = 7) -> dict:
                         {"model": "the app's own", "reps": reps})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
-    train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
+    # Ranks that train at once on one machine slow each other down, even where they fit its cores
+    # (hyperthreads, memory bandwidth): only timing them together says how much.
+    ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
+    if ranks > 1:
+        train = measured_together(scenario, ranks, sample)
+    else:
+        train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps),
                    *messages]
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
-                                            "input_dtype": str(sample[0].dtype), "reps": reps})
+                                            "input_dtype": str(sample[0].dtype), "reps": reps,
+                                            "ranks_training_at_once": ranks})
 
 
 def _message_sets() -> list[str]:
@@ -98,11 +112,12 @@ def main(args) -> int:
         print(f"emu calibrate: {err}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    profile = measure(scenario, args.reps)
+    profile = measure(scenario, args.reps, together=args.together)
     host = profile["machine"]["cpu"].split(" (")[0].replace(" ", "_")
     out = Path(args.out or f"profiles/{scenario.name}-{host}.yaml")
     out.parent.mkdir(parents=True, exist_ok=True)
     head = (f"# emu calibrate {args.scenario}" + "".join(f" --set {s}" for s in args.overrides)
+            + (" --together" if args.together else "")
             + f"  ({time.perf_counter() - t0:.0f} s)\n# apply: emu run {args.scenario} --profile {out}\n")
     out.write_text(head + yaml.safe_dump(profile, sort_keys=False))
     for key, value in profile["sets"].items():

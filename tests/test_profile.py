@@ -70,6 +70,7 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     assert emu_main(["calibrate", str(path), "--reps", "1", "--out", str(tmp_path / "p.yaml")]) == 0
     profile = read_profile(tmp_path / "p.yaml")
     assert profile["measured"]["batch_size"] == 32 and profile["measured"]["input_shape"] == [1, 28, 28]
+    assert profile["measured"]["ranks_training_at_once"] == 1
     assert profile["machine"]["fingerprint"] and profile["machine"]["cores"] >= 1
     sets = profile["sets"]
     assert sets["compute.default.train_s_per_sample"] > 0 and sets["compute.default.decode_s_per_mb"] > 0
@@ -81,3 +82,19 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     assert s.compute.default.train_s_per_sample == pytest.approx(sets["compute.default.train_s_per_sample"], rel=1e-6)
     assert emu_main(["run", str(path), "--no-tui", "--profile", str(tmp_path / "p.yaml"),
                      "--out", str(tmp_path / "run")]) == 0
+
+
+@needs_mnist
+def test_calibrate_together_times_every_training_rank_at_once(tmp_path, monkeypatch):
+    """--together: the step of the scenario's two clients training at once on this machine (what a
+    run whose ranks share it sees), recorded as such; alone it is one rank's."""
+    from helpers import DATA
+
+    monkeypatch.setenv("DTEMU_DATA", DATA)
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY)
+    assert emu_main(["calibrate", str(path), "--reps", "1", "--together", "--out", str(tmp_path / "p.yaml")]) == 0
+    profile = read_profile(tmp_path / "p.yaml")
+    assert profile["measured"]["ranks_training_at_once"] == 2
+    assert profile["sets"]["compute.default.train_s_per_sample"] > 0
+    assert "--together" in (tmp_path / "p.yaml").read_text().splitlines()[0]

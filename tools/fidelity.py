@@ -6,10 +6,12 @@
 Needs root (``ip netns``, ``tc``; tools/netns_fl.py builds the testbed).  For
 each row, in this order:
 
-1. ``emu calibrate`` of the row's scenario, with the row's settings, here in
-   the root namespace before anything else runs: the profile (this machine's
-   training step, codec and decoding costs, each message's CPU, real mode's
-   framing and writer history).  Nothing in it comes from the run it predicts.
+1. ``emu calibrate --together`` of the row's scenario, with the row's settings,
+   here in the root namespace before anything else runs: the profile (this
+   machine's training step with every training rank of the row at once, as the
+   testbed runs them all on this box; codec and decoding costs, each message's
+   CPU, real mode's framing and writer history).  Nothing in it comes from the
+   run it predicts.
 2. The real run: one ``real run`` process per rank, each rank (or, for geo,
    each site) in its own network namespace behind links shaped with tc.
 3. ``emu run --profile PROFILE`` of the same scenario and settings, with the
@@ -109,7 +111,8 @@ ROWS = {
 
 def calibrate(row: Row, sets: list[str], profile: Path) -> float:
     """``emu calibrate`` of the row (a process of its own, as a user runs it); seconds it took."""
-    cmd = [sys.executable, "-m", "dtemu.emu.cli", "calibrate", row.scenario, "--out", str(profile)]
+    # --together: the testbed's ranks are processes of this one box, which is known before the run
+    cmd = [sys.executable, "-m", "dtemu.emu.cli", "calibrate", row.scenario, "--together", "--out", str(profile)]
     for s in sets:
         cmd += ["--set", s]
     t0 = time.monotonic()
