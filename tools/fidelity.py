@@ -6,7 +6,7 @@
 Needs root (``ip netns``, ``tc``; tools/netns_fl.py builds the testbed).  For
 each row, in this order:
 
-1. ``emu calibrate --together`` of the row's scenario, with the row's settings,
+1. ``emu calibrate --together`` (``--alone``: without it) of the row's scenario, with the row's settings,
    here in the root namespace before anything else runs: the profile (this
    machine's training step with every training rank of the row at once, as the
    testbed runs them all on this box; codec and decoding costs, each message's
@@ -109,10 +109,11 @@ ROWS = {
 }
 
 
-def calibrate(row: Row, sets: list[str], profile: Path) -> float:
-    """``emu calibrate`` of the row (a process of its own, as a user runs it); seconds it took."""
-    # --together: the testbed's ranks are processes of this one box, which is known before the run
-    cmd = [sys.executable, "-m", "dtemu.emu.cli", "calibrate", row.scenario, "--together", "--out", str(profile)]
+def calibrate(row: Row, sets: list[str], profile: Path, together: bool = True) -> float:
+    """``emu calibrate`` of the row (a process of its own, as a user runs it); seconds it took.
+    ``together``: the testbed's ranks are processes of this one box, which is known before the run."""
+    cmd = [sys.executable, "-m", "dtemu.emu.cli", "calibrate", row.scenario, "--out", str(profile)]
+    cmd += ["--together"] if together else []
     for s in sets:
         cmd += ["--set", s]
     t0 = time.monotonic()
@@ -122,7 +123,7 @@ def calibrate(row: Row, sets: list[str], profile: Path) -> float:
     return time.monotonic() - t0
 
 
-def run_row(name: str, row: Row, out: Path, timeout_s: float) -> dict:
+def run_row(name: str, row: Row, out: Path, timeout_s: float, together: bool = True) -> dict:
     from dtemu.host.scenario_file import load_scenario
 
     out.mkdir(parents=True, exist_ok=True)
@@ -130,7 +131,7 @@ def run_row(name: str, row: Row, out: Path, timeout_s: float) -> dict:
     if row.mode == "geo":
         sets = netns_geo.base_sets(row.geo["rounds"], row.geo["workers_per_site"], row.geo["model"],
                                    row.geo["test_samples"])
-        calibrate_s = calibrate(row, sets, profile)
+        calibrate_s = calibrate(row, sets, profile, together)
         result = netns_geo.run(row.scenario, mbps=GEO_WAN_MBPS, out=out, timeout_s=timeout_s, profile=profile,
                                **row.geo)
         cmp = result["compare_apriori"]
@@ -139,7 +140,7 @@ def run_row(name: str, row: Row, out: Path, timeout_s: float) -> dict:
                  f"(measured), UDP datagrams dropped in the kernel: {_drops(result.get('drops', {}))}")
     else:
         sets = list(row.sets)
-        calibrate_s = calibrate(row, sets, profile)
+        calibrate_s = calibrate(row, sets, profile, together)
         scen = load_scenario(row.scenario, sets)
         bed = netns_fl.run_testbed(row.scenario, sets, out, mbps=MBPS, delay_ms=0.0, keep=False,
                                    timeout_s=timeout_s, nodes=len(scen.node_names))
@@ -164,7 +165,7 @@ def run_row(name: str, row: Row, out: Path, timeout_s: float) -> dict:
             "abs_time_error_per_unit": _fraction(m["abs_error_pct"]),
             "abs_comm_error_per_unit": _fraction(m["abs_comm_error_pct"]),  # None: a unit had no comm
             "same_model": bool(real_sha) and real_sha == emu_sha, "links": links, "sets": sets,
-            "calibrate_s": round(calibrate_s, 1), "out": str(out), "host": host(),
+            "calibrate_s": round(calibrate_s, 1), "calibrated_together": together, "out": str(out), "host": host(),
             "date": datetime.date.today().isoformat()}
 
 
@@ -203,6 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write the records here (docs/fidelity.json)")
     p.add_argument("--md", default=None, help="write the table here")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--alone", action="store_true",
+                   help="calibrate one rank alone (a machine of its own) instead of every training rank at once")
     args = p.parse_args(argv)
     ok, why = netns_fl.netns_available()
     if not ok:
@@ -218,7 +221,7 @@ def main(argv=None) -> int:
     for name in names:
         t0 = time.monotonic()
         try:
-            records.append(run_row(name, ROWS[name], out / name, args.timeout))
+            records.append(run_row(name, ROWS[name], out / name, args.timeout, together=not args.alone))
         except netns_fl.NetnsError as err:
             print(f"fidelity: {name}: {err}", file=sys.stderr)
             return 3
