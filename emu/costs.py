@@ -7,7 +7,9 @@ emu key that charges it (seconds per MB, 1e6 bytes):
 - FL: a client receiving the model (one copy as the transport's reassembly,
   decoded, checked, decoded again into the weights), the controller an update
   (decoded, checked): ``compute.<node>.decode_s_per_mb``;
-- DDP: one collective frame received;
+- DDP: one collective frame received, and the exchange's ops per MB of the gradient
+  (``encode``: its compress, DGC's top-k or the dense copy; ``apply``: the group's gradient
+  decoded, averaged and stepped into the model);
 - geo: a dense payload received, and the roles' own CPU per op
   (``compute.default.cpu``: encode, sum, sparsify, merge, densify, apply);
 - every mode: real mode's framing and writer history (``network.framing``,
@@ -247,8 +249,44 @@ def fl_encode_cost(scenario, dim: int, reps: int = 7) -> float:
 
 
 def ddp_sets(scenario, reps: int = 7) -> list[str]:
-    """A collective frame's decoding on every rank, and real mode's transport (a deep writer history)."""
-    return transport_only_sets(scenario, reps) + [f"compute.default.decode_s_per_mb={ddp_decode_cost(reps):.6e}"]
+    """A collective frame's decoding on every rank, the exchange's two ops (compressing a gradient,
+    applying the group's), and real mode's transport (a deep writer history)."""
+    ops = ddp_exchange_costs(scenario, reps)
+    return (transport_only_sets(scenario, reps) + [f"compute.default.decode_s_per_mb={ddp_decode_cost(reps):.6e}"]
+            + [f"compute.default.cpu.{op}_s_per_mb={v:.6e}" for op, v in ops.items()])
+
+
+def ddp_exchange_costs(scenario, reps: int = 7) -> dict[str, float]:
+    """Seconds per MB of the fp32 gradient of a DDP worker's ``encode`` (the exchange's compress:
+    DGC's momentum correction and top-k at the first step's density, or the dense copy) and
+    ``apply`` (the group's payloads decoded, averaged and stepped into the model), on this
+    machine, one thread, the scenario's model and world size."""
+    import types
+
+    import torch
+
+    from dtemu.core.ddp.worker import make_exchange
+    from dtemu.core.ml.models import build_model
+
+    world = max(1, len(scenario.node_names))
+    gen = torch.Generator().manual_seed(0)
+    exchanges = []
+    for rank in range(world):  # each rank's payload (DGC's buckets say whose they are)
+        model = build_model(scenario.model_spec, scenario.seed)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen) * 1e-2
+        exchanges.append(make_exchange(scenario, model, rank, world, steps_per_epoch=1 << 20))
+    exchange = exchanges[0]
+    mb = 4 * sum(p.numel() for p in model.parameters()) / 1e6
+    payloads = [x.compress(0) for x in exchanges]
+    encode = median_s(lambda: exchange.compress(0), reps) / mb
+    # apply() as after a collective: the group's payloads for an allgather, the mean in place for
+    # a ring or the pipelined allreduce (the exchange's own fields)
+    group = types.SimpleNamespace(collect=lambda handle: payloads)
+    exchange._handle = object()
+    if getattr(exchange, "algorithm", "gather") != "gather":
+        exchange._mean = exchange._flat.copy()
+    return {"encode": encode, "apply": median_s(lambda: exchange.apply(group, 0), reps) / mb}
 
 
 def geo_sets(scenario, reps: int = 7) -> list[str]:

@@ -174,14 +174,17 @@ def _step(ctx, d, coll: Collective, exchange, work: Workload, model, rank: int, 
     except Exception as err:  # the task's own code raised: this step's share is zero, the run goes on
         loss = failed_gradients(ctx, work, model, err, step)
     t1 = ctx.now()
-    payload = yield Compute(lambda: exchange.compress(step), kind="compress")
+    # Both ops are priced per MB of the fp32 gradient in emu (compute.*.cpu.encode_s_per_mb,
+    # apply_s_per_mb, which `emu calibrate` measures for the exchange); free where unpriced.
+    grad_bytes = 4 * work.dim
+    payload = yield Compute(lambda: exchange.compress(step), kind="encode", nbytes=grad_bytes)
     t2 = ctx.now()
     received_before = coll.bytes_received
     yield from exchange.send(coll, step, payload)
     t3 = ctx.now()
     yield from exchange.wait(coll, step, t3 + d.step_timeout_s)
     t4 = ctx.now()
-    yield Compute(lambda: exchange.apply(coll, step), kind="compress")
+    yield Compute(lambda: exchange.apply(coll, step), kind="apply", nbytes=grad_bytes)
     row = {
         "step": step,
         "bytes_sent": exchange.sent,
