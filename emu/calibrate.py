@@ -8,7 +8,8 @@ It measures, on this machine and with this process's arithmetic:
   optimizer and loss, on a batch of its own data (best of three timings of 24
   warm steps: other load only slows a step down); with ``--together``, the
   median step of every training rank of the scenario training at once (up to
-  16 processes), which is what a run whose ranks share this machine sees;
+  16 processes), which is what a run whose ranks share this machine sees, and
+  every CPU cost below slowed by the same factor (``measured.contention``);
 - what the mode's roles spend outside training, as the mode names it
   (emu.costs: FL's decoding and its clients' codec encoding, DDP's decoding per
   MB, geo's decoding and its roles' CPU per op), and real mode's framing and
@@ -61,16 +62,27 @@ def measure(scenario, reps: int = 7, together: bool = False) -> dict:
     # Ranks that train at once on one machine slow each other down, even where they fit its cores
     # (hyperthreads, memory bandwidth): only timing them together says how much.
     ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
+    train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
+    contention = 1.0
     if ranks > 1:
-        train = measured_together(scenario, ranks, sample)
-    else:
-        train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
-    assignments = [f"compute.default.train_s_per_sample={train:.6e}", *resolve(scenario.kind.costs)(scenario, reps),
-                   *messages]
+        # The ranks' other CPU work (decoding, codecs, each message) is slowed as their training
+        # is: every cost below, timed alone, takes the factor the training took together.
+        alone, train = train, measured_together(scenario, ranks, sample)
+        contention = max(1.0, train / alone)
+    costs = [_times(a, contention) for a in [*resolve(scenario.kind.costs)(scenario, reps), *messages]]
+    assignments = [f"compute.default.train_s_per_sample={train:.6e}", *costs]
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
                                             "input_dtype": str(sample[0].dtype), "reps": reps,
-                                            "ranks_training_at_once": ranks})
+                                            "ranks_training_at_once": ranks, "contention": round(contention, 3)})
+
+
+def _times(assignment: str, factor: float) -> str:
+    """A ``--set`` of a CPU cost (seconds per MB or per message) times ``factor``; others as they are."""
+    key, _, value = assignment.partition("=")
+    if factor == 1.0 or not key.endswith(("_s_per_mb", "_s_per_message")):
+        return assignment
+    return f"{key}={float(value) * factor:.6e}"
 
 
 def _message_sets() -> list[str]:

@@ -70,7 +70,7 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     assert emu_main(["calibrate", str(path), "--reps", "1", "--out", str(tmp_path / "p.yaml")]) == 0
     profile = read_profile(tmp_path / "p.yaml")
     assert profile["measured"]["batch_size"] == 32 and profile["measured"]["input_shape"] == [1, 28, 28]
-    assert profile["measured"]["ranks_training_at_once"] == 1
+    assert profile["measured"]["ranks_training_at_once"] == 1 and profile["measured"]["contention"] == 1.0
     assert profile["machine"]["fingerprint"] and profile["machine"]["cores"] >= 1
     sets = profile["sets"]
     assert sets["compute.default.train_s_per_sample"] > 0 and sets["compute.default.decode_s_per_mb"] > 0
@@ -95,6 +95,16 @@ def test_calibrate_together_times_every_training_rank_at_once(tmp_path, monkeypa
     path.write_text(TINY)
     assert emu_main(["calibrate", str(path), "--reps", "1", "--together", "--out", str(tmp_path / "p.yaml")]) == 0
     profile = read_profile(tmp_path / "p.yaml")
-    assert profile["measured"]["ranks_training_at_once"] == 2
+    assert profile["measured"]["ranks_training_at_once"] == 2 and profile["measured"]["contention"] >= 1.0
     assert profile["sets"]["compute.default.train_s_per_sample"] > 0
     assert "--together" in (tmp_path / "p.yaml").read_text().splitlines()[0]
+
+
+def test_contention_slows_every_cpu_cost_and_nothing_else():
+    from dtemu.emu.calibrate import _times
+
+    assert _times("compute.default.decode_s_per_mb=1.000000e-03", 2.0) == "compute.default.decode_s_per_mb=2.000000e-03"
+    assert _times("compute.default.cpu.apply_s_per_mb=1.0e-03", 1.5) == "compute.default.cpu.apply_s_per_mb=1.500000e-03"
+    assert _times("compute.default.send_s_per_message=5e-05", 2.0) == "compute.default.send_s_per_message=1.000000e-04"
+    assert _times("network.send_window_bytes=8388608", 2.0) == "network.send_window_bytes=8388608"
+    assert _times("network.framing=rtps", 2.0) == "network.framing=rtps"

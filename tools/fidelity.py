@@ -16,8 +16,9 @@ each row, in this order:
    each site) in its own network namespace behind links shaped with tc.
 3. ``emu run --profile PROFILE`` of the same scenario and settings, with the
    testbed's links: their rate, and as latency a quarter of the UDP round trip
-   measured before the run (this kernel has no netem); the ranks share this
-   box's cores (``compute.shared_cores``).
+   measured before the run (this kernel has no netem); with ``--alone``, the
+   box's cores as ``compute.shared_cores`` (with ``--together`` the sharing is
+   in the profile's costs already).
 4. The comparison, unit by unit (round, step, or ESync version), on one clock
    each: the controller's, a worker's own, the parameter server's.
 
@@ -123,6 +124,14 @@ def calibrate(row: Row, sets: list[str], profile: Path, together: bool = True) -
     return time.monotonic() - t0
 
 
+def shared_cores(together: bool) -> list[str]:
+    """The ranks' sharing of this box, for emu: in the profile's training step when calibrated
+    together; else the box's cores as a queue for the CPU work priced per MB (compute.shared_cores).
+    Not both: the queue on top of costs measured under contention counts it twice (dense DDP's
+    comm came out 0.70 s with it, 0.557 s without, against real's 0.556-0.558)."""
+    return [] if together else [f"compute.shared_cores={os.cpu_count() or 1}"]
+
+
 def run_row(name: str, row: Row, out: Path, timeout_s: float, together: bool = True) -> dict:
     from dtemu.host.scenario_file import load_scenario
 
@@ -133,7 +142,7 @@ def run_row(name: str, row: Row, out: Path, timeout_s: float, together: bool = T
                                    row.geo["test_samples"])
         calibrate_s = calibrate(row, sets, profile, together)
         result = netns_geo.run(row.scenario, mbps=GEO_WAN_MBPS, out=out, timeout_s=timeout_s, profile=profile,
-                               **row.geo)
+                               apriori_sets=shared_cores(together), **row.geo)
         cmp = result["compare_apriori"]
         real_sha, emu_sha = result["sha256"]["real"], result["sha256"]["emu-apriori"]
         links = (f"WAN {GEO_WAN_MBPS:g} Mbit/s each way per site, LAN {result['config']['emu_lan_mbps']:.0f} Mbit/s "
@@ -146,7 +155,7 @@ def run_row(name: str, row: Row, out: Path, timeout_s: float, together: bool = T
                                    timeout_s=timeout_s, nodes=len(scen.node_names))
         latency_ms = bed["applied_delay_ms"] + bed["rtt_ms"] / 4
         net = [f"network.default={{up_mbps: {MBPS:g}, down_mbps: {MBPS:g}, latency_ms: {latency_ms:.4f}}}",
-               f"compute.shared_cores={os.cpu_count() or 1}"]
+               *shared_cores(together)]
         emu = netns_fl.run_emu(row.scenario, sets + net, out / "emu-apriori", profile=profile)
         cmp = row.compare(read_events_partial(out / "real")[0], read_events_partial(out / "emu-apriori")[0])
         real_sha, emu_sha = bed["real_summary"].get("model_sha256"), emu.get("model_sha256")
@@ -197,6 +206,25 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def repeats(records_per_run: list[list[dict]]) -> str:
+    """Each row's errors over several runs of this command (their JSON files): the spread."""
+    rows: dict[str, list[dict]] = {}
+    for records in records_per_run:
+        for r in records:
+            rows.setdefault(r["row"], []).append(r)
+    lines = [f"| row | time error ({len(records_per_run)} runs) | comm error | real compute / emu compute |",
+             "|---|---|---|---|"]
+
+    def cell(values, pct=True):
+        values = sorted(values)
+        f = (lambda v: f"{100 * v:+.1f}%") if pct else (lambda v: f"{v:.2f}")
+        return ", ".join(f(v) for v in values)
+    for name, rs in rows.items():
+        lines.append(f"| {name} | {cell(r['time_error'] for r in rs)} | {cell(r['comm_error'] for r in rs)} | "
+                     f"{cell((r['real_compute_s'] / r['emu_compute_s'] for r in rs), pct=False)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated, of: " + ", ".join(ROWS))
@@ -206,7 +234,11 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--alone", action="store_true",
                    help="calibrate one rank alone (a machine of its own) instead of every training rank at once")
+    p.add_argument("--repeats", nargs="+", metavar="JSON", help="no runs: the spread of several runs' records")
     args = p.parse_args(argv)
+    if args.repeats:
+        print(repeats([json.loads(Path(f).read_text()) for f in args.repeats]), end="")
+        return 0
     ok, why = netns_fl.netns_available()
     if not ok:
         print(f"fidelity: {why}", file=sys.stderr)

@@ -486,10 +486,10 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
         mbps: float | None = 20.0, model: str = "small_cnn", extra_sets: list[str] = (), out: Path | None = None,
         keep: bool = False, timeout_s: float = 600.0, test_samples: int = 500, delay_ms: float = 0.0,
         reuse: Path | None = None, late_site: str | None = None, late_at_s: float = 3.0,
-        calibrate_from: Path | None = None, profile: Path | None = None) -> dict:
+        calibrate_from: Path | None = None, profile: Path | None = None, apriori_sets: list[str] = ()) -> dict:
     """The real run over namespaced sites, then emu: replays of its compute and an ``emu run``
     calibrated from it; or, with ``profile`` (``emu calibrate``'s, made before), only the a-priori
-    ``emu run`` under that profile (``compare_apriori``; tools/fidelity.py)."""
+    ``emu run`` under that profile and ``apriori_sets`` (``compare_apriori``; tools/fidelity.py)."""
     from dtemu.core.geo.spec import central_site
     from dtemu.core.ml.models import build_model
     from dtemu.core.ml.params import num_params
@@ -596,10 +596,9 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
         (out / "netns_geo.json").write_text(json.dumps(result, indent=2, default=str))
         (out / "netns_geo.md").write_text(markdown(result))
         return result
-    if profile is not None:  # a priori: this machine's profile, the testbed's links and shared cores
+    if profile is not None:  # a priori: this machine's profile and the testbed's links
         t0 = time.monotonic()
-        summary = run_emu(scenario_path, sets + net + [f"compute.shared_cores={cores}"], out / "emu-apriori",
-                          profile=profile)
+        summary = run_emu(scenario_path, sets + net + list(apriori_sets), out / "emu-apriori", profile=profile)
         print(f"netns: emu run a priori {time.monotonic() - t0:.1f} s -> {out / 'emu-apriori'}", file=sys.stderr,
               flush=True)
         result["compare_apriori"] = compare(real_events, read_events_partial(out / "emu-apriori")[0])
