@@ -137,7 +137,7 @@ def run_row(name: str, row: Row, out: Path, timeout_s: float, together: bool = T
 
     out.mkdir(parents=True, exist_ok=True)
     profile = out / "profile.yaml"
-    if row.mode == "geo":
+    if row.geo:  # a row of sites: netns_geo's testbed (a namespace per site, WAN links)
         sets = netns_geo.base_sets(row.geo["rounds"], row.geo["workers_per_site"], row.geo["model"],
                                    row.geo["test_samples"])
         calibrate_s = calibrate(row, sets, profile, together)
