@@ -20,8 +20,9 @@ It measures, on this machine and with this process's arithmetic:
 It writes them to a profile (host.profile) that records the machine.
 ``emu run SCENARIO --profile FILE``, or ``compute.profile: FILE`` in the
 scenario, applies it: emu then predicts what this machine would take, before
-anything runs for real.  Not measured yet: cores shared by ranks
-(``compute.shared_cores``, set by hand).
+anything runs for real.  A run whose ranks share this machine is calibrated
+with ``--together`` (docs/fidelity.md measures both ways against real runs);
+``compute.shared_cores`` stays set by hand.
 """
 
 from __future__ import annotations

@@ -174,7 +174,10 @@ def fidelity() -> list[str]:
                 "[geo](notebook/2026-11-24-19-geomx-issue-11-part-7-the-shipped-scenarios-at-1200-rounds-f.md)); "
                 "those numbers are of their day."]
     records = json.loads(path.read_text())
-    out = ["| mode | scenario | real s | emu s | time error | comm error | same model | host | date |",
+    out = ["A priori: `emu calibrate`, then real runs over shaped network namespaces against `emu run --profile`, "
+           "by one command (`python -m tools.fidelity`); the causes of each miss and the spread of three runs are "
+           "in [fidelity.md](fidelity.md). Its last run:", "",
+           "| mode | scenario | real s | emu s | time error | comm error | same model | host | date |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         out.append(f"| {r['mode']} | {r['scenario']} | {r['real_s']:.2f} | {r['emu_s']:.2f} | {r['time_error']:+.1%} | "
