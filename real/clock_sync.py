@@ -64,6 +64,7 @@ KEEP = 8
 FAST_PINGS, FAST_S, SLOW_S = 20, 0.05, 2.0
 WAIT_S = 2.0  # the most a barrier waits for its peers' first answers (one that never answers stays at 0)
 _OUTSTANDING = 32  # pings whose answers are still taken
+MAX_PEERS = 4096  # clocks kept: an unsealed domain's answers may claim any number of names
 
 
 def skew_ns() -> int:
@@ -77,15 +78,19 @@ def skew_ns() -> int:
 class Offsets:
     """Each peer's clock minus ours, in seconds, from NTP exchanges (no I/O: the arithmetic)."""
 
-    def __init__(self, keep: int = KEEP):
+    def __init__(self, keep: int = KEEP, max_peers: int = MAX_PEERS):
         self._samples: dict[str, deque] = {}
         self._keep = keep
+        self._max_peers = max_peers
         self._best: dict[str, float] = {}
 
     def add(self, peer: str, t1: int, t2: int, t3: int, t4: int) -> bool:
-        """One answered ping (ns); False if its times cannot be a round trip."""
+        """One answered ping (ns); False if its times cannot be a round trip, or it is from one
+        peer more than this keeps."""
         delay = (t4 - t1) - (t3 - t2)
         if t4 < t1 or t3 < t2 or delay < 0:
+            return False
+        if peer not in self._samples and len(self._samples) >= self._max_peers:
             return False
         samples = self._samples.setdefault(peer, deque(maxlen=self._keep))
         samples.append((delay, ((t2 - t1) + (t3 - t4)) / 2))

@@ -39,6 +39,10 @@ def test_ntp_arithmetic_by_hand():
     # times that cannot be a round trip are refused; an unknown peer is at 0
     assert not o.add("p", t1, t2, t2 - 1, t4) and not o.add("p", t1, t2, t3, t1 - 1)
     assert o.offset("q") == 0.0 and o.as_dict()["p"]["samples"] == 3
+    # a bounded number of clocks: answers in ever new names (anyone may answer) are refused
+    few = Offsets(max_peers=2)
+    assert few.add("a", t1, t2, t3, t4) and few.add("b", t1, t2, t3, t4)
+    assert not few.add("c", t1, t2, t3, t4) and few.add("a", t1, t2, t3, t4)
 
 
 def test_a_tick_that_does_not_decode_is_invalid_not_an_exception():
