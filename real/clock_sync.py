@@ -101,6 +101,10 @@ class Offsets:
         """``peer``'s clock minus ours, s (0 until it has answered)."""
         return self._best.get(peer, 0.0)
 
+    def known(self, peer: str) -> bool:
+        """Has ``peer`` answered (a lookup: every message received asks)?"""
+        return peer in self._best
+
     def delay(self, peer: str) -> float | None:
         """The least round trip seen to ``peer``, s."""
         samples = self._samples.get(peer)
@@ -142,7 +146,7 @@ class ClockExchange:
 
     def known(self, peer: str) -> bool:
         """Whether ``peer`` has answered a ping (its offset is measured)."""
-        return self.offsets.delay(peer) is not None
+        return self.offsets.known(peer)
 
     def wait(self, peers, timeout_s: float) -> list[str]:
         """Wait until every one of ``peers`` has answered a ping; those that have not, at the end."""

@@ -101,12 +101,20 @@ class Hello(IdlStruct, typename="dtemu.Hello"):
 
     @classmethod
     def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Hello":
-        try:
-            hello = cls.__idl__.deserialize(data, has_header=has_header, use_version_2=use_version_2)
-        except Exception:  # bad UTF-8, or anything else the stock decoder refuses
-            return INVALID_HELLO
-        hello.tag = bytes(hello.tag)
-        return hello if valid_name(hello.node) and len(hello.guid) <= MAX_NAME else INVALID_HELLO
+        hello = _lenient(cls, data, has_header, use_version_2)
+        return hello if hello is not None and valid_name(hello.node) and len(hello.guid) <= MAX_NAME \
+            else INVALID_HELLO
+
+
+def _lenient(cls, data, has_header: bool, use_version_2: bool | None):
+    """A control sample (Hello, Tick) by the stock decoder, its ``tag`` as bytes; None for anything
+    it refuses (bad UTF-8 and the rest), so that one bad sample cannot raise inside a batch read."""
+    try:
+        sample = cls.__idl__.deserialize(data, has_header=has_header, use_version_2=use_version_2)
+    except Exception:
+        return None
+    sample.tag = bytes(sample.tag)
+    return sample
 
 
 MAX_NAME = 128  # node names and GUID strings; a real one is far shorter
@@ -136,14 +144,9 @@ class Tick(IdlStruct, typename="dtemu.Tick"):
 
     @classmethod
     def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Tick":
-        try:
-            tick = cls.__idl__.deserialize(data, has_header=has_header, use_version_2=use_version_2)
-        except Exception:  # bad UTF-8, or anything else the stock decoder refuses
-            return INVALID_TICK
-        tick.tag = bytes(tick.tag)
-        if not valid_name(tick.src) or not (tick.dst == "" or valid_name(tick.dst)):
-            return INVALID_TICK
-        return tick
+        tick = _lenient(cls, data, has_header, use_version_2)
+        ok = tick is not None and valid_name(tick.src) and (tick.dst == "" or valid_name(tick.dst))
+        return tick if ok else INVALID_TICK
 
 
 INVALID_TICK = Tick(src="")

@@ -562,15 +562,17 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     net += [f"network.sites.{s}.wan.latency_ms={wan_latency:.4f}" for s in sites]
     # --calibrate-from: every CPU cost below times the in-situ factor of another run (in_situ_factor)
     scale = in_situ(calibrate_from)["factor"] if calibrate_from is not None else 1.0
-    decode = scale * geo_decode_cost(num_params(build_model(scen.model_spec, scen.seed)), scen.geo.fp16)
-    transport = transport_sets({n: decode for n in scen.node_names})
-    # The roles' CPU outside the gradient, measured here now (one thread), and the cores every rank
-    # shares for real (the ranks are processes of this one machine).
-    cpu, messages = geo_cpu_costs(scen), message_costs()
-    cpu = {k: v * scale for k, v in cpu.items()}
-    messages = {k: v * scale for k, v in messages.items()}
     cores = os.cpu_count() or 1
-    full = transport + cpu_sets(cpu, cores, messages)
+    decode, transport, cpu, messages, full = None, [], {}, {}, []
+    if profile is None or late_nodes:  # (a profile has these costs: not measured again)
+        decode = scale * geo_decode_cost(num_params(build_model(scen.model_spec, scen.seed)), scen.geo.fp16)
+        transport = transport_sets({n: decode for n in scen.node_names})
+        # The roles' CPU outside the gradient, measured here now (one thread), and the cores every
+        # rank shares for real (the ranks are processes of this one machine).
+        cpu, messages = geo_cpu_costs(scen), message_costs()
+        cpu = {k: v * scale for k, v in cpu.items()}
+        messages = {k: v * scale for k, v in messages.items()}
+        full = transport + cpu_sets(cpu, cores, messages)
     result = {"config": {"scenario": scen.name, "model": scen.model, "architecture": scen.geo.architecture,
                          "sync": scen.geo.sync, "compression": scen.geo.compression, "sites": sites,
                          "central": central_site(scen.network.sites, scen.network.central),
@@ -581,7 +583,8 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
                          "emu_wan_latency_ms": wan_latency, "decode_s_per_mb": decode, "transport_sets": transport,
                          "cpu_s_per_mb": cpu, "s_per_message": messages, "shared_cores": cores,
                          "sets": sets, "args": args, "placement": dict(zip(scen.node_names, [sites[i] for i in placement])),
-                         "cpu_scale": scale, "calibrated_from": str(calibrate_from) if calibrate_from else None},
+                         "cpu_scale": scale, "calibrated_from": str(calibrate_from) if calibrate_from else None,
+                         "profile": str(profile) if profile is not None else None},
               **bed_info}
     result["wan_overhead"] = wan_overhead(result.get("qdisc", {}), real_events, scen.site_of, sites,
                                           result.get("namespaces") or result["config"].get("namespaces", []))
