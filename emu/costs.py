@@ -116,7 +116,7 @@ def ddp_decode_cost(reps: int = 7) -> float:
 
 def geo_decode_cost(dim: int, fp16: bool, reps: int = 7) -> float:
     """Seconds per MB for a rank receiving a dense geo payload of ``dim`` entries: one copy (the
-    transport's reassembly), the payload decoded and checked, and made dense (core.geo.common.Inbox)."""
+    transport's reassembly), the payload decoded and checked, and made dense (core.geo.receiver)."""
     import numpy as np
 
     from dtemu.core.geo.payload import decode, encode_dense
@@ -134,7 +134,8 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
     import torch
 
     from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
-    from dtemu.core.geo.common import Applier, grad_vector, site_downlink, worker_optimizer_momentum
+    from dtemu.core.geo.common import Applier, site_downlink, worker_optimizer_momentum
+    from dtemu.core.ml.params import grads_vector
     from dtemu.core.geo.payload import decode, encode_dense, sum_sparse
     from dtemu.core.geo.roles import _encode_bisparse
     from dtemu.core.geo.sums import site_share
@@ -156,7 +157,7 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
     n = max(1, g.workers_per_site)
     pushes = {f"w{i}": (decode(encode_dense(1, vec(), g.fp16), dim), b"") for i in range(n)}
     costs = {
-        "encode": median_s(lambda: encode_dense(1, grad_vector(model), g.fp16), reps) / mb,
+        "encode": median_s(lambda: encode_dense(1, grads_vector(model.parameters()), g.fp16), reps) / mb,
         "sum": median_s(lambda: site_share(pushes, list(pushes), dim, 2 * n, n, g.sync), reps) / mb / n,
     }
     applier = Applier(model, g.lr_at, worker_optimizer_momentum(g), False)

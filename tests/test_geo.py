@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from dtemu.core.errors import GeoPayloadError
 from dtemu.core.geo.bisparse import ResidualSparsifier
-from dtemu.core.geo.common import GeoResult, Inbox
+from dtemu.core.geo.common import GeoResult
+from dtemu.core.geo.receiver import Receiver
 from dtemu.core.geo.payload import BLOCKS_HEADER, HEADER, decode, encode_blocks, encode_dense, encode_sparse, sum_sparse
 from dtemu.core.runtime.requests import Message, RecordingContext, Recv
 from dtemu.core.scenario import parse_scenario
@@ -189,7 +190,7 @@ def test_sparse_payloads_are_summed_by_index():
 def test_a_role_refuses_and_counts_what_it_cannot_use():
     ctx = RecordingContext(node="global-ps")
     result = GeoResult(role="global_ps", site="c")
-    inbox = Inbox(ctx, "geo/push", 10, {"a-ps": "a", "b-ps": "b"}, "c", result)
+    inbox = Receiver(ctx, "geo/push", 10, {"a-ps": "a", "b-ps": "b"}, "c", result)
     good = encode_sparse(2, 10, np.array([1]), np.array([1.0]))
     queue = [Message("geo/push", "a-ps", _sparse_raw(10, 2, [3, 3], [1, 1])),   # duplicates
              Message("geo/push", "evil", good),                                     # unknown sender
@@ -500,7 +501,8 @@ def test_a_schedule_that_makes_no_sense_is_refused(key, value):
 
 
 def test_the_applier_steps_at_its_rounds_rate():
-    from dtemu.core.geo.common import Applier, get_vector
+    from dtemu.core.geo.common import Applier
+    from dtemu.core.ml.params import params_vector as get_vector
     model = torch.nn.Linear(2, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
     g = geo_scenario(**{"geo.lr_milestones": "[1]", "geo.lr_gamma": 0.5}).geo

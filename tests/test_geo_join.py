@@ -108,10 +108,11 @@ def test_join_and_state_payloads_are_checked():
 
 
 def test_a_state_is_refused_by_a_member_in_the_middle_of_its_run():
-    from dtemu.core.geo.common import GeoResult, Inbox
+    from dtemu.core.geo.common import GeoResult
+    from dtemu.core.geo.receiver import Receiver
     from dtemu.core.runtime.requests import Message, RecordingContext
     ctx = RecordingContext(node="a-w0")
-    inbox = Inbox(ctx, "geo/pull", 10, {"a-ps": "a", "a-w0": "a"}, "a", GeoResult(role="worker", site="a"))
+    inbox = Receiver(ctx, "geo/pull", 10, {"a-ps": "a", "a-w0": "a"}, "a", GeoResult(role="worker", site="a"))
     gen = inbox.collect(["a-ps"], 3, deadline=5.0)
     next(gen)
     gen.send(Message("geo/pull", "a-ps", encode_state(3, np.ones(10, np.float32))))
@@ -189,12 +190,13 @@ def test_a_restarted_ps_without_joining_leaves_its_workers_waiting_as_before(tmp
 
 
 def test_a_state_in_the_middle_of_a_round_is_taken_only_from_the_restarted_ps_and_never_older():
-    from dtemu.core.geo.common import GeoResult, Inbox
+    from dtemu.core.geo.common import GeoResult
+    from dtemu.core.geo.receiver import Receiver
     from dtemu.core.runtime.requests import Message, RecordingContext
     ctx = RecordingContext(node="a-w0")
-    inbox = Inbox(ctx, "geo/pull", 10, {"a-ps": "a", "a-w0": "a", "global-ps": "c"}, "a",
+    inbox = Receiver(ctx, "geo/pull", 10, {"a-ps": "a", "a-w0": "a", "global-ps": "c"}, "a",
                   GeoResult(role="worker", site="a"))
-    inbox.restarts = "a-ps"
+    inbox.inbox.restarts = "a-ps"
     gen = inbox.collect(["a-ps"], 3, deadline=5.0)
     next(gen)
     gen.send(Message("geo/pull", "a-ps", encode_state(2, np.ones(10, np.float32))))      # an older model

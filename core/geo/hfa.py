@@ -19,7 +19,9 @@ import torch
 
 from dtemu.core import events as ev
 from dtemu.core.geo import join
-from dtemu.core.geo.common import GEO_PULL, GEO_PUSH, get_vector, round_batch, set_lr, set_vector
+from dtemu.core.geo.common import round_batch, set_lr
+from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH
+from dtemu.core.ml.params import load_params, params_vector
 from dtemu.core.geo.payload import STATE, encode_dense
 from dtemu.core.geo.spec import GLOBAL_PS, MASTER
 from dtemu.core.runtime.requests import Compute
@@ -52,7 +54,7 @@ def worker(b, index: int, up: str, pulls, start: int = 1):
                     loss = failed_gradients(ctx, work, b.model, err, step)
                 opt.step()
             t1 = ctx.now()
-            data = encode_dense(sync, get_vector(b.model), g.fp16)
+            data = encode_dense(sync, params_vector(b.model), g.fp16)
             yield from b.send(GEO_PUSH, data, up)
             got = yield from pulls.collect([up], sync, b.pull_deadline())
             if not got:
@@ -62,7 +64,7 @@ def worker(b, index: int, up: str, pulls, start: int = 1):
                 r = first_round(join.resume(b, None, got[up][0], sync), g) - 1   # weights only
                 b.result.rounds = r
                 break
-            set_vector(b.model, got[up][0].dense())
+            load_params(b.model, got[up][0].dense())
             t2 = ctx.now()
             b.result.comm_s.append(t2 - t1)
             ctx.emit(ev.GEO_STEP, round=sync, loss=round(loss, 6), compute_s=round(t1 - t0, 9),
@@ -118,12 +120,12 @@ def global_ps(b, children: list[str], pushes, every_child: list[str] | None = No
         for c in children:   # equal sites: the mean of the site averages is the mean over workers
             total += got[c][0].dense()
         out = encode_dense(sync, total / np.float32(len(children)), g.fp16)
-        set_vector(b.model, total / np.float32(len(children)))
+        load_params(b.model, total / np.float32(len(children)))
         t1 = ctx.now()
         for dst in [*children, MASTER]:
             yield from b.send(GEO_PULL, out, dst)
         b.result.rounds = r
         ctx.emit(ev.GEO_ROUND, round=r, role="global_ps", wait_s=round(t1 - t0, 9), wan_s=round(ctx.now() - t1, 9),
                  bytes_up=sum(len(got[c][1]) for c in children), bytes_down=len(out))
-        if every_child is not None and pushes.joins:
-            children = yield from join.admit(b, every_child, children, pushes, r, None, state_round=sync)
+        if every_child is not None and pushes.inbox.joins:
+            children = yield from join.admit(b, every_child, children, pushes.inbox, r, None, state_round=sync)

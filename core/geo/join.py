@@ -31,9 +31,11 @@ import numpy as np
 import torch
 
 from dtemu.core import events as ev
-from dtemu.core.geo.common import (GEO_PULL, Applier, get_vector, params_of, set_vector, site_downlink,
-                                   worker_optimizer_momentum)
+from dtemu.core.geo.common import Applier, site_downlink, worker_optimizer_momentum
+from dtemu.core.wire.topics import GEO_PULL
+from dtemu.core.geo.inbox import PayloadInbox
 from dtemu.core.geo.payload import decode, encode_state
+from dtemu.core.ml.params import load_params, params_vector
 
 
 class Follower:
@@ -49,7 +51,7 @@ class Follower:
         self.applier.apply(decode(site_downlink(pull, out, self.geo.fp16), dim).dense(), round_)
 
     def momentum(self) -> np.ndarray | None:
-        bufs = [self.applier.opt.state.get(p, {}).get("momentum_buffer") for p in params_of(self.applier.model)]
+        bufs = [self.applier.opt.state.get(p, {}).get("momentum_buffer") for p in self.applier.model.parameters()]
         if any(buf is None for buf in bufs):
             return None   # plain SGD, or no round yet
         return torch.cat([buf.reshape(-1) for buf in bufs]).numpy().astype(np.float32)
@@ -59,7 +61,7 @@ def set_momentum(applier: Applier, momentum: np.ndarray) -> None:
     """Give a joining worker's optimizer the others' momentum buffer."""
     src = torch.from_numpy(np.array(momentum, dtype=np.float32))
     off = 0
-    for p in params_of(applier.model):
+    for p in applier.model.parameters():
         applier.opt.state[p]["momentum_buffer"] = src[off:off + p.numel()].view_as(p).clone()
         off += p.numel()
 
@@ -69,7 +71,7 @@ def resume(b, applier, state, waited: int) -> int:
     place of the pull of ``waited``: the model after ``state.round``; returns that round, the
     worker goes on from the next.  Its push of ``waited`` died with the PS's old life.
     (``applier``: the worker's, for a STATE with momentum; HFA's carry none.)"""
-    set_vector(b.model, state.dense())
+    load_params(b.model, state.dense())
     if state.momentum is not None:
         set_momentum(applier, state.momentum)
     b.result.rounds = state.round
@@ -81,11 +83,11 @@ def state_of(b, round_: int, follower: Follower | None) -> bytes:
     """The model a joiner gets after ``round_``: the follower's (weights, momentum), or, with a
     global optimizer, the global PS's own weights (the workers take weights, no momentum)."""
     if follower is None:
-        return encode_state(round_, get_vector(b.model))
-    return encode_state(round_, get_vector(follower.applier.model), follower.momentum())
+        return encode_state(round_, params_vector(b.model))
+    return encode_state(round_, params_vector(follower.applier.model), follower.momentum())
 
 
-def admit(b, every_child: list[str], children: list[str], inbox, round_: int, follower: Follower | None,
+def admit(b, every_child: list[str], children: list[str], inbox: PayloadInbox, round_: int, follower: Follower | None,
           state_round: int | None = None):
     """Let in the sites whose JOIN came (the model of ``round_``, then ``geo_join``); returns the
     members of the next round, in scenario order (the sums' order, so no bit moves).  The STATE

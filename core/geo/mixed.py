@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dtemu.core import events as ev
 from dtemu.core.geo import join
-from dtemu.core.geo.common import GEO_PULL, Applier, get_vector
+from dtemu.core.geo.common import Applier
+from dtemu.core.wire.topics import GEO_PULL
 from dtemu.core.geo.payload import JOIN, decode, encode_dense, encode_end, encode_state
 from dtemu.core.geo.spec import MASTER, worker_sites
 from dtemu.core.geo.sums import mixed_apply
+from dtemu.core.ml.params import params_vector
 
 
 def nominal_updates(scenario) -> int:
@@ -29,7 +31,7 @@ def global_ps(b, children: list[str], pushes, applier: Applier, every_child: lis
     master was sent fewer updates than the nominal rounds × sites, an END tells it so."""
     g, ctx = b.g, b.ctx
     expected = {c: 1 for c in children}          # the next round of each site
-    pulled = {c: get_vector(b.model) for c in children}   # what each site last received
+    pulled = {c: params_vector(b.model) for c in children}   # what each site last received
     fresh: set[str] = set()   # let in and not heard from since: a JOIN from it again is a duplicate
     version = 0
     while expected:
@@ -63,7 +65,7 @@ def global_ps(b, children: list[str], pushes, applier: Applier, every_child: lis
     b.result.rounds = version
     if version < nominal_updates(b.s):
         yield from b.send(GEO_PULL, encode_end(b.dim, version), MASTER)
-    return b.finish(get_vector(b.model))
+    return b.finish(params_vector(b.model))
 
 
 def _join(b, child: str, expected: dict[str, int], pulled: dict, version: int):
@@ -76,6 +78,6 @@ def _join(b, child: str, expected: dict[str, int], pulled: dict, version: int):
     expected[child] = state_round + 1
     if expected[child] > b.g.rounds:
         del expected[child]
-    w = get_vector(b.model)
+    w = params_vector(b.model)
     pulled[child] = w
     yield from join.admit_one(b, child, encode_state(state_round, w), version)

@@ -37,13 +37,15 @@ import numpy as np
 from dtemu.core import events as ev
 from dtemu.core.geo import hfa, join, mixed
 from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
-from dtemu.core.geo.common import (GEO_PULL, GEO_PUSH, Applier, Beat, GeoResult, Inbox, get_vector, grad_vector,
-                                   round_batch, sent_across, set_vector, site_downlink, worker_optimizer_momentum)
+from dtemu.core.geo.common import (Applier, GeoResult, round_batch, sent_across, site_downlink,
+                                   worker_optimizer_momentum)
+from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH
 from dtemu.core.geo.payload import (STATE, decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
                                     sum_sparse)
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.geo.sums import applied, root_sum, site_share
-from dtemu.core.ml.params import sha256_of
+from dtemu.core.geo.receiver import Beat, Receiver
+from dtemu.core.ml.params import grads_vector, load_params, params_vector, sha256_of
 from dtemu.core.runtime.requests import Compute, Send, WaitPeers
 from dtemu.core.ml.task import failed_gradients
 
@@ -86,8 +88,8 @@ class _Base:
             return (yield Compute(fn, kind=op, nbytes=nbytes))
         return fn()
 
-    def inbox(self, topic: str) -> Inbox:
-        return Inbox(self.ctx, topic, self.dim, self.site_of, self.site, self.result)
+    def receiver(self, topic: str) -> Receiver:
+        return Receiver(self.ctx, topic, self.dim, self.site_of, self.site, self.result)
 
     def deadline(self) -> float:
         """For a round's pushes from the level below."""
@@ -107,15 +109,15 @@ class _Base:
             self.result.stop_reason = f"round {round_}: no payload from {', '.join(sorted(missing))} " \
                                       f"within {self.g.round_timeout_s:g} s"
 
-    def gather(self, pushes: Inbox, children: list[str], round_: int, sync: int):
+    def gather(self, pushes: Receiver, children: list[str], round_: int, sync: int):
         """The global PS's round: the children's pushes numbered ``sync``, and the children still in
         the run.  One that said JOIN started again: it is not lost but let in anew when the round
         closes (core.geo.join); the others missing are reported, and the run goes on without them
         if anyone answered."""
         got = yield from pushes.collect(children, sync, self.deadline())
         if len(got) < len(children):
-            if lost := [c for c in children if c not in got and c not in pushes.joins]:
-                self.gave_up(round_, lost, going_on=bool(got), reason=pushes.loss_reason)
+            if lost := [c for c in children if c not in got and c not in pushes.inbox.joins]:
+                self.gave_up(round_, lost, going_on=bool(got), reason=pushes.inbox.loss_reason)
             children = [c for c in children if c in got]
         return got, children
 
@@ -135,16 +137,16 @@ def master(ctx, scenario, work, name: str = MASTER):
     evaluates (every ``geo.eval_every`` rounds and after the last)."""
     b = _Base(ctx, scenario, work, name, "master")
     g = b.g
-    weights = get_vector(b.model)
+    weights = params_vector(b.model)
     yield from b.send(GEO_PUSH, encode_dense(0, weights), b.root, init=True)
     applier = Applier(b.model, g.lr_at, worker_optimizer_momentum(g), g.weights_down)
-    pulls = b.inbox(GEO_PULL)
+    pulls = b.receiver(GEO_PULL)
     # MixedSync: one pull per global update, every site's rounds in turn.
     last = mixed.nominal_updates(scenario) if g.sync == "mixed" else g.rounds
     for r in range(1, last + 1):
         got = yield from pulls.collect([b.root], r * g.k2 if g.sync == "hfa" else r, b.pull_deadline())
         if not got:
-            if pulls.end is not None:   # MixedSync: fewer updates than nominal (a site lost, or late)
+            if pulls.inbox.end is not None:   # MixedSync: fewer updates than nominal (a site lost, or late)
                 break
             b.gave_up(r, [b.root], going_on=g.sync == "mixed" and r > 1)
             break
@@ -158,7 +160,7 @@ def master(ctx, scenario, work, name: str = MASTER):
             yield from _evaluate(b, r)
     if b.result.rounds and b.result.rounds % g.eval_every and b.result.rounds != last:
         yield from _evaluate(b, b.result.rounds)   # the run ended early: the model it ended with
-    return b.finish(get_vector(b.model))
+    return b.finish(params_vector(b.model))
 
 
 def _evaluate(b: _Base, round_: int):
@@ -175,19 +177,19 @@ def worker(ctx, scenario, work, name: str):
     g = b.g
     index = scenario.training_nodes.index(name)
     up = site_ps(b.site) if b.hips else FLAT_PS
-    pulls = b.inbox(GEO_PULL)
-    pulls.state_ok = g.joining   # the initial model, or (a site that joins) the model of a running run
+    pulls = b.receiver(GEO_PULL)
+    pulls.inbox.state_ok = g.joining   # the initial model, or (a site that joins) the model of a running run
     got = yield from pulls.collect([up], 0, b.pull_deadline() if g.joining else b.deadline(), count_wan=False)
-    pulls.state_ok = False
+    pulls.inbox.state_ok = False
     if not got:
         b.gave_up(0, [up])
-        return b.finish(get_vector(b.model))
+        return b.finish(params_vector(b.model))
     first = got[up][0]
-    set_vector(b.model, first.dense())
-    pulls.restarts = up if g.joining else None   # its PS may start again and forward the run's model
+    load_params(b.model, first.dense())
+    pulls.inbox.restarts = up if g.joining else None   # its PS may start again and forward the run's model
     if g.sync == "hfa":
         yield from hfa.worker(b, index, up, pulls, hfa.first_round(first.round, g))
-        return b.finish(get_vector(b.model))
+        return b.finish(params_vector(b.model))
     applier = Applier(b.model, g.lr_at, worker_optimizer_momentum(g), g.weights_down)
     if first.momentum is not None:
         join.set_momentum(applier, first.momentum)
@@ -200,7 +202,7 @@ def worker(ctx, scenario, work, name: str):
         except Exception as err:  # the task's own code raised: this round's push is zero, the run goes on
             loss = failed_gradients(ctx, work, b.model, err, r)
         t1 = ctx.now()
-        data = yield from b.cpu("encode", b.vec_bytes, lambda: encode_dense(r, grad_vector(b.model), g.fp16))
+        data = yield from b.cpu("encode", b.vec_bytes, lambda: encode_dense(r, grads_vector(b.model.parameters()), g.fp16))
         yield from b.send(GEO_PUSH, data, up)
         got = yield from pulls.collect([up], r, b.pull_deadline())
         if not got:
@@ -215,7 +217,7 @@ def worker(ctx, scenario, work, name: str):
         b.result.comm_s.append(t2 - t1)
         ctx.emit(ev.GEO_STEP, round=r, loss=round(loss, 6), compute_s=round(t1 - t0, 9),
                  comm_s=round(t2 - t1, 9), bytes_sent=len(data))
-    return b.finish(get_vector(b.model))
+    return b.finish(params_vector(b.model))
 
 
 def local_ps(ctx, scenario, work, name: str):
@@ -224,7 +226,7 @@ def local_ps(ctx, scenario, work, name: str):
     b = _Base(ctx, scenario, work, name, "local_ps")
     g = b.g
     workers = site_workers(b.site, g)
-    pushes, pulls = b.inbox(GEO_PUSH), b.inbox(GEO_PULL)
+    pushes, pulls = b.receiver(GEO_PUSH), b.receiver(GEO_PULL)
     if g.heartbeat_s is not None:   # while it waits, the global PS hears that the site is alive
         pushes.beat = pulls.beat = Beat(lambda: b.send(GEO_PUSH, encode_beat(b.dim), GLOBAL_PS), g.heartbeat_s)
     if g.joining:   # its first message says it is up (core.geo.join): counted from the start, or let in later
@@ -232,10 +234,10 @@ def local_ps(ctx, scenario, work, name: str):
         # is written to no one; emu's global PS is up and this takes no time.
         yield WaitPeers((GLOBAL_PS,), b.pull_deadline())
         yield from b.send(GEO_PUSH, encode_join(b.dim), GLOBAL_PS, init=True)
-    pulls.state_ok = g.joining
+    pulls.inbox.state_ok = g.joining
     got = yield from pulls.collect([GLOBAL_PS], 0, b.pull_deadline() if g.joining else b.deadline(),
                                    count_wan=False)
-    pulls.state_ok = False
+    pulls.inbox.state_ok = False
     if not got:
         b.gave_up(0, [GLOBAL_PS])
         return b.finish()
@@ -292,14 +294,14 @@ def root_ps(ctx, scenario, work, name: str):
     sites = worker_sites(scenario.network.sites, scenario.network.central)
     children = [site_ps(s) for s in sites] if b.hips else list(scenario.training_nodes)
     every_child = list(children)
-    pushes = b.inbox(GEO_PUSH)
+    pushes = b.receiver(GEO_PUSH)
     # geo.joining: the master's model and every site's JOIN (core.geo.join); a site not up by then may
     # join later.
     joining = b.hips and g.joining
     start = b.deadline() if g.start_wait_s is None or not joining else ctx.now() + g.start_wait_s
     got = yield from pushes.collect([MASTER, *children] if joining else [MASTER], 0, start, count_wan=False)
     if g.heartbeat_s is not None and b.hips:
-        pushes.watch = g.heartbeat_s
+        pushes.inbox.watch = g.heartbeat_s
     if MASTER not in got:
         b.gave_up(0, [MASTER])
         return b.finish()
@@ -307,9 +309,9 @@ def root_ps(ctx, scenario, work, name: str):
         if late := [c for c in children if c not in got]:
             b.gave_up(0, late, going_on=True, reason="not up at the start")
         children = [c for c in children if c in got]
-        pushes.joinable = set(every_child)
+        pushes.inbox.joinable = set(every_child)
     init_payload, init_raw = got[MASTER]
-    set_vector(b.model, init_payload.dense())
+    load_params(b.model, init_payload.dense())
     for child in children:
         yield from b.send(GEO_PULL, init_raw, child, init=True)
     applier = Applier(b.model, g.lr_at, g.momentum, False) if g.weights_down else None
@@ -318,7 +320,7 @@ def root_ps(ctx, scenario, work, name: str):
         return (yield from mixed.global_ps(b, children, pushes, applier, every_child if joining else None))
     if g.sync == "hfa":
         yield from hfa.global_ps(b, children, pushes, every_child if joining else None)
-        return b.finish(get_vector(b.model))
+        return b.finish(params_vector(b.model))
     weight = {c: (g.workers_per_site if b.hips else 1) for c in every_child}   # workers behind each child
     for r in range(1, g.rounds + 1):
         t0 = ctx.now()
@@ -344,9 +346,9 @@ def root_ps(ctx, scenario, work, name: str):
                  wan_s=round(ctx.now() - t1, 9), bytes_up=sum(len(raw) for _, raw in got.values()), bytes_down=len(out))
         if follower is not None:
             follower.follow(out, b.dim, r)
-        if joining and pushes.joins:   # the round closed: a site that said JOIN gets its model
-            children = yield from join.admit(b, every_child, children, pushes, r, follower)
-    return b.finish(get_vector(b.model) if applier is not None else None)
+        if joining and pushes.inbox.joins:   # the round closed: a site that said JOIN gets its model
+            children = yield from join.admit(b, every_child, children, pushes.inbox, r, follower)
+    return b.finish(params_vector(b.model) if applier is not None else None)
 
 
 def _encode_bisparse(round_: int, dim: int, blocks, idx, vals, fp16: bool) -> bytes:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from dtemu.core.fl.staleness import compensated
-from dtemu.core.geo.common import Applier, get_vector
+from dtemu.core.geo.common import Applier
+from dtemu.core.ml.params import params_vector
 
 
 def site_share(got: dict, workers: list[str], dim: int, workers_total: int, site_size: int,
@@ -39,7 +40,7 @@ def root_sum(got: dict, children: list[str], dim: int, hips: bool, present: int,
 def applied(applier: Applier, model, update: np.ndarray, round_: int) -> np.ndarray:
     """The global PS's model after round ``round_``'s ``update`` (geo.global_optimizer: weights go down)."""
     applier.apply(update, round_)
-    return get_vector(model)
+    return params_vector(model)
 
 
 def mixed_apply(applier: Applier, model, grad: np.ndarray, pulled: np.ndarray, dcasgd_lambda: float,
@@ -47,6 +48,6 @@ def mixed_apply(applier: Applier, model, grad: np.ndarray, pulled: np.ndarray, d
     """MixedSync's global step: a site's gradient of its round ``round_`` (DC-ASGD: g + lambda
     g*g*(w_now - w_when_pulled)) applied at that round's learning rate; the weights after it."""
     if dcasgd_lambda > 0:
-        grad = compensated(grad, dcasgd_lambda, get_vector(model), pulled)
+        grad = compensated(grad, dcasgd_lambda, params_vector(model), pulled)
     applier.apply(grad, round_)
-    return get_vector(model)
+    return params_vector(model)

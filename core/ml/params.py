@@ -57,6 +57,23 @@ def load_flat(model: nn.Module, vec: np.ndarray) -> None:
             off += n
 
 
+def params_vector(model: nn.Module) -> np.ndarray:
+    """The model's parameters (its buffers left out) as one float32 vector: geo's payload, whose
+    PSs sum and apply weights and gradients alike, position by position."""
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().astype(np.float32)
+
+
+def load_params(model: nn.Module, vec: np.ndarray) -> None:
+    """Write a flat vector back into the model's parameters (the inverse of params_vector)."""
+    src = torch.from_numpy(np.array(vec, dtype=np.float32))
+    off = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(src[off:off + p.numel()].view_as(p))
+            off += p.numel()
+
+
 def zero_gradients(model: nn.Module) -> None:
     """Every parameter's gradient set to zero (made, where a failed pass left none): a step whose
     task code raised contributes nothing to its exchange, and still takes part in it."""
