@@ -15,7 +15,8 @@ from dtemu.core.errors import GeoPayloadError
 from dtemu.core.geo.bisparse import ResidualSparsifier
 from dtemu.core.geo.common import GeoResult
 from dtemu.core.geo.receiver import Receiver
-from dtemu.core.geo.payload import BLOCKS_HEADER, HEADER, decode, encode_blocks, encode_dense, encode_sparse, sum_sparse
+from dtemu.core.geo.payload import (BLOCKS, BLOCKS_HEADER, HEADER_SIZE, SPARSE, decode, encode_blocks, encode_dense,
+                                    encode_sparse, head, sum_sparse)
 from dtemu.core.runtime.requests import Message, RecordingContext, Recv
 from dtemu.core.scenario import parse_scenario
 from dtemu.emu.network import Link, Network
@@ -84,14 +85,14 @@ def test_payloads_round_trip():
     assert np.array_equal(decode(encode_dense(4, v), 10).dense(), v)
     half = decode(encode_dense(4, v, fp16=True), 10)
     assert half.round == 4 and np.array_equal(half.dense(), v.astype(np.float16).astype(np.float32))
-    assert len(encode_dense(1, v, fp16=True)) == HEADER.size + 20
+    assert len(encode_dense(1, v, fp16=True)) == HEADER_SIZE + 20
     sp = decode(encode_sparse(7, 10, np.array([1, 5]), np.array([0.5, -2.0])), 10)
     assert sp.sparse and sp.round == 7
     assert np.array_equal(sp.dense(), np.array([0, .5, 0, 0, 0, -2, 0, 0, 0, 0], np.float32))
 
 
 def _sparse_raw(dim, count, idx, vals):
-    return HEADER.pack(b"GEO1", 3, 0, 0, 1, dim, count) + np.array(idx, "<u4").tobytes() \
+    return head(SPARSE, 0, 1, dim, count) + np.array(idx, "<u4").tobytes() \
         + np.array(vals, "<f4").tobytes()
 
 
@@ -105,7 +106,7 @@ def _sparse_raw(dim, count, idx, vals):
     (_sparse_raw(10, 1, [1], [float("nan")]), "not finite"),
     (encode_dense(1, np.ones(10))[:-1], "dense body"),
     (b"XXXX" + encode_dense(1, np.ones(10))[4:], "magic"),
-    (b"GEO1", "shorter"),
+    (b"DTEM", "shorter"),
 ])
 def test_malformed_payloads_are_refused_with_a_typed_error(raw, why):
     with pytest.raises(GeoPayloadError, match=why):
@@ -118,7 +119,7 @@ def test_whole_tensors_cross_as_dense_blocks():
     for fp16, width in [(False, 4), (True, 2)]:
         raw = encode_blocks(5, 10, [(2, 3), (8, 2)], idx, vals, fp16)
         # 5 block values at ``width`` bytes and 2 pairs at 8, not 7 pairs at 8
-        assert len(raw) == HEADER.size + BLOCKS_HEADER.size + 2 * 8 + 5 * width + 2 * 8
+        assert len(raw) == HEADER_SIZE + BLOCKS_HEADER.size + 2 * 8 + 5 * width + 2 * 8
         p = decode(raw, 10)
         assert p.sparse and p.round == 5 and p.indices.tolist() == idx.tolist()
         want = vals.copy()
@@ -132,7 +133,7 @@ def test_whole_tensors_cross_as_dense_blocks():
 
 
 def _blocks_raw(dim, blocks, total, dense, idx, vals, count=None, flag=0, nblocks=None):
-    return (HEADER.pack(b"GEO1", 5, flag, 0, 1, dim, len(idx) if count is None else count)
+    return (head(BLOCKS, flag, 1, dim, len(idx) if count is None else count)
             + BLOCKS_HEADER.pack(len(blocks) if nblocks is None else nblocks, total)
             + np.array(blocks, "<u4").tobytes() + np.array(dense, "<f2" if flag else "<f4").tobytes()
             + np.array(idx, "<u4").tobytes() + np.array(vals, "<f4").tobytes())
@@ -152,7 +153,7 @@ def _blocks_raw(dim, blocks, total, dense, idx, vals, count=None, flag=0, nblock
     (_blocks_raw(10, [(0, 2)], 2, [1] * 2, [10], [1]), "out of range"),
     (_blocks_raw(10, [(0, 2)], 2, [1, 1], [], [], flag=2), "width flag"),
     (_blocks_raw(10, [(0, 2)], 2, [1, float("inf")], [], [], flag=1), "not finite"),
-    (_blocks_raw(10, [(0, 2)], 2, [1, 1], [], [])[:HEADER.size + 4], "no block count"),
+    (_blocks_raw(10, [(0, 2)], 2, [1, 1], [], [])[:HEADER_SIZE + 4], "no block count"),
 ])
 def test_malformed_block_payloads_are_refused_with_a_typed_error(raw, why):
     with pytest.raises(GeoPayloadError, match=why):
@@ -317,8 +318,8 @@ def test_hips_run_agrees_everywhere_and_counts_the_wan(tmp_path):
     assert s["wan_bytes"] == sum(v["up"] for v in net.values()) == sum(v["down"] for v in net.values())
     # A local PS pushes one dense fp32 vector a round and pulls one back: no more.
     dense = s["wan"]["dense_bytes"]
-    assert s["wan"]["up_per_node_round"] == dense + HEADER.size
-    assert s["wan"]["down_per_node_round"] == dense + HEADER.size
+    assert s["wan"]["up_per_node_round"] == dense + HEADER_SIZE
+    assert s["wan"]["down_per_node_round"] == dense + HEADER_SIZE
     records = [json.loads(line) for line in (tmp_path / "hips" / "events.jsonl").read_text().splitlines()]
     ends = {e["node"]: e for e in records if e["kind"] == "geo_end"}
     assert all(ends[n]["wan_sent"] == 0 for n in ends if "-w" in n)   # workers never cross the WAN
@@ -329,7 +330,7 @@ def test_the_flat_ps_sends_every_worker_across_the_wan_and_takes_longer(tmp_path
     flat = _run(tmp_path, "flat", **{"geo.architecture": "flat"})
     hips = _run(tmp_path, "hips")
     assert flat["models_agree"] and flat["wan"]["nodes"] == 4
-    assert flat["wan"]["up_per_node_round"] == flat["wan"]["dense_bytes"] + HEADER.size
+    assert flat["wan"]["up_per_node_round"] == flat["wan"]["dense_bytes"] + HEADER_SIZE
     assert flat["wan_bytes"] > 1.9 * hips["wan_bytes"]
     assert flat["time_s"] > hips["time_s"]
 
@@ -347,17 +348,17 @@ def test_bisparse_sends_small_tensors_as_dense_blocks(tmp_path, variant, width):
     s = _run(tmp_path, variant, **{"geo.compression": variant, "geo.dense_below": 100})
     assert s["models_agree"] and s["stop_reason"] == "done"
     pairs = 6 + 2   # ceil(1% of 512) + ceil(1% of 192)
-    assert s["wan"]["up_per_node_round"] == HEADER.size + BLOCKS_HEADER.size + 2 * 8 + 67 * width + pairs * 8
+    assert s["wan"]["up_per_node_round"] == HEADER_SIZE + BLOCKS_HEADER.size + 2 * 8 + 67 * width + pairs * 8
     down = s["wan"]["down_per_node_round"]   # the two sites' pairs, summed by index: 8 to 16 of them
-    assert HEADER.size + BLOCKS_HEADER.size + 16 + 67 * width + 8 * 8 <= down <= \
-        HEADER.size + BLOCKS_HEADER.size + 16 + 67 * width + 16 * 8
+    assert HEADER_SIZE + BLOCKS_HEADER.size + 16 + 67 * width + 8 * 8 <= down <= \
+        HEADER_SIZE + BLOCKS_HEADER.size + 16 + 67 * width + 16 * 8
 
 
 def test_fp16_halves_every_dense_transfer(tmp_path):
     fp16 = _run(tmp_path, "fp16", **{"geo.compression": "fp16"})
     none = _run(tmp_path, "none")
     assert fp16["models_agree"]
-    assert fp16["wan"]["up_per_node_round"] - HEADER.size == (none["wan"]["up_per_node_round"] - HEADER.size) / 2
+    assert fp16["wan"]["up_per_node_round"] - HEADER_SIZE == (none["wan"]["up_per_node_round"] - HEADER_SIZE) / 2
     assert fp16["bytes_up"] < 0.51 * none["bytes_up"]
 
 
@@ -448,7 +449,7 @@ def test_hfa_averages_locally_k2_times_per_global_round(tmp_path):
     s = _run(tmp_path, "hfa", **{"geo.sync": "hfa", "geo.k1": 2, "geo.k2": 3, "geo.rounds": 4})
     assert s["stop_reason"] == "done" and s["rounds"] == 4 and s["models_agree"]
     # one WAN push and pull of the site's weights per global round
-    assert s["wan"]["up_per_node_round"] == s["wan"]["dense_bytes"] + HEADER.size
+    assert s["wan"]["up_per_node_round"] == s["wan"]["dense_bytes"] + HEADER_SIZE
     events = [json.loads(line) for line in (tmp_path / "hfa" / "events.jsonl").read_text().splitlines()]
     steps = [e for e in events if e["kind"] == "geo_step" and e["node"] == "a-w0"]
     assert len(steps) == 4 * 3      # a local sync every k1 = 2 batches, k2 = 3 of them a round
@@ -470,7 +471,7 @@ def test_a_heartbeat_is_a_payload_of_its_own():
     from dtemu.core.geo.payload import BEAT, encode_beat
     assert decode(encode_beat(10), 10).kind == BEAT
     with pytest.raises(GeoPayloadError, match="heartbeat"):
-        decode(HEADER.pack(b"GEO1", 4, 0, 0, 0, 10, 1) + b"\0" * 8, 10)
+        decode(head(BEAT, 0, 0, 10, 1) + b"\0" * 8, 10)
 
 
 def test_an_fl_run_across_sites_pays_the_wan(tmp_path):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from dtemu.core.geo.payload import END, HEADER, JOIN, STATE, decode, encode_end, encode_join, encode_state
+from dtemu.core.geo.payload import END, HEADER_SIZE, JOIN, STATE, decode, encode_end, encode_join, encode_state, head
 from dtemu.core.errors import GeoPayloadError
 from dtemu.emu.run import run_emulation
 from test_geo import StandIn, geo_scenario
@@ -98,9 +98,9 @@ def test_join_and_state_payloads_are_checked():
     assert decode(encode_state(7, w), 10).momentum is None
     end = decode(encode_end(10, 41), 10)
     assert end.kind == END and end.round == 41 and end.values.size == 0
-    for raw, why in [(HEADER.pack(b"GEO1", JOIN, 0, 0, 0, 10, 1) + b"\0" * 8, "join with 1 entries"),
+    for raw, why in [(head(JOIN, 0, 0, 10, 1) + b"\0" * 8, "join with 1 entries"),
                      (encode_state(1, w, m)[:-4], "state body"),
-                     (HEADER.pack(b"GEO1", STATE, 3, 0, 1, 10, 10) + b"\0" * 120, "3 vectors"),
+                     (head(STATE, 3, 1, 10, 10) + b"\0" * 120, "3 vectors"),
                      (encode_end(10, 3) + b"\0" * 8, "end with 0 entries and 8 body"),
                      (encode_state(1, np.full(10, np.inf, np.float32)), "not finite")]:
         with pytest.raises(GeoPayloadError, match=why):
@@ -229,7 +229,7 @@ def test_a_late_site_joins_an_hfa_run_at_a_global_round(tmp_path):
     assert joined["ps"] == "b-ps" and joined["t"] == closes[k]["t"]
     # let in at the close of the round whose wait for pushes took its JOIN (20 bytes, up at 0.3)
     (hello,) = [e["t"] for e in events if e["kind"] == "deliver" and e["node"] == "global-ps" and e["src"] == "b-ps"
-                and e["bytes"] == HEADER.size]
+                and e["bytes"] == HEADER_SIZE]
     collected = {r: c["t"] - c["wan_s"] for r, c in closes.items()}   # when each round's pushes were in
     assert 0.3 + 0.010 < hello and collected[k - 1] < hello <= collected[k]
     # from round k + 1 the global PS averages both sites
@@ -279,7 +279,7 @@ def test_a_late_site_joins_a_mixedsync_run_at_once_and_runs_the_rounds_left(tmp_
     gps = [e for e in events if e["node"] == "global-ps"]
     (joined,) = [e for e in gps if e["kind"] == "geo_join"]
     (hello,) = [e["t"] for e in events if e["kind"] == "deliver" and e["node"] == "global-ps" and e["src"] == "b-ps"
-                and e["bytes"] == HEADER.size]
+                and e["bytes"] == HEADER_SIZE]
     assert joined["ps"] == "b-ps" and joined["t"] == hello   # asynchronous: no round to wait for
     # b runs the rounds site a had left when it joined (a's next round, on), so both end together
     a_rounds = [e["round"] for e in events if e["kind"] == "geo_round" and e["node"] == "a-ps"]

@@ -741,7 +741,12 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
     Each must be refused (or, for the assemblies, kept pending) without
     allocating for what it declares: tests/test_fuzz.py measures it.
     """
-    coll_hdr = struct.Struct("<4sBBHIHHIIIQB")
+    from dtemu.core.ddp.collectives import _FIELDS, FRAME
+    from dtemu.core.wire import envelope
+
+    def coll_hdr(*fields):   # a frame's header: the envelope (group 0), then its fields
+        return envelope.pack(FRAME, 0) + _FIELDS.pack(*fields)
+
     out: dict[str, list[tuple[str, bytes]]] = {}
     out["codec"] = [
         ("fp32 D=2^31", _pad(codecs.HEADER.pack(b"FP32", 1, 0, 0, U31, U31, 0))),
@@ -754,7 +759,7 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
         ("ClientUpdate carrying a packet of D=2^31",
          messages.encode(messages.ClientUpdate(1, 1, "c1", 10, "delta", 1, 0.5, inner))),
         ("ModelBlob carrying a packet of D=2^31", messages.encode(messages.ModelBlob.of(1, inner))),
-        ("Stop with a 65535-byte reason", _pad(b"DTMS\x01\x02\x00\x00" + struct.pack("<IH", 1, 0xFFFF))),
+        ("Stop with a 65535-byte reason", _pad(envelope.pack(envelope.FAMILIES["fl"]["stop"]) + struct.pack("<IH", 1, 0xFFFF))),
     ]
     from dtemu.core.wire.auth import _HEADER as AUTH_HEADER, MAGIC as AUTH_MAGIC, Sealer
     update = messages.encode(messages.ClientUpdate(1, 1, AUTH_SRC, 10, "delta", 1, 0.5, inner))
@@ -763,12 +768,12 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
         ("a signed update carrying a packet of D=2^31",
          pack_sequence([Sealer(AUTH_KEY, AUTH_SRC).seal(AUTH_TOPIC, 1, update)])),
     ]
-    frame = coll_hdr.pack(b"DTCF", 1, 0, 0, 5, 1, COLL_WORLD, 0, 0, U31, U31, 4) + b"grad"
+    frame = coll_hdr(5, 1, COLL_WORLD, 0, 0, U31, U31, 4) + b"grad"
     out["coll_frame"] = [
         ("total=2^31 in 2^31 frames", _pad(frame)),
-        ("total=2^64-1", _pad(coll_hdr.pack(b"DTCF", 1, 0, 0, 5, 1, COLL_WORLD, 0, 0, 1, (1 << 64) - 1, 4) + b"grad")),
+        ("total=2^64-1", _pad(coll_hdr(5, 1, COLL_WORLD, 0, 0, 1, (1 << 64) - 1, 4) + b"grad")),
     ]
-    within = coll_hdr.pack(b"DTCF", 1, 0, 0, 5, 1, COLL_WORLD, 0, 0, 2, COLL_MAX_PAYLOAD, 4) + b"grad"
+    within = coll_hdr(5, 1, COLL_WORLD, 0, 0, 2, COLL_MAX_PAYLOAD, 4) + b"grad"
     out["coll_assembly"] = [
         ("a frame claiming 2^31 bytes", pack_sequence([_pad(frame)])),
         ("a frame of the largest payload allowed, 2 frames", pack_sequence([_pad(within)])),

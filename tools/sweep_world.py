@@ -58,7 +58,8 @@ import simpy
 
 from dtemu.core.compression.codecs import topk_count
 from dtemu.core.wire.topics import COLL_FRAMES
-from dtemu.core.ddp.collectives import _HEADER, Collective, Frame, Handle, encode_frame
+from dtemu.core.ddp.collectives import _FIELDS, HEADER_SIZE, Collective, Frame, Handle, encode_frame
+from dtemu.core.wire import envelope
 from dtemu.core.compression.dgc import PAPER_WARMUP, param_shapes
 from dtemu.core.ml.models import build_model
 from dtemu.core.runtime.requests import Send, Sleep
@@ -163,11 +164,11 @@ class LeanCollective(Collective):
     def _file(self, msg) -> None:
         super()._file(msg)
         data = msg.data
-        if len(data) < _HEADER.size:
+        if len(data) < HEADER_SIZE:
             return
-        header = _HEADER.unpack_from(data)
-        round_, rank, part, seq, n = header[4], header[5], header[7], header[8], header[11]
-        name = bytes(data[_HEADER.size : _HEADER.size + n]).decode(errors="replace")
+        fields = _FIELDS.unpack_from(data, envelope.SIZE)
+        round_, rank, part, seq, n = fields[0], fields[1], fields[3], fields[4], fields[7]
+        name = bytes(data[HEADER_SIZE : HEADER_SIZE + n]).decode(errors="replace")
         if name not in self.lean_names:
             return
         key = (round_, name, part, rank)

@@ -5,7 +5,7 @@
 Every payload travels as frames on one topic (``coll/frames``). A frame header
 says which collective it belongs to and where its bytes go::
 
-    magic b"DTCF" | version u8 | reserved u8 | group u16 | round u32 |
+    envelope (core.wire.envelope: type FRAME, aux = group) | round u32 |
     rank u16 | world u16 | part u32 | seq u32 | seq_count u32 | total u64 |
     name length u8 | name | frame bytes
 
@@ -48,13 +48,13 @@ import numpy as np
 
 from dtemu.core.errors import AuthError, CollectiveTimeout, FrameError, LossNotice  # noqa: F401  (re-exported)
 from dtemu.core.runtime.requests import Buffers, Recv, Send, WaitPeers
+from dtemu.core.wire import envelope
 from dtemu.core.wire.topics import COLL_FRAMES
 from dtemu.core.ddp.pipelined import pipelined_allreduce_mean
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core import events as ev
 
-MAGIC = b"DTCF"
-VERSION = 1
+FRAME = envelope.FAMILIES["ddp"]["frame"]
 BARRIER_ROUND = 0xFFFFFFFF  # reserved round id of the barrier
 # Payload bytes per frame: a frame and its header fit in one 1 MiB transport
 # sample (DDS samples of ~1 MiB gave the best throughput).
@@ -66,7 +66,8 @@ PIECE_BYTES = FRAME_BYTES
 # Frames with bodies from this size on are sent as their pieces (encode_frame): the join is a copy
 # of the body that real mode's shared-memory path would make twice.
 PIECES_FROM = 64 << 10
-_HEADER = struct.Struct("<4sBBHIHHIIIQB")
+_FIELDS = struct.Struct("<IHHIIIQB")   # after the envelope: round ... name length
+HEADER_SIZE = envelope.SIZE + _FIELDS.size
 MAX_NAME = 32
 
 
@@ -94,8 +95,8 @@ def encode_frame(f: Frame, pieces: bool = False) -> bytes | Buffers:
     runtime copies once where it copies anyway instead of joining them here (a frame of a
     large payload)."""
     name = f.name.encode()
-    header = _HEADER.pack(MAGIC, VERSION, 0, f.group, f.round, f.rank, f.world, f.part,
-                          f.seq, f.seq_count, f.total, len(name))
+    header = envelope.pack(FRAME, f.group) + _FIELDS.pack(f.round, f.rank, f.world, f.part, f.seq, f.seq_count,
+                                                          f.total, len(name))
     if pieces:
         return Buffers(header + name, f.data)
     return b"".join((header, name, f.data))
@@ -103,24 +104,23 @@ def encode_frame(f: Frame, pieces: bool = False) -> bytes | Buffers:
 
 def decode_frame(data: bytes, *, world: int, max_total: int) -> Frame:
     """Bytes -> Frame, checked against the group's world size and a payload bound."""
-    if len(data) < _HEADER.size:
+    _, group, fields = envelope.unpack(data, "ddp", lambda _, text: FrameError(text))
+    if len(data) < HEADER_SIZE:
         raise FrameError(f"frame of {len(data)} bytes is shorter than its header")
-    magic, version, reserved, group, round_, rank, world_, part, seq, count, total, n = _HEADER.unpack_from(data)
-    if magic != MAGIC or version != VERSION or reserved != 0:
-        raise FrameError("bad frame magic, version or reserved bits")
+    round_, rank, world_, part, seq, count, total, n = _FIELDS.unpack_from(fields)
     if world_ != world or rank >= world:
         raise FrameError(f"frame from rank {rank} of world {world_}, expected world {world}")
     if total > max_total:
         raise FrameError(f"frame claims a payload of {total} bytes, more than the {max_total} allowed")
     if count == 0 or seq >= count or count > max(1, total):
         raise FrameError(f"frame {seq} of {count} is out of range for {total} bytes")
-    if not 0 < n <= MAX_NAME or len(data) < _HEADER.size + n:
+    if not 0 < n <= MAX_NAME or len(data) < HEADER_SIZE + n:
         raise FrameError("frame name is missing or too long")
     try:
-        name = bytes(data[_HEADER.size : _HEADER.size + n]).decode()
+        name = bytes(data[HEADER_SIZE : HEADER_SIZE + n]).decode()
     except UnicodeDecodeError:
         raise FrameError("frame name is not UTF-8") from None
-    body = memoryview(data)[_HEADER.size + n :]  # no copy: the assembly joins the bodies once
+    body = memoryview(data)[HEADER_SIZE + n :]  # no copy: the assembly joins the bodies once
     return Frame(group, round_, name, part, rank, world_, seq, count, total, body)
 
 

@@ -1,7 +1,7 @@
 """A Flower Message on dtemu's wire, and back: untrusted bytes in, a checked Message out.
 
-Frame: magic ``DTFW``, a version byte, a kind byte (an instruction, a reply, or Stop), then the
-Message as Flower's own protobuf (flwr.common.serde), so its size on the wire is the size Flower's
+Frame: the envelope of every mode (core.wire.envelope: its type an instruction, a reply, or Stop;
+aux zero), then the Message as Flower's own protobuf (flwr.common.serde), so its size on the wire is the size Flower's
 transport would carry.  Sealing is the driver's layer over the frame (core.wire.auth), as for every
 mode.  Anything that does not decode, or a reply whose arrays do not load, is not finite, or does not
 match the arrays its instruction carried, raises DecodeError with a reason: the role refuses and counts
@@ -11,23 +11,20 @@ it, and the app never sees it.  Flower is imported on first use (an optional ext
 from __future__ import annotations
 
 import hashlib
-import struct
 
 import numpy as np
 
 from dtemu.core.errors import DecodeError
+from dtemu.core.wire import envelope
 
-MAGIC = b"DTFW"
-VERSION = 1
-INSTRUCTION, REPLY, STOP = 1, 2, 3
-_HEAD = struct.Struct("<4sBB")
+INSTRUCTION, REPLY, STOP = (envelope.FAMILIES["flower"][k] for k in ("instruction", "reply", "stop"))
 
 
 def encode(kind: int, message=None, content=None) -> bytes:
     """``message`` (a flwr Message; None for STOP) framed as ``kind``; ``content``: its content's
     protobuf already made (``content_of``), for a content that goes to many nodes."""
     if kind == STOP:
-        return _HEAD.pack(MAGIC, VERSION, STOP)
+        return envelope.pack(STOP)
     from flwr.common.serde import message_to_proto, metadata_to_proto
     from flwr.proto.message_pb2 import Message as ProtoMessage
 
@@ -35,7 +32,7 @@ def encode(kind: int, message=None, content=None) -> bytes:
         proto = message_to_proto(message)
     else:
         proto = ProtoMessage(metadata=metadata_to_proto(message.metadata), content=content)
-    return _HEAD.pack(MAGIC, VERSION, kind) + proto.SerializeToString()
+    return envelope.pack(kind) + proto.SerializeToString()
 
 
 def content_of(message) -> tuple:
@@ -49,11 +46,9 @@ def content_of(message) -> tuple:
 
 def kind_of(data: bytes) -> int:
     """The frame's kind; DecodeError if it is not a frame of this version."""
-    if len(data) < _HEAD.size:
-        raise DecodeError(f"a Flower frame of {len(data)} bytes is shorter than its header")
-    magic, version, kind = _HEAD.unpack_from(data)
-    if magic != MAGIC or version != VERSION or kind not in (INSTRUCTION, REPLY, STOP):
-        raise DecodeError(f"not a Flower frame (magic {magic!r}, version {version}, kind {kind})")
+    kind, aux, _ = envelope.unpack(data, "flower", lambda _, text: DecodeError(f"not a Flower frame: {text}"))
+    if aux:
+        raise DecodeError("not a Flower frame: reserved header bits set")
     return kind
 
 
@@ -63,7 +58,7 @@ def decode(data: bytes):
     from flwr.proto.message_pb2 import Message as ProtoMessage
 
     try:
-        return message_from_proto(ProtoMessage.FromString(bytes(data[_HEAD.size:])))
+        return message_from_proto(ProtoMessage.FromString(bytes(data[envelope.SIZE:])))
     except Exception as err:  # protobuf's DecodeError, or a field Flower will not take
         raise DecodeError(f"not a Flower message: {type(err).__name__}: {err}") from None
 

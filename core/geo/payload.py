@@ -1,6 +1,6 @@
 """The bytes of geo traffic: a gradient (or weights), dense or sparse, of one round.
 
-    magic "GEO1" | kind u8 | reserved u8 u16 | round u32 | dim u32 | count u32 | body
+    envelope (core.wire.envelope: type = the kind, aux = its flag) | round u32 | dim u32 | count u32 | body
 
 - DENSE32 / DENSE16: ``count == dim`` values, float32 or float16 (FP16: every
   dense transfer in half precision);
@@ -23,7 +23,7 @@
   lengths), then ``count`` (index, value) pairs as SPARSE, none inside a block.
   A whole tensor costs 2 (fp16) or 4 bytes an entry instead of a pair's 8.
 
-Every byte off the wire is untrusted: ``decode`` checks the magic, that the
+Every byte off the wire is untrusted: ``decode`` checks the envelope, that the
 body is exactly as long as the header says, the dimension the receiver
 expects, index range and order, and finite values; anything else is a
 ``GeoPayloadError`` (a ``DecodeError``) that the receiving role counts and
@@ -38,12 +38,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtemu.core.errors import GeoPayloadError
+from dtemu.core.wire import envelope
 from dtemu.core.wire.half import from_half, to_half
 
-MAGIC = b"GEO1"
-HEADER = struct.Struct("<4sBBHIII")
+HEAD = struct.Struct("<III")   # after the envelope: round, dim, count
+HEADER_SIZE = envelope.SIZE + HEAD.size
 BLOCKS_HEADER = struct.Struct("<II")   # nblocks, total dense values
-DENSE32, DENSE16, SPARSE, BEAT, BLOCKS, JOIN, STATE, END = 1, 2, 3, 4, 5, 6, 7, 8
+DENSE32, DENSE16, SPARSE, BEAT, BLOCKS, JOIN, STATE, END = (envelope.FAMILIES["geo"][k] for k in (
+    "dense32", "dense16", "sparse", "beat", "blocks", "join", "state", "end"))
 KIND_NAMES = {DENSE32: "dense32", DENSE16: "dense16", SPARSE: "sparse", BEAT: "beat", BLOCKS: "blocks",
               JOIN: "join", STATE: "state", END: "end"}
 
@@ -71,9 +73,14 @@ class Payload:
         return out
 
 
+def head(kind: int, flag: int, round_: int, dim: int, count: int) -> bytes:
+    """A payload's first 20 bytes: the envelope, then round, dim and count."""
+    return envelope.pack(kind, flag) + HEAD.pack(round_, dim, count)
+
+
 def encode_dense(round_: int, vec: np.ndarray, fp16: bool = False) -> bytes:
     vec = to_half(vec) if fp16 else np.ascontiguousarray(vec, dtype=np.float32)
-    return HEADER.pack(MAGIC, DENSE16 if fp16 else DENSE32, 0, 0, round_, vec.size, vec.size) + vec.tobytes()
+    return head(DENSE16 if fp16 else DENSE32, 0, round_, vec.size, vec.size) + vec.tobytes()
 
 
 def encode_sparse(round_: int, dim: int, indices: np.ndarray, values: np.ndarray) -> bytes:
@@ -81,7 +88,7 @@ def encode_sparse(round_: int, dim: int, indices: np.ndarray, values: np.ndarray
     vals = np.ascontiguousarray(values, dtype="<f4")
     if idx.shape != vals.shape or idx.ndim != 1:
         raise ValueError("indices and values must be two 1-D arrays of one length")
-    return HEADER.pack(MAGIC, SPARSE, 0, 0, round_, dim, idx.size) + idx.tobytes() + vals.tobytes()
+    return head(SPARSE, 0, round_, dim, idx.size) + idx.tobytes() + vals.tobytes()
 
 
 def encode_blocks(round_: int, dim: int, blocks: list[tuple[int, int]], indices: np.ndarray,
@@ -101,40 +108,39 @@ def encode_blocks(round_: int, dim: int, blocks: list[tuple[int, int]], indices:
     dense = np.concatenate([full[s:s + n] for s, n in blocks]) if blocks else np.zeros(0, np.float32)
     pairs = ~inside[idx]
     table = np.asarray(blocks, dtype="<u4").reshape(-1)
-    head = HEADER.pack(MAGIC, BLOCKS, 1 if fp16 else 0, 0, round_, dim, int(pairs.sum()))
-    return (head + BLOCKS_HEADER.pack(len(blocks), dense.size) + table.tobytes()
+    first = head(BLOCKS, 1 if fp16 else 0, round_, dim, int(pairs.sum()))
+    return (first + BLOCKS_HEADER.pack(len(blocks), dense.size) + table.tobytes()
             + (to_half(dense) if fp16 else dense.astype("<f4")).tobytes()
             + idx[pairs].astype("<u4").tobytes() + vals[pairs].astype("<f4").tobytes())
 
 
 def encode_beat(dim: int) -> bytes:
-    return HEADER.pack(MAGIC, BEAT, 0, 0, 0, dim, 0)
+    return head(BEAT, 0, 0, dim, 0)
 
 
 def encode_join(dim: int) -> bytes:
-    return HEADER.pack(MAGIC, JOIN, 0, 0, 0, dim, 0)
+    return head(JOIN, 0, 0, dim, 0)
 
 
 def encode_end(dim: int, last: int) -> bytes:
-    return HEADER.pack(MAGIC, END, 0, 0, last, dim, 0)
+    return head(END, 0, last, dim, 0)
 
 
 def encode_state(round_: int, weights: np.ndarray, momentum: np.ndarray | None = None) -> bytes:
     vecs = [weights] if momentum is None else [weights, momentum]
     body = b"".join(np.ascontiguousarray(v, dtype="<f4").tobytes() for v in vecs)
-    return HEADER.pack(MAGIC, STATE, len(vecs), 0, round_, weights.size, weights.size) + body
+    return head(STATE, len(vecs), round_, weights.size, weights.size) + body
 
 
 def decode(data: bytes, dim: int) -> Payload:
     """The payload in ``data``, for a receiver whose vectors have ``dim`` entries."""
-    if len(data) < HEADER.size:
-        raise GeoPayloadError(f"{len(data)} bytes: shorter than the {HEADER.size}-byte header")
-    magic, kind, flag, _, round_, pdim, count = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise GeoPayloadError(f"bad magic {magic!r}")
+    kind, flag, body = envelope.unpack(data, "geo", lambda _, text: GeoPayloadError(text))
+    if len(data) < HEADER_SIZE:
+        raise GeoPayloadError(f"{len(data)} bytes: shorter than the {HEADER_SIZE}-byte header")
+    round_, pdim, count = HEAD.unpack_from(body)
     if pdim != dim:
         raise GeoPayloadError(f"dimension {pdim}, expected {dim}")
-    body = memoryview(data)[HEADER.size:]
+    body = body[HEAD.size:]
     if kind in (DENSE32, DENSE16):
         width = 4 if kind == DENSE32 else 2
         if count != dim:

@@ -1,9 +1,10 @@
 """Wire formats of mode ps: the state server's messages and the parameter server's.
 
-State messages (ESync's Fig. 4), fixed size, little-endian::
+Every message starts with the envelope of every mode (core.wire.envelope: magic, version, type,
+16 bits of the type's own).  State messages (ESync's Fig. 4, family ``state``), fixed size,
+little-endian::
 
-    magic b"ESS1" | version u8 | msg_type u8 | action u8 | reserved u8 |
-    sender u16 | receiver u16 | status: k u16, i u32, r u32, c f64, m f64, t f64
+    envelope (aux: action) | sender u16 | receiver u16 | status: k u16, i u32, r u32, c f64, m f64, t f64
 
 ``msg_type``: RESET (PS -> SS: worker k's record starts afresh at round r), REPORT
 (worker -> SS: it entered round r), QUERY (worker -> SS: TRAIN once more or SYNC?),
@@ -14,7 +15,7 @@ Sender and receiver are ranks.  ``decode_state`` trusts nothing: sizes, magic,
 version, type, action, finite non-negative times, and raises ``StateMessageError``
 with a short reason for counting.
 
-Parameter-server messages (header b"EPS1" | version u8 | type u8 | reserved u16):
+Parameter-server messages (family ``ps``; the envelope's aux is zero):
 MODEL (version u32, selected count u16, selected ranks u16..., an fp32 codec packet),
 UPDATE (base version u32, worker u16, iterations u32, samples u32, loss f32, packet),
 JOIN (worker u16: send me the current model), STOP (version u32), NOT_FINITE (base version
@@ -33,18 +34,18 @@ import numpy as np
 
 from dtemu.core.compression import codecs
 from dtemu.core.errors import MessageError, NotFiniteError, StateMessageError
+from dtemu.core.wire import envelope
 # The FL messages' body-size checks: one wording for every message that is too short or long.
 from dtemu.core.wire.messages import _at_least, _exact
 
 # --- state messages ------------------------------------------------------------
-STATE_MAGIC = b"ESS1"
-STATE_VERSION = 1
-RESET, REPORT, QUERY, RESPONSE, LEAVE, STOP = 1, 2, 3, 4, 5, 6
+RESET, REPORT, QUERY, RESPONSE, LEAVE, STOP = (envelope.FAMILIES["state"][k] for k in
+                                              ("reset", "report", "query", "response", "leave", "stop"))
 MSG_TYPES = {RESET: "RESET", REPORT: "REPORT", QUERY: "QUERY", RESPONSE: "RESPONSE", LEAVE: "LEAVE", STOP: "STOP"}
 NONE, TRAIN, SYNC = 0, 1, 2
 ACTIONS = {NONE: "NONE", TRAIN: "TRAIN", SYNC: "SYNC"}
-_STATE = struct.Struct("<4sBBBBHHHIIddd")
-STATE_SIZE = _STATE.size
+_STATE = struct.Struct("<HHHIIddd")   # after the envelope
+STATE_SIZE = envelope.SIZE + _STATE.size
 
 
 @dataclass(frozen=True)
@@ -71,25 +72,18 @@ class StateMsg:
 
 def encode_state(msg: StateMsg) -> bytes:
     st = msg.status
-    return _STATE.pack(STATE_MAGIC, STATE_VERSION, msg.msg_type, msg.action, 0, msg.sender, msg.receiver,
-                       st.k, st.i, st.r, st.c, st.m, st.t)
+    return envelope.pack(msg.msg_type, msg.action) + _STATE.pack(msg.sender, msg.receiver, st.k, st.i, st.r,
+                                                                 st.c, st.m, st.t)
 
 
 def decode_state(data: bytes | memoryview) -> StateMsg:
     """Untrusted bytes -> StateMsg, or StateMessageError."""
     if len(data) != STATE_SIZE:
         raise StateMessageError("size", f"{len(data)} bytes, a state message has {STATE_SIZE}")
-    magic, version, kind, action, reserved, sender, receiver, k, i, r, c, m, t = _STATE.unpack(data)
-    if magic != STATE_MAGIC:
-        raise StateMessageError("magic", f"bad magic {bytes(magic)!r}")
-    if version != STATE_VERSION:
-        raise StateMessageError("version", f"unsupported version {version}")
-    if kind not in MSG_TYPES:
-        raise StateMessageError("type", f"unknown msg_type {kind}")
+    kind, action, body = envelope.unpack(data, "state", StateMessageError)
+    sender, receiver, k, i, r, c, m, t = _STATE.unpack(body)
     if action not in ACTIONS or (kind == RESPONSE) != (action != NONE):
         raise StateMessageError("action", f"action {action} with msg_type {MSG_TYPES[kind]}")
-    if reserved:
-        raise StateMessageError("reserved", "reserved byte set")
     if not (0.0 <= c < _INF and 0.0 <= m < _INF and 0.0 <= t < _INF):  # false for NaN too; one test, it is per query
         for name, value in (("c", c), ("m", m), ("t", t)):
             if not (math.isfinite(value) and value >= 0):
@@ -101,10 +95,8 @@ _INF = math.inf
 
 
 # --- parameter-server messages ---------------------------------------------------
-PS_MAGIC = b"EPS1"
-PS_VERSION = 1
-_MODEL, _UPDATE, _JOIN, _STOP, _NOT_FINITE = 1, 2, 3, 4, 5
-_HEADER = struct.Struct("<4sBBH")
+_MODEL, _UPDATE, _JOIN, _STOP, _NOT_FINITE = (envelope.FAMILIES["ps"][k] for k in
+                                               ("model", "update", "join", "stop", "not_finite"))
 _MODEL_BODY = struct.Struct("<IH")
 _UPDATE_BODY = struct.Struct("<IHIIf")
 _JOIN_BODY = struct.Struct("<H")
@@ -150,7 +142,7 @@ class NotFinite:
 
 
 def _head(kind: int) -> bytes:
-    return _HEADER.pack(PS_MAGIC, PS_VERSION, kind, 0)
+    return envelope.pack(kind)
 
 
 def encode_ps(msg) -> bytes:
@@ -173,13 +165,9 @@ def decode_ps(data: bytes | memoryview, dim: int):
     """Untrusted bytes -> Model | Update | Join | PsStop | NotFinite, or MessageError (CodecError for
     a bad vector; a vector of another length than ``dim`` is refused too, and one not finite with
     NotFiniteError, whose ``report`` is an update's NotFinite)."""
-    view = memoryview(data)
-    if len(view) < _HEADER.size:
-        raise MessageError(f"ps message of {len(view)} bytes is shorter than its header")
-    magic, version, kind, reserved = _HEADER.unpack_from(view)
-    if magic != PS_MAGIC or version != PS_VERSION or reserved:
-        raise MessageError(f"bad ps header {bytes(magic)!r} v{version}")
-    body = view[_HEADER.size:]
+    kind, reserved, body = envelope.unpack(data, "ps", lambda _, text: MessageError(text))
+    if reserved:
+        raise MessageError("reserved header bits set")
     if kind == _MODEL:
         _at_least(body, _MODEL_BODY.size, "Model")
         ver, n = _MODEL_BODY.unpack_from(body)

@@ -1,10 +1,7 @@
 """Wire messages of federated learning, as bytes.
 
-Every message starts with the same 8-byte header::
-
-    magic b"DTMS" | version u8 | type u8 | reserved u16      (little-endian)
-
-followed by the fields of its type.  ``decode`` validates lengths and values
+Every message starts with the envelope of every mode (core.wire.envelope: magic, version, type,
+and 16 bits that FL leaves zero), followed by the fields of its type.  ``decode`` validates lengths and values
 and raises ``MessageError`` for anything malformed; the codec packet inside a
 ``ClientUpdate`` or ``ModelBlob`` is left as bytes for ``core.codecs.decode``
 (which the receiver calls with the model's size).
@@ -17,13 +14,11 @@ import struct
 from dataclasses import dataclass
 
 from dtemu.core.errors import MessageError
+from dtemu.core.wire import envelope
 
-MAGIC = b"DTMS"
-VERSION = 1
-_HEADER = struct.Struct("<4sBBH")
-
-# type ids
-_TRAIN_CMD, _STOP, _MODEL_BLOB, _CLIENT_UPDATE, _MODEL_DELTA = 1, 2, 3, 4, 5
+_TYPES = envelope.FAMILIES["fl"]
+_TRAIN_CMD, _STOP, _MODEL_BLOB, _CLIENT_UPDATE, _MODEL_DELTA = (
+    _TYPES[k] for k in ("train_cmd", "stop", "model_blob", "client_update", "model_delta"))
 
 UPDATE_KINDS = ("delta", "weights")
 MAX_NAME = 64
@@ -125,17 +120,9 @@ def encode(msg) -> bytes:
 
 def decode(data: bytes | memoryview):
     """Bytes -> TrainCmd | Stop | ModelBlob | ModelDelta | ClientUpdate, or MessageError."""
-    view = memoryview(data)
-    if len(view) < _HEADER.size:
-        raise MessageError(f"message of {len(view)} bytes is shorter than the header")
-    magic, version, kind, reserved = _HEADER.unpack_from(view)
-    if magic != MAGIC:
-        raise MessageError(f"bad magic {bytes(magic)!r}")
-    if version != VERSION:
-        raise MessageError(f"unsupported message version {version}")
+    kind, reserved, body = envelope.unpack(data, "fl", lambda _, text: MessageError(text))
     if reserved != 0:
         raise MessageError("reserved header bits set")
-    body = view[_HEADER.size :]
     if kind == _TRAIN_CMD:
         _exact(body, _TRAIN_CMD_BODY.size, "TrainCmd")
         round_, subset, epochs, lr, seed = _TRAIN_CMD_BODY.unpack(body)
@@ -178,7 +165,7 @@ def decode(data: bytes | memoryview):
 
 
 def _header(kind: int) -> bytes:
-    return _HEADER.pack(MAGIC, VERSION, kind, 0)
+    return envelope.pack(kind)
 
 
 def _exact(body: memoryview, size: int, what: str) -> None:
