@@ -49,6 +49,17 @@ def test_the_package_list_matches_the_folders():
     assert tool["package-dir"] == {f"dtemu.{top}": top for top in PACKAGES}
 
 
+def test_static_readers_find_each_package_where_it_installs():
+    """dtemu/ in the checkout is the installed namespace as a type checker or an import-graph tool
+    sees it without importing: a link per package folder, nothing else (no __init__.py: the
+    installed dtemu is a namespace too)."""
+    links = ROOT / "dtemu"
+    assert sorted(p.name for p in links.iterdir()) == sorted(PACKAGES)
+    for top in PACKAGES:
+        assert (links / top).is_symlink() and (links / top).resolve() == ROOT / top
+        assert str((links / top).readlink()) == f"../{top}"   # relative: the checkout moves whole
+
+
 def test_no_mode_branches_outside_the_registry():
     """A mode is one object (core.modes): nothing else compares a scenario's mode to a name."""
     import re

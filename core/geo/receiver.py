@@ -6,6 +6,7 @@ while it waits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Generator
 
 from dtemu.core import events as ev
 from dtemu.core.errors import AuthError, GeoPayloadError
@@ -20,7 +21,7 @@ class Beat:
     """A role's heartbeat: ``send()`` is a generator that sends one; every ``every`` seconds while
     the role waits in a receiver (shared by a role's receivers)."""
 
-    send: object
+    send: Callable[[], Generator]
     every: float
     next: float | None = None
 
