@@ -43,6 +43,6 @@ def test_from_half_is_exact_for_every_half():
 def test_a_dense16_payload_round_trips_through_the_new_conversion():
     vec = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
     data = payload.encode_dense(7, vec, fp16=True)
-    assert data[payload.HEADER.size:] == vec.astype("<f2").tobytes()
+    assert data[payload.HEADER_SIZE:] == vec.astype("<f2").tobytes()
     got = payload.decode(data, vec.size)
     assert got.kind == payload.DENSE16 and np.array_equal(got.values, vec.astype(np.float16).astype(np.float32))
