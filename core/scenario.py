@@ -85,6 +85,25 @@ class FedAsyncSpec:
 
 
 @dataclass(frozen=True)
+class FedDropSpec:
+    """feddrop: a round closes once all but k_hat of the clients asked have answered; the rest
+    come late and are dropped (core/fl/strategy.py)."""
+
+    k_hat: int = field(default=0, metadata=check(non_negative))
+
+
+@dataclass(frozen=True)
+class TiFLSpec:
+    """tifl: the clients in tiers by their time to answer in the first round; each later round
+    asks fl.sample (or all) of one tier's available clients, the tier drawn by its probability
+    among those with credits left (core/fl/strategy.py)."""
+
+    tiers: int = field(default=2, metadata=check(positive))
+    tier_probs: list[float] = field(default_factory=list)   # empty: every tier alike
+    credits: list[int] = field(default_factory=list)        # times each tier may be drawn; empty: no limit
+
+
+@dataclass(frozen=True)
 class FLSpec:
     clients: int = field(default=2, metadata=check(between(1, U16, "client ranks")))
     # Rounds, epochs and subsets travel in a TrainCmd as u32, u16 and u32.
@@ -111,11 +130,18 @@ class FLSpec:
     # The update rule: fedavg (the weighted mean delta, times server_lr); fedprox (fedavg, and each
     # client adds proximal_mu/2 · ||w − w_global||² to its loss); fedadam, fedyogi, fedadagrad
     # (the mean delta drives a server optimizer, server_opt); fedasync (no rounds: each update is
-    # mixed in as it comes, fl.fedasync, and its client asked again; fl.sample train at once).
-    algorithm: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "fedasync"] = "fedavg"
+    # mixed in as it comes, fl.fedasync, and its client asked again; fl.sample train at once);
+    # feddrop (fl.feddrop) and tifl (fl.tifl): fedavg's aggregation, their own quorum and choice
+    # of clients; asgd (w + server_lr·Δ) and dcasgd (delay-compensated, fl.dcasgd_lambda): one
+    # update at a time, as fedasync (core/fl/rules.py).
+    algorithm: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "fedasync", "feddrop", "tifl",
+                       "asgd", "dcasgd"] = "fedavg"
     proximal_mu: float = field(default=0.0, metadata=check(non_negative))
     server_opt: ServerOptSpec = field(default_factory=ServerOptSpec)
     fedasync: FedAsyncSpec = field(default_factory=FedAsyncSpec)
+    feddrop: FedDropSpec = field(default_factory=FedDropSpec)
+    tifl: TiFLSpec = field(default_factory=TiFLSpec)
+    dcasgd_lambda: float = field(default=0.04, metadata=check(non_negative))
     min_clients: int = field(default=1, metadata=check(positive))
     round_timeout_s: float = field(default=600.0, metadata=check(positive))
     barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
@@ -488,6 +514,9 @@ class Scenario:
         d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
         if d["fl"]["algorithm"] == "fedavg" and not d["fl"]["proximal_mu"]:  # (digests from before the rules)
             for key in ("algorithm", "proximal_mu", "server_opt", "fedasync"):
+                del d["fl"][key]
+        for key, rule in (("feddrop", "feddrop"), ("tifl", "tifl"), ("dcasgd_lambda", "dcasgd")):
+            if d["fl"].get("algorithm", "fedavg") != rule:   # (a rule's keys count only under that rule)
                 del d["fl"][key]
         d.pop("targets")  # what is measured, not what is trained
         if d["task"] is None:  # (digests from before tasks)

@@ -305,3 +305,24 @@ def test_fedasync_q8_sampled_sealed_runs_to_its_end_for_real(tmp_path):
     from dtemu.report.audit import audit
 
     assert audit(out)["lost_data"] == 0
+
+
+# --- ps's rules in FL, for real: TiFL's tiers (measured on wall time), DC-ASGD one at a time -------
+
+PS_RULES_IN_FL = {
+    "tifl": {"algorithm": "tifl", "rounds": 3, "min_clients": 1, "tifl": {"tiers": 2}},
+    "dcasgd": {"algorithm": "dcasgd", "rounds": 4, "min_clients": 1, "dcasgd_lambda": 0.1},
+}
+
+
+@pytest.mark.parametrize("rule", sorted(PS_RULES_IN_FL))
+def test_a_ps_rule_in_fl_q8_sampled_sealed_runs_to_its_end_for_real(tmp_path, rule):
+    """Their choices follow wall time (TiFL's tiers, the order updates arrive in), so emu's model is
+    not the measure here: every round or version is made, sealed, and nothing is lost."""
+    fl = {**FEDADAM["fl"], "server_opt": {}, **PS_RULES_IN_FL[rule]}
+    out, _ = launch_sealed(tmp_path, {**FEDADAM, "name": f"real_{rule}", "fl": fl})
+    summary = read_summary(out)
+    assert summary["rounds"] == fl["rounds"] and summary["rounds_failed"] == 0 and summary["sealed"]
+    from dtemu.report.audit import audit
+
+    assert audit(out)["lost_data"] == 0

@@ -9,7 +9,8 @@ import torch
 
 from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.aggregate import FedAvg, Update
-from dtemu.core.fl.server_opt import ServerOptimizer, server_rule
+from dtemu.core.fl.rules import fl_strategy
+from dtemu.core.fl.server_opt import ServerOptimizer
 from dtemu.core.compression.codecs import Dense
 from dtemu.core.ml.train import train_local
 from dtemu.core.scenario import parse_scenario
@@ -26,8 +27,8 @@ ETA, B1, B2, TAU = 0.1, 0.9, 0.99, 1e-3
 
 def two_steps(rule):
     opt = ServerOptimizer(rule, ETA, B1, B2, TAU)
-    x1 = opt.apply(X, D1).astype(np.float64)
-    return x1, opt.apply(x1, D2).astype(np.float64)
+    x1 = opt.step(X, D1).astype(np.float64)
+    return x1, opt.step(x1, D2).astype(np.float64)
 
 
 def by_hand(second_moment):
@@ -55,7 +56,7 @@ def test_a_server_optimizer_steps_as_reddi_et_al_write_it(rule, moment):
 def test_fedadam_first_step_is_eta_times_the_sign_when_tau_is_small():
     # m = (1-β1)Δ, v ≈ (1-β2)Δ²: the step is η(1-β1)/√(1-β2)·sign(Δ) ≈ η·sign(Δ)
     opt = ServerOptimizer("fedadam", 0.01, 0.9, 0.99, 1e-9)
-    x = opt.apply(np.zeros(3), np.array([3.0, -0.002, 0.0])).astype(np.float64)
+    x = opt.step(np.zeros(3), np.array([3.0, -0.002, 0.0])).astype(np.float64)
     np.testing.assert_allclose(x, [0.01, -0.01, 0.0], rtol=1e-5)
 
 
@@ -102,14 +103,14 @@ def test_fedprox_adds_mu_times_the_distance_to_the_global_model():
 
 
 def test_the_checkpoint_keeps_the_optimizer_state():
-    opt = server_rule(parse_scenario({"name": "a", "fl": {"algorithm": "fedyogi"}}).fl)
-    w = opt.apply(X, D1)
+    opt = fl_strategy(parse_scenario({"name": "a", "fl": {"algorithm": "fedyogi"}}))
+    w = opt.step(X, D1)
     data = encode_checkpoint(Checkpoint(1, w, "d", {}, opt.state()))
     back = decode_checkpoint(data, expected_dim=3)
     assert set(back.state) == {"m", "v"} and np.array_equal(back.state["v"], opt.v)
-    again = server_rule(parse_scenario({"name": "a", "fl": {"algorithm": "fedyogi"}}).fl)
+    again = fl_strategy(parse_scenario({"name": "a", "fl": {"algorithm": "fedyogi"}}))
     again.restore(back.state)
-    assert np.array_equal(again.apply(w, D2), opt.apply(w, D2))
+    assert np.array_equal(again.step(w, D2), opt.step(w, D2))
     with pytest.raises(Exception, match="state"):
         decode_checkpoint(data[:-1] + bytes([data[-1] ^ 1]))
 

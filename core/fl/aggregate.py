@@ -1,8 +1,9 @@
 """Weighted aggregation of client updates (FedAvg).
 
-One strategy class, one method per decision (in the style of Flower's
-strategies): which order to sum in, how much each update weighs, what delta
-an update stands for, and how the mean delta moves the global model.
+FedAvg is a federation strategy (core.fl.strategy: the interface the FL controller and the ps
+server ask), and its aggregation is made of one method per step: which order to sum in, how
+much each update weighs, what delta an update stands for, and how the mean delta moves the
+global model (``step``; a server optimizer steps otherwise, core.fl.server_opt).
 
 Determinism matters more than speed here: the same round run in the emulator
 and over the real network must give a bit-identical model, so updates are
@@ -18,6 +19,7 @@ import numpy as np
 
 from dtemu.core.compression.codecs import Dense, Sparse
 from dtemu.core.errors import RejectedUpdate
+from dtemu.core.fl.strategy import Strategy
 
 KINDS = ("delta", "weights")
 
@@ -88,7 +90,7 @@ def check_update(
             raise RejectedUpdate(f"{who}: norm {norm:.6g} exceeds bound {max_norm:g}")
 
 
-class FedAvg:
+class FedAvg(Strategy):
     """new = weights + server_lr · Σ (n_i / N) · delta_i, with N = Σ n_i."""
 
     def __init__(self, server_lr: float = 1.0):
@@ -120,16 +122,9 @@ class FedAvg:
         else:
             acc += w * p.values.astype(np.float64)
 
-    def apply(self, weights: np.ndarray, mean_delta: np.ndarray) -> np.ndarray:
+    def step(self, weights: np.ndarray, mean_delta: np.ndarray) -> np.ndarray:
         """Move the global model along the mean delta; float32 out."""
         return (weights + self.server_lr * mean_delta).astype(np.float32)
-
-    def state(self) -> dict[str, np.ndarray]:
-        """What the rule carries from round to round (a checkpoint keeps it): nothing."""
-        return {}
-
-    def restore(self, state: dict[str, np.ndarray]) -> None:
-        """Take back ``state()`` from a checkpoint."""
 
     def aggregate(self, weights: np.ndarray, updates: list[Update]) -> np.ndarray:
         """New global weights (float32) from the current ones and this round's updates.
@@ -153,4 +148,4 @@ class FedAvg:
             self.accumulate(acc, w64, u, n)
             total += n
         acc /= total
-        return self.apply(w64, acc)
+        return self.step(w64, acc)

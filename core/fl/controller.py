@@ -1,8 +1,9 @@
 """The federated-learning controller, written once for both runtimes.
 
-Per round: publish a TrainCmd, collect ClientUpdates until every expected
-client has answered or the round's timeout passes, aggregate if at least
-``min_clients`` arrived, checkpoint, publish the new ModelBlob, evaluate.
+Per round: publish a TrainCmd to the clients the strategy (core.fl.rules) and the population
+choose, collect ClientUpdates until the strategy's quorum of them has answered or the round's
+timeout passes, aggregate if at least ``min_clients`` arrived, checkpoint, publish the new
+ModelBlob, evaluate.
 Nothing a client sends can stop it: malformed, late, duplicate, unknown or
 non-finite updates are counted, logged and left out.
 """
@@ -18,7 +19,7 @@ import numpy as np
 from dtemu.core.wire import messages
 from dtemu.core.fl.aggregate import Update
 from dtemu.core.fl.inbox import ACCEPTED, UpdateInbox
-from dtemu.core.fl.server_opt import server_rule
+from dtemu.core.fl.rules import fl_strategy
 from dtemu.core.wire.checkpoint import decode_checkpoint
 from dtemu.core.errors import CheckpointError
 from dtemu.core.wire.messages import Stop, TrainCmd
@@ -58,7 +59,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     auth = ctx.sealer
     inbox = UpdateInbox(frozenset(clients), work.dim, fl.max_update_norm, auth)
     result = ControllerResult(weights=work.initial_weights)
-    strategy = server_rule(fl)  # fl.algorithm: FedAvg, or a server optimizer (core.fl.server_opt)
+    strategy = fl_strategy(scenario)  # fl.algorithm (core.fl.rules)
     start = 1
     if init is not None:
         ckpt = decode_checkpoint(init, expected_dim=work.dim)
@@ -68,7 +69,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
                 "settings differ); resume with the scenario that wrote it"
             )
         result.weights, start = ckpt.weights, ckpt.round + 1
-        strategy.restore(ckpt.state)  # a server optimizer's moments go on where they were
+        strategy.restore(ckpt.state)  # a server optimizer's moments, TiFL's tiers, go on where they were
         result.rounds_completed = ckpt.extra.get("rounds_completed", ckpt.round)
         result.rounds_failed = ckpt.extra.get("rounds_failed", 0)
         counts = ckpt.extra.get("counts", {})  # the tallies survive a restart too
@@ -84,8 +85,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     first = downlink.full(start - 1, result.weights) if downlink else blob(start - 1, result.weights)
     yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, first))
 
-    if fl.algorithm == "fedasync":  # each update applied as it comes, then its client asked again
-        round_ = yield from fedasync.run(ctx, scenario, work, result, population, inbox, start)
+    if strategy.asynchronous:  # each update applied as it comes, then its client asked again
+        round_ = yield from fedasync.run(ctx, scenario, work, result, population, inbox, strategy, start)
     else:
         round_ = yield from _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start)
 
@@ -103,23 +104,20 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
 def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start):
     """Synchronous rounds: a command to the clients asked, their updates until all are in or the
     deadline, the rule over them, the checkpoint, the new model down, an evaluation."""
-    fl, clients, auth = scenario.fl, tuple(scenario.client_names), ctx.sealer
+    fl, auth = scenario.fl, ctx.sealer
     round_, attempt = start, 0
     while round_ <= fl.rounds:
         cmd = TrainCmd(round_, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, round_, attempt))
         ctx.emit(ev.ROUND_START, round=round_, attempt=attempt)
         yield Point(points.ROUND, round_)
-        deadline = ctx.now() + fl.round_timeout_s  # the round's clock starts before the command leaves
-        asked = clients
-        if population.sampled:  # the command goes to the clients drawn from those available, no one else
-            chosen, available = population.choose(ctx.now(), cmd.seed)
-            asked = tuple(chosen)
-            ctx.emit(ev.SAMPLED, round=round_, attempt=attempt, available=available, asked=len(asked),
-                     clients=list(asked))
-        yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)),
-                   to=asked if population.sampled else None)
+        started = ctx.now()
+        deadline = started + fl.round_timeout_s  # the round's clock starts before the command leaves
+        asked = yield from _ask(ctx, scenario, population, strategy, cmd, attempt)
+        quorum = strategy.quorum(len(asked))   # (FedDrop's closes a round before everyone answered)
         if asked:
-            updates = yield from _collect(ctx, inbox, cmd, asked, deadline, result.counts)
+            updates, arrivals = yield from _collect(ctx, inbox, cmd, asked, quorum, started, deadline,
+                                                    result.counts)
+            strategy.observe_round(cmd.seed, arrivals)
         else:  # no one there to ask: the round waits out its time (someone may come)
             updates = {}
             yield Sleep(max(0.0, deadline - ctx.now()))
@@ -133,7 +131,7 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
             expected=len(asked),
             min=fl.min_clients,
             clients=sorted(updates),
-            timed_out=ready < len(asked),
+            timed_out=ready < quorum,
             note=f"final-ready={ready}/{len(asked)} (min={fl.min_clients})",
         )
         if ready >= fl.min_clients:
@@ -161,11 +159,35 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
     return round_
 
 
-def _collect(ctx, inbox: UpdateInbox, cmd, clients, deadline, counts):
-    """Updates for ``cmd`` until all are in or ``deadline``; everything else is counted."""
+def _ask(ctx, scenario, population, strategy, cmd, attempt):
+    """Send ``cmd`` to the round's clients and return them: the strategy's choice among those
+    available (TiFL's tier), or else the population's draw (fl.sample, availability), or else
+    every client (the command then goes to everyone listening)."""
+    round_, auth = cmd.round, ctx.sealer
+    asked = None
+    if strategy.selects:   # (asks who is available only where the strategy chooses: O(clients) a round)
+        available = population.online(ctx.now())
+        chosen = strategy.configure_round(cmd.seed, available)
+        if chosen is not None:
+            asked = tuple(chosen)
+            ctx.emit(ev.SAMPLED, round=round_, attempt=attempt, available=len(available), asked=len(asked),
+                     clients=list(asked))
+    if asked is None and population.sampled:  # the clients drawn from those available, no one else
+        drawn, available = population.choose(ctx.now(), cmd.seed)
+        asked = tuple(drawn)
+        ctx.emit(ev.SAMPLED, round=round_, attempt=attempt, available=available, asked=len(asked),
+                 clients=list(asked))
+    yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)), to=asked)
+    return tuple(scenario.client_names) if asked is None else asked
+
+
+def _collect(ctx, inbox: UpdateInbox, cmd, clients, quorum: int, start: float, deadline: float, counts):
+    """Updates for ``cmd`` until ``quorum`` of them are in or ``deadline``, and each one's time
+    from the round's ``start``; everything else is counted."""
     inbox.open_round(clients, cmd.round, cmd.seed)
     got: dict[str, Update] = {}
-    while len(got) < len(clients):
+    arrivals: dict[str, float] = {}
+    while len(got) < quorum:
         msg = yield Recv((CLIENT_UPDATE,), deadline)
         if msg is None:
             break
@@ -174,5 +196,6 @@ def _collect(ctx, inbox: UpdateInbox, cmd, clients, deadline, counts):
             refuse_update(ctx, counts, msg, verdict, current=cmd.round)
             continue
         got[verdict.up.client] = verdict.update
+        arrivals[verdict.up.client] = ctx.now() - start
         accepted(ctx, counts, msg, verdict)
-    return got
+    return got, arrivals

@@ -1,10 +1,12 @@
-"""fl.algorithm fedasync: the controller applies each update as it comes (core.fl.staleness) and
-asks its client again, on the model it has now.
+"""fl.algorithm fedasync, asgd, dcasgd: the controller applies each update as it comes, by the
+strategy's rule (core.fl.strategy: FedAsync's mixing, ASGD's sum, DC-ASGD's compensated step),
+and asks its client again, on the model it has now.
 
 ``fl.sample`` (or every client) is how many train at once.  At the start they are drawn from
 the clients available; each time one answers, its update is mixed into the model
 (x ← (1 − a)·x + a·(x_τ + Δ), a = fl.fedasync.alpha · s(t − τ), τ the version it trained
-from), the new version is checkpointed (and evaluated, every fl.eval_every), and one client
+from), the new version is checkpointed (ASGD: x ← x + server_lr·Δ; DC-ASGD: x ← x − server_lr·η·g',
+g = −Δ/η compensated for x − x_τ), the new version is checkpointed (and evaluated, every fl.eval_every), and one client
 is drawn from those available and not at work (the one just back among them) and sent that
 model and a command.  A client silent for fl.round_timeout_s is given up and replaced.  Each
 applied update is one of fl.rounds; the events say so as a round of one update
@@ -20,7 +22,6 @@ import numpy as np
 
 from dtemu.core import events as ev
 from dtemu.core.fl.inbox import ACCEPTED
-from dtemu.core.fl.staleness import mix, staleness_factor
 from dtemu.core.fl.steps import accepted, blob, checkpoint, evaluate, refuse_update
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.ml.workload import round_seed
@@ -33,9 +34,9 @@ from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
 _PICK = 0xA5C  # (the stream that draws the next client, apart from the rounds' sampling)
 
 
-def run(ctx, scenario, work, result, population, inbox, start: int):
-    """Apply updates until fl.rounds versions are made; returns the last version."""
-    fl, auth, rule = scenario.fl, ctx.sealer, scenario.fl.fedasync
+def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
+    """Apply updates by ``strategy`` until fl.rounds versions are made; returns the last version."""
+    fl, auth = scenario.fl, ctx.sealer
     version = start - 1
     bases: dict[int, np.ndarray] = {version: result.weights}   # the models clients are training from
     at_work: dict[str, tuple[int, float]] = {}                   # client -> (its base version, deadline)
@@ -82,13 +83,12 @@ def run(ctx, scenario, work, result, population, inbox, start: int):
         base, _ = at_work.pop(client)
         inbox.settled(client)
         staleness = version - base
-        a = rule.alpha * staleness_factor(rule.staleness, staleness, rule.poly_a, rule.hinge_a, rule.hinge_b)
         version += 1
         ctx.emit(ev.ROUND_START, round=version, attempt=0)
         accepted(ctx, result.counts, msg, verdict, round_=version, staleness=staleness)
         ctx.emit(ev.ROUND_CLOSE, round=version, ready=1, expected=1, min=1, clients=[client], timed_out=False,
-                 note=f"{client}'s update from version {base} (staleness {staleness}, mixed at {a:.4g})")
-        result.weights = mix(result.weights, bases[base] + verdict.update.payload.to_dense(), a)
+                 note=f"{client}'s update from version {base} (staleness {staleness}{strategy.describe(staleness)})")
+        result.weights = strategy.apply(result.weights, verdict.update.payload.to_dense(), staleness, bases[base])
         result.rounds_completed += 1
         bases[version] = result.weights
         for v in [v for v in bases if v != version and all(b != v for b, _ in at_work.values())]:

@@ -48,7 +48,7 @@ class ServerOptimizer(FedAvg):
         self.m: np.ndarray | None = None
         self.v: np.ndarray | None = None
 
-    def apply(self, weights: np.ndarray, mean_delta: np.ndarray) -> np.ndarray:
+    def step(self, weights: np.ndarray, mean_delta: np.ndarray) -> np.ndarray:
         if self.m is None:
             self.m = np.zeros_like(mean_delta)
             self.v = np.full_like(mean_delta, self.tau * self.tau)
@@ -66,11 +66,3 @@ class ServerOptimizer(FedAvg):
         if state:
             self.m, self.v = state["m"].astype(np.float64), state["v"].astype(np.float64)
 
-
-def server_rule(fl) -> FedAvg:
-    """The server's rule of ``fl`` (core.scenario.FLSpec): FedAvg (fedavg, and fedprox, whose
-    difference is in the clients' loss) or a server optimizer."""
-    if fl.algorithm in SECOND_MOMENTS:
-        o = fl.server_opt
-        return ServerOptimizer(fl.algorithm, o.eta, o.beta1, o.beta2, o.tau)
-    return FedAvg(server_lr=fl.server_lr)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS
+from dtemu.core.fl.rules import ASYNCHRONOUS
 from dtemu.core.fl.server_opt import SECOND_MOMENTS
+from dtemu.core.fl.strategy import check_tiers
 from dtemu.core.modes.base import Mode, RoleSpec
 
 
@@ -40,12 +42,27 @@ class FederatedLearning(Mode):
             raise ScenarioError("fl.proximal_mu", "fedprox needs a proximal term: set fl.proximal_mu > 0")
         if fl.proximal_mu and fl.algorithm != "fedprox":
             raise ScenarioError("fl.proximal_mu", f"the proximal term is fedprox's; fl.algorithm is {fl.algorithm}")
-        if fl.algorithm == "fedasync" and fl.downlink_codec != "fp32":
-            raise ScenarioError("fl.downlink_codec", "fedasync sends each client the whole model it is to train "
-                                                     "from (clients hold different versions): use fp32")
+        if fl.algorithm in ASYNCHRONOUS and fl.downlink_codec != "fp32":
+            raise ScenarioError("fl.downlink_codec", f"{fl.algorithm} sends each client the whole model it is to "
+                                                     "train from (clients hold different versions): use fp32")
         if fl.algorithm in (*SECOND_MOMENTS, "fedasync") and fl.server_lr != 1.0:
-            raise ScenarioError("fl.server_lr", f"{fl.algorithm} steps by fl.server_opt.eta; fl.server_lr is "
-                                                "fedavg's and fedprox's")
+            raise ScenarioError("fl.server_lr", f"{fl.algorithm} steps by its own keys; fl.server_lr is the step "
+                                                "of fedavg, fedprox, feddrop, tifl, asgd and dcasgd")
+        defaults = type(fl)()
+        for key, rule in (("feddrop", "feddrop"), ("tifl", "tifl"), ("dcasgd_lambda", "dcasgd")):
+            if getattr(fl, key) != getattr(defaults, key) and fl.algorithm != rule:
+                raise ScenarioError(f"fl.{key}", f"is {rule}'s; fl.algorithm is {fl.algorithm}")
+        if fl.algorithm == "feddrop" and not 0 < fl.feddrop.k_hat < fl.asked_per_round:
+            raise ScenarioError("fl.feddrop.k_hat", f"feddrop drops 1 to {fl.asked_per_round - 1} of the "
+                                                    f"{fl.asked_per_round} clients a round asks, got {fl.feddrop.k_hat}")
+        if fl.algorithm == "tifl":
+            t = fl.tifl
+            check_tiers(("fl.tifl.tiers", "fl.tifl.tier_probs", "fl.tifl.credits"), t.tiers, t.tier_probs,
+                        t.credits, fl.clients, "clients")
+            if (smallest := min(fl.asked_per_round, fl.clients // t.tiers)) < fl.min_clients:
+                raise ScenarioError("fl.tifl.tiers", f"a round asks one tier, and the smallest of {t.tiers} tiers of "
+                                                     f"{fl.clients} clients gives {smallest}, fewer than "
+                                                     f"fl.min_clients ({fl.min_clients}): its rounds would all fail")
 
     def takes_corrupt(self, s, node):
         return node != CONTROLLER

@@ -211,7 +211,7 @@ def _synchronous(s: _Server):
     first = out.version
     while out.version < ps.rounds and not s.time_up() and not s.diverged:
         version = out.version
-        selected = strategy.configure_round(version)
+        selected = strategy.configure_round(version, s.ranks) or ()   # (): every worker
         expected = set(selected) or set(s.ranks)
         start = ctx.now()
         deadline = start + ps.round_timeout_s
@@ -293,7 +293,7 @@ def _asynchronous(s: _Server):
                 s.refuse(msg, "unknown_base" if sent is None else "future", f"version {m.version}")
                 continue
             with np.errstate(over="ignore", invalid="ignore"):  # checked: a model not finite is not taken
-                new = strategy.apply(out.weights, m, staleness, sent)
+                new = strategy.apply(out.weights, m.delta, staleness, sent)
             if not s.take(new, f"{msg.src}'s update from version {m.version} (staleness {staleness})"):
                 s.refuse(msg, "diverges", "applying it gives a model that is not finite")
                 break

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dtemu.core.errors import ScenarioError
+from dtemu.core.fl.strategy import check_tiers
 from dtemu.core.schema import U16, U32, between, check, non_negative, positive, probability
 
 PS = "ps"  # rank 0: the parameter server
@@ -101,16 +102,5 @@ def validate_ps(ps: PSSpec) -> None:
     if ps.max_local_iterations is not None and not ps.uses_state_server:
         raise ScenarioError("ps.max_local_iterations", "bounds ESync's adaptive rounds only "
                                                        "(ps.algorithm: esync without ps.fixed_iterations)")
-    if ps.tifl_tiers > ps.workers:
-        raise ScenarioError("ps.tifl_tiers", f"{ps.tifl_tiers} tiers for {ps.workers} workers")
-    for key, values in (("tifl_tier_probs", ps.tifl_tier_probs), ("tifl_credits", ps.tifl_credits)):
-        if values and len(values) != ps.tifl_tiers:
-            raise ScenarioError(f"ps.{key}", f"expected {ps.tifl_tiers} values (ps.tifl_tiers), got {len(values)}")
-    for i, p in enumerate(ps.tifl_tier_probs):
-        if not 0 <= p <= 1:
-            raise ScenarioError(f"ps.tifl_tier_probs[{i}]", f"expected a probability, got {p!r}")
-    if ps.tifl_tier_probs and sum(ps.tifl_tier_probs) <= 0:
-        raise ScenarioError("ps.tifl_tier_probs", "at least one tier must have a chance")
-    for i, c in enumerate(ps.tifl_credits):
-        if c < 0:
-            raise ScenarioError(f"ps.tifl_credits[{i}]", f"expected a count >= 0, got {c}")
+    check_tiers(("ps.tifl_tiers", "ps.tifl_tier_probs", "ps.tifl_credits"), ps.tifl_tiers, ps.tifl_tier_probs,
+                ps.tifl_credits, ps.workers, "workers")

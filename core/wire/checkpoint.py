@@ -3,8 +3,8 @@
 Layout: ``b"DTCK" | version u8 | 3 reserved | header length u32 | JSON header |
 float32 weights | float64 state arrays``.  The header holds the round, the scenario
 digest, the weights' length and their sha256, and (only where the server's rule keeps
-state between rounds: FedAdam's moments) each state array's name and length and one
-sha256 of them all, so a truncated or corrupted file is refused with a clear message
+state between rounds: FedAdam's moments, one value per weight; TiFL's tiers and credits, one
+per client or tier) each state array's name and length and one sha256 of them all, so a truncated or corrupted file is refused with a clear message
 instead of resuming from garbage.  Writing the bytes
 atomically is the runtime's job (``core.rundir.atomic_write``).
 """
@@ -24,6 +24,7 @@ MAGIC = b"DTCK"
 VERSION = 1
 _PREFIX = struct.Struct("<4sB3xI")
 _MAX_HEADER = 1 << 20
+_SMALL_STATE = 1 << 16   # a state array not one value per weight: one per client (16-bit ranks) or tier
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Checkpoint:
     scenario_digest: str
     # Anything else worth keeping (bytes so far, failed rounds, ...).
     extra: dict = field(default_factory=dict)
-    # The server rule's state between rounds (core.fl.server_opt), float64 arrays by name.
+    # The server rule's state between rounds (core.fl.strategy), float64 arrays by name.
     state: dict = field(default_factory=dict)
 
 
@@ -127,14 +128,15 @@ def decode_checkpoint(data, *, expected_dim: int | None = None) -> Checkpoint:
 
 
 def _state_layout(header: dict, dim: int) -> list[tuple[str, int]]:
-    """The state arrays a header names, checked: [(name, length)], each one value per weight."""
+    """The state arrays a header names, checked: [(name, length)], each one value per weight or a
+    short table (the body's length is checked against them all before anything is read)."""
     layout = header.get("state", [])
     if not isinstance(layout, list) or len(layout) > 16:
         raise CheckpointError("checkpoint header's state is not a short list")
     out = []
     for item in layout:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and _is_int(item[1])
-                and item[1] == dim):
+                and (item[1] == dim or 0 <= item[1] <= _SMALL_STATE)):
             raise CheckpointError(f"checkpoint header names a bad state array: {str(item)[:40]}")
         out.append((item[0], item[1]))
     return out
