@@ -10,21 +10,11 @@ import pytest
 from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.strategy import ASGD, DCASGD, FedAsync, Tiers, drop_quorum
 from dtemu.core.ml.params import sha256_of
-from dtemu.core.scenario import parse_scenario
 from dtemu.emu.run import run_emulation
 from dtemu.host.rundir import read_events
 from dtemu.report.audit_fl import check_fl
 from tests.test_fl_protocol import StandIn
-
-KEY = b"k" * 32
-
-
-def fl_scenario(**sets):
-    raw = {"name": "rules", "seed": 3,
-           "fl": {"clients": 6, "rounds": 3, "subset": 100, "round_timeout_s": 2.0, "min_clients": 1},
-           "network": {"default": {"up_mbps": 1000, "down_mbps": 1000, "latency_ms": 1}}}
-    return parse_scenario(raw, [f"{k}={v}" for k, v in sets.items()])
-
+from tests.test_server_opt import KEY, fl_scenario   # (6 clients, 3 rounds, fast links)
 
 def of(events, kind):
     return [e for e in events if e["kind"] == kind]
