@@ -47,9 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--key-file", help="shared key that seals every message (HMAC-SHA256); "
                                         "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
     run.add_argument("--jobs", type=int, default=None, metavar="N",
-                     help="worker processes that train the clients of a round at the same time, for the same "
-                          "result (default: as many as the cores hold at the scenario's threads each; "
-                          "1: in this process, one after another)")
+                     help="worker processes that train at the same time, for the same result: an FL round's "
+                          "clients (default: as many as the cores hold at the scenario's threads each), a ddp "
+                          "or geo step's workers (default 1); 1: in this process, one after another")
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local: a process pool on this machine; ray: Ray tasks (pip install 'dtemu[ray]')")
     run.add_argument("--address", help="--executor ray: the Ray cluster to join (default: a local Ray)")
@@ -86,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emu: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(scenario.name)
-    # as many workers as the cores hold at the scenario's threads: more would only share them
-    jobs = args.jobs or cores.fitting(scenario.threads)
+    # as many workers as the cores hold at the scenario's threads (more would only share them), where
+    # the mode gains by it without being asked (core.modes: FL's clients, yes; ddp's gradients, not)
+    jobs = args.jobs or (cores.fitting(scenario.threads) if scenario.kind.pool_by_default else 1)
     if (args.jobs or args.executor != "local") and not scenario.trains_as_jobs:
-        # Said, not silently ignored: only FL clients hand their training out as jobs so far.
-        print(f"emu: mode {scenario.mode} trains inside this process; --jobs and --executor place FL "
-              "clients' training only (the run is the same either way)", file=sys.stderr)
+        # Said, not silently ignored: ps's workers train in here (their model lives between iterations).
+        print(f"emu: mode {scenario.mode} trains inside this process; --jobs and --executor place the "
+              "training of fl, ddp and geo only (the run is the same either way)", file=sys.stderr)
     if jobs > 1 and args.executor == "local" and scenario.trains_as_jobs:
         from .pool import prestart
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from dtemu.core import events as ev
 from dtemu.core.errors import DtemuError
-from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
+from dtemu.core.ml.jobs import EvalJob, GradientJob, TrainJob, run_eval_job, run_gradient_job, run_train_job
 from dtemu.host import cores
 
 MAX_RESTARTS = 10
@@ -76,7 +76,7 @@ def init_worker(dataset, threads: int) -> None:
 
 def run_job(job: TrainJob | EvalJob):
     """A job's result on this worker's data set: a training's (weights, TrainResult), an
-    evaluation's (correct, total); the module is built once per model.  A job that carries its
+    evaluation's (correct, total), a gradient's (loss, gradients, state); the module is built once per model.  A job that carries its
     own work (``run()``: a Flower app's call, host.flower_jobs) runs it."""
     from dtemu.core.ml.models import build_model
 
@@ -85,7 +85,7 @@ def run_job(job: TrainJob | EvalJob):
     key = (job.model, job.model_seed)
     if key not in _models:
         _models[key] = build_model(job.model, seed=job.model_seed)
-    run = run_eval_job if isinstance(job, EvalJob) else run_train_job
+    run = {EvalJob: run_eval_job, GradientJob: run_gradient_job}.get(type(job), run_train_job)
     return run(job, _dataset, _models[key])
 
 

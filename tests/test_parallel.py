@@ -138,3 +138,31 @@ def test_ray_gives_the_model_of_a_serial_run(tmp_path):
     on_ray = run_emulation(sc, tmp_path / "ray", work=work, jobs=2, executor="ray")
     assert on_ray["model_sha256"] == serial["model_sha256"]
     assert (tmp_path / "ray" / "events.jsonl").read_bytes() == (tmp_path / "serial" / "events.jsonl").read_bytes()
+
+
+# --- ddp's and geo's workers: each gradient a job (core.ml.jobs.GradientJob) -------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+GRADIENT_RUNS = {
+    "ddp_dense": ("ddp_baseline", ["ddp.max_steps=6", "data.test_samples=200"]),
+    "ddp_dgc": ("ddp_dgc", ["ddp.max_steps=6", "ddp.warmup_steps_per_stage=2", "data.test_samples=200"]),
+    "geo_hips": ("geo_hips", ["geo.rounds=3", "data.test_samples=200"]),
+    "geo_hfa": ("geo_hips", ["geo.sync=hfa", "geo.k1=2", "geo.k2=2", "geo.rounds=2", "data.test_samples=200"]),
+}
+
+
+@needs_mnist
+@pytest.mark.parametrize("run", sorted(GRADIENT_RUNS))
+def test_ddp_and_geo_workers_in_worker_processes_give_the_serial_events(tmp_path, run):
+    """Every worker's forward and backward pass runs in a worker process (its model's state goes
+    with it, its gradients and state come back): the event log is the serial run's, byte for byte."""
+    from dtemu.host.scenario_file import load_scenario
+
+    name, sets = GRADIENT_RUNS[run]
+    sc = load_scenario(ROOT / "scenarios" / f"{name}.yaml", sets)
+    work = Workload(sc, load_for(sc))
+    serial = run_emulation(sc, tmp_path / "serial", work=work, jobs=1)
+    pooled = run_emulation(sc, tmp_path / "pooled", work=work, jobs=2)
+    assert pooled["model_sha256"] == serial["model_sha256"] and pooled["emu"]["executor"]["jobs"] == 2
+    assert ((tmp_path / "pooled" / "events.jsonl").read_text().splitlines()
+            == (tmp_path / "serial" / "events.jsonl").read_text().splitlines())

@@ -1,10 +1,12 @@
 """`emu run`'s default ``--jobs`` against ``--jobs 1``: wall time and model, per scenario.
 
-    python -m tools.bench_jobs [scenarios/fl_straggler.yaml ...] [--repeat 1] [--set KEY=VALUE ...]
+    python -m tools.bench_jobs [scenarios/fl_straggler.yaml ...] [--jobs default,1] [--repeat 1]
+                               [--set KEY=VALUE ...]
 
 Runs each scenario (default: every shipped one whose clients train in the pool,
 mode fl) as a user would, ``emu run SCENARIO --no-tui``, alternating the
-default ``--jobs`` and ``--jobs 1``, each in a fresh interpreter, and prints
+``--jobs`` settings named (default: the default ``--jobs`` and ``--jobs 1``; a ddp or geo
+scenario: ``--jobs 1,2``), each in a fresh interpreter, and prints
 their wall times (the summary's ``wall_time_s``, and the process's own) and
 ``model_sha256``.  Other load on the box only slows a run down.
 """
@@ -41,12 +43,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("scenarios", nargs="*", default=[str(ROOT / "scenarios" / f"{n}.yaml") for n in FL])
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--jobs", default="default,1", help="comma-separated: 'default' or a count")
     p.add_argument("--set", dest="sets", action="append", default=[])
     args = p.parse_args(argv)
     print("| scenario | --jobs | wall s (process) | wall s (summary) | executor | model_sha256 |\n|---|---|---:|---:|---|---|")
     for scenario in args.scenarios:
         for _ in range(args.repeat):
-            for jobs in (None, 1):
+            for jobs in [None if j == "default" else int(j) for j in args.jobs.split(",")]:
                 wall, inner, sha, executor = one(scenario, jobs, args.sets)
                 label = "default" if jobs is None else str(jobs)
                 pool = "in-process" if executor is None else f"{executor['kind']} x{executor['jobs']}"

@@ -53,6 +53,7 @@ from dtemu.core.ml.workload import Workload
 from dtemu.core.ddp.dgc_exchange import DGCExchange
 from dtemu.core.ddp.exchange import DenseExchange, Exchange
 from dtemu.core.ddp.regroup import BARRIER_STOP, Position, on_loss, ranks_text
+from dtemu.core.ml.jobs import gradient_pass
 from dtemu.core.ml.task import failed_gradients
 from dtemu.core import events as ev
 
@@ -170,7 +171,7 @@ def _step(ctx, d, coll: Collective, exchange, work: Workload, model, rank: int, 
     epoch = step // work.steps_per_epoch
     t0 = ctx.now()
     try:
-        loss = yield Compute(lambda: work.gradients(model, batch, rank, step), samples=len(batch))
+        loss = yield from gradient_pass(work, model, batch, rank, step)   # (here, or in a worker process)
     except Exception as err:  # the task's own code raised: this step's share is zero, the run goes on
         loss = failed_gradients(ctx, work, model, err, step)
     t1 = ctx.now()

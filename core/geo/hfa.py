@@ -24,7 +24,7 @@ from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH
 from dtemu.core.ml.params import load_params, params_vector
 from dtemu.core.geo.payload import STATE, encode_dense
 from dtemu.core.geo.spec import GLOBAL_PS, MASTER
-from dtemu.core.runtime.requests import Compute
+from dtemu.core.ml.jobs import gradient_pass
 from dtemu.core.ml.task import failed_gradients
 
 
@@ -49,7 +49,7 @@ def worker(b, index: int, up: str, pulls, start: int = 1):
                 step += 1
                 batch = round_batch(work, b.s, index, step)
                 try:
-                    loss = yield Compute(lambda: work.gradients(b.model, batch, index, step), samples=len(batch))
+                    loss = yield from gradient_pass(work, b.model, batch, index, step)
                 except Exception as err:  # the task's own code raised: a zero step, the run goes on
                     loss = failed_gradients(ctx, work, b.model, err, step)
                 opt.step()

@@ -47,6 +47,7 @@ from dtemu.core.geo.sums import applied, root_sum, site_share
 from dtemu.core.geo.receiver import Beat, Receiver
 from dtemu.core.ml.params import grads_vector, load_params, params_vector, sha256_of
 from dtemu.core.runtime.requests import Compute, Send, WaitPeers
+from dtemu.core.ml.jobs import gradient_pass
 from dtemu.core.ml.task import failed_gradients
 
 
@@ -198,7 +199,7 @@ def worker(ctx, scenario, work, name: str):
         batch = round_batch(work, scenario, index, r)
         t0 = ctx.now()
         try:
-            loss = yield Compute(lambda: work.gradients(b.model, batch, index, r), samples=len(batch))
+            loss = yield from gradient_pass(work, b.model, batch, index, r)
         except Exception as err:  # the task's own code raised: this round's push is zero, the run goes on
             loss = failed_gradients(ctx, work, b.model, err, r)
         t1 = ctx.now()

@@ -9,7 +9,8 @@ one function both paths call, so a job gives bit-identical weights wherever it
 runs (the models hold no state outside their weights; each job loads them).
 An evaluation is a job too (``EvalJob``): it splits into whole batches of the
 test set, so its parts can run on several workers and still count exactly what
-one pass counts (``finish``).
+one pass counts (``finish``).  So is one forward and backward pass (``GradientJob``:
+a ddp worker's step, a geo worker's), whose result the role writes into its model.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtemu.core.ml.models import build_model
-from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.ml.params import flatten, grads_vector, load_flat
 from dtemu.core.ml.evaluation import EVAL_BATCH, evaluate
 from dtemu.core.ml.task import task_of
-from dtemu.core.ml.train import TrainResult, train_local
+from dtemu.core.runtime.requests import Compute
+from dtemu.core.ml.train import TrainResult, compute_gradients, train_local
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,6 +60,67 @@ def run_train_job(job: TrainJob, dataset, model=None) -> tuple[np.ndarray, Train
                          weight_decay=job.weight_decay, seed=job.seed, proximal_mu=job.proximal_mu,
                          task=task_of(job.model))
     return flatten(model), result
+
+
+class GradientJob:
+    """One forward and backward pass of a worker's model on a batch (a ddp or geo worker's step):
+    its result is (loss, the parameters' gradients, the state after: a batch norm's running
+    statistics move in a training pass), which ``take_gradients`` writes into the worker's model.
+
+    It holds the worker's model until it is pickled (handed to a worker process, at the Compute's
+    start, before the role goes on), and only then copies its state (``flatten``): a run without
+    worker processes never pays for the copy."""
+
+    def __init__(self, model: str, model_seed: int, source, indices: np.ndarray, seed: int):
+        self.model, self.model_seed = model, model_seed
+        self.source = source          # the worker's nn.Module; its flat state once pickled
+        self.indices, self.seed = indices, seed   # the batch into the training samples; dropout's seed
+
+    @property
+    def state(self) -> np.ndarray:
+        return self.source if isinstance(self.source, np.ndarray) else flatten(self.source)
+
+    def __getstate__(self):
+        return {**self.__dict__, "source": self.state}
+
+    def split(self, parts: int) -> list[GradientJob]:
+        return [self]
+
+    def finish(self, results: list):
+        return results[0]
+
+
+def run_gradient_job(job: GradientJob, dataset, model=None):
+    if model is None:
+        model = build_model(job.model, seed=job.model_seed)
+    load_flat(model, job.state)
+    loss = compute_gradients(model, dataset.x_train, dataset.y_train, job.indices, seed=job.seed,
+                             task=task_of(job.model))
+    return loss, grads_vector(list(model.parameters())).copy(), flatten(model)
+
+
+def take_gradients(model, result) -> float:
+    """Write a gradient job's result into ``model`` (its gradients and state); returns the loss."""
+    from dtemu.core.ml.params import load_grads
+
+    loss, grads, state = result
+    if grads is None:   # computed in ``model`` itself (no worker process: ``Workload.gradient_step``)
+        return loss
+    load_flat(model, state)
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = p.detach().new_zeros(p.shape)
+    load_grads(list(model.parameters()), grads)
+    return loss
+
+
+def gradient_pass(work, model, batch, rank: int, step: int):
+    """A ddp or geo worker's forward and backward pass, for the role to ``yield from``: its loss,
+    with ``model``'s gradients filled, whether it ran here or in a worker process (a workload
+    without ``gradient_step``, a test's stand-in, always runs here)."""
+    if hasattr(work, "gradient_step"):
+        return take_gradients(model, (yield work.gradient_step(model, batch, rank, step)))
+    return (yield Compute(lambda: work.gradients(model, batch, rank, step), samples=len(batch)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,7 +27,7 @@ class TrainResult:
 def steps_with_torch_optim(scenario) -> bool:
     """Do the scenario's training nodes step with torch.optim (the roles of ddp, ps and geo), rather
     than with core.ml.sgd (an FL client's ``train_local``, the training handed out as jobs)?"""
-    return not scenario.trains_as_jobs
+    return scenario.kind.steps_with_torch_optim
 
 
 def warm_up() -> None:

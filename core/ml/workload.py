@@ -21,7 +21,8 @@ from dtemu.core.ml.params import flatten
 from dtemu.core.ml.evaluation import evaluate
 from dtemu.core.ml.task import Task, task_of
 from dtemu.core.ml.train import compute_gradients
-from dtemu.core.ml.jobs import EvalJob, TrainJob, run_eval_job, run_train_job
+from dtemu.core.ml.jobs import EvalJob, GradientJob, TrainJob, run_eval_job, run_train_job
+from dtemu.core.runtime.requests import Compute
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
     from dtemu.core.scenario import Scenario
@@ -113,8 +114,20 @@ class Workload:
         return [order[i * b : (i + 1) * b] for i in range(self.steps_per_epoch)]
 
     def gradients(self, model, batch: np.ndarray, rank: int, step: int) -> float:
-        seed = int(np.random.SeedSequence([self.scenario.seed, rank, step]).generate_state(1)[0])
-        return compute_gradients(model, self.dataset.x_train, self.dataset.y_train, batch, seed=seed, task=self.task)
+        return compute_gradients(model, self.dataset.x_train, self.dataset.y_train, batch,
+                                 seed=self._step_seed(rank, step), task=self.task)
+
+    def _step_seed(self, rank: int, step: int) -> int:
+        return int(np.random.SeedSequence([self.scenario.seed, rank, step]).generate_state(1)[0])
+
+    def gradient_step(self, model, batch: np.ndarray, rank: int, step: int) -> Compute:
+        """A ddp or geo worker's forward and backward pass as a ``Compute``: here, in ``model``
+        itself; or, in a worker process (emu --jobs N), as a ``GradientJob`` on the same state,
+        whose gradients the role then writes into ``model`` (``core.ml.jobs.take_gradients``:
+        either way the role yields this and takes what comes back)."""
+        job = GradientJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch),
+                          self._step_seed(rank, step))
+        return Compute(lambda: (self.gradients(model, batch, rank, step), None, None), samples=len(batch), job=job)
 
     def evaluate_shard(self, model, rank: int, world: int) -> tuple[int, int]:
         """(correct, total) on this rank's share of the test set (every world-th sample)."""

@@ -35,8 +35,17 @@ class Mode:
     # (core.scenario.Scenario.digest), the others are dropped from it.
     digest_sections: frozenset[str] = frozenset()
     # Do its nodes hand their training out as jobs an executor may run in other processes
-    # (emu --jobs, --executor ray; core.ml.jobs)?
+    # (emu --jobs, --executor ray; core.ml.jobs: an FL client's round, a ddp or geo worker's
+    # gradient)?
     trains_as_jobs: bool = False
+    # Does ``emu run`` hand them to worker processes without being asked (--jobs' default: as many
+    # as the cores hold)?  An FL round's clients, yes; a ddp or geo worker's gradient only with
+    # --jobs N: its model's state goes out and its gradients come back every step, which on 2 cores
+    # cost more than the second core gave (docs/notebook/, entry 27).
+    pool_by_default: bool = False
+    # Do its training nodes step with torch.optim (ddp, ps, geo), rather than with core.ml.sgd
+    # (an FL client's train_local; a Flower app's own code)?
+    steps_with_torch_optim: bool = True
     # Is the run over when its first rank's role returns (the FL controller, the parameter server;
     # the others then stop)?  Otherwise it ends when every worker's role has returned.
     ends_with_leader: bool = True

@@ -13,7 +13,9 @@ from dtemu.core.modes.base import Mode, RoleSpec
 class FederatedLearning(Mode):
     name = "fl"
     digest_sections = frozenset({"fl"})
+    pool_by_default = True
     trains_as_jobs = True
+    steps_with_torch_optim = False
     chooses_clients = True
     crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_fl:check_fl"
