@@ -33,7 +33,9 @@ def test_tiers_by_hand():
     assert tiers.tiers == [["b", "d"], ["a", "c"]]
     assert tiers.pick(2, ["a", "b", "c", "d"]) in (("b",), ("d",))   # tier 1 has no credits: tier 0
     assert tiers.credits == [0, 0]
-    assert tiers.pick(3, ["a", "c"]) in (("a",), ("c",), ())       # credits spent: every tier again
+    assert tiers.pick(3, ["a", "c"]) in (("a",), ("c",))           # credits spent: every tier again
+    assert tiers.pick(4, ["c"]) == ("c",)                           # the one tier with someone there
+    assert tiers.pick(5, []) == ()                                  # no one there: no one asked
     back = Tiers(["a", "b", "c", "d"], 2, [], [1, 0], 1, 7)
     back.restore(tiers.state())
     assert back.tiers == tiers.tiers and back.credits == tiers.credits

@@ -64,8 +64,9 @@ def drop_quorum(expected: int, k_hat: int) -> int:
 
 class Tiers:
     """TiFL's selection: tiers by latency, measured in the first round observed (everyone asked
-    trains); each later round picks a tier by its probability among those with credits left, then
-    ``per_round`` of its members among the candidates, at random from (seed, the round's key)."""
+    trains); each later round picks a tier by its probability among those with credits left and
+    someone among the candidates (a client available), then ``per_round`` of its members among
+    the candidates, at random from (seed, the round's key)."""
 
     _STREAM = 0x71F1
 
@@ -84,10 +85,13 @@ class Tiers:
             probs *= np.array([c > 0 for c in self.credits], dtype=float)
         if probs.sum() <= 0:  # every tier spent its credits: all tiers again
             probs = np.ones(len(self.tiers))
+        here = set(candidates)
+        probs *= np.array([any(m in here for m in tier) for tier in self.tiers], dtype=float)
+        if probs.sum() <= 0:  # no tier has anyone there: no one to ask this round
+            return ()
         tier = int(rng.choice(len(self.tiers), p=probs / probs.sum()))
         if self.credits:
             self.credits[tier] -= 1
-        here = set(candidates)
         members = [m for m in self.tiers[tier] if m in here]
         pick = rng.choice(len(members), size=min(self.per_round, len(members)), replace=False)
         return tuple(sorted(members[i] for i in pick))
