@@ -23,6 +23,7 @@ from typing import Any, Literal
 from dtemu.core.ddp.collectives import FRAME_BYTES
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
+from dtemu.core.fl.strategy import RULE_KEYS
 from dtemu.core.flower.spec import FlowerSpec
 from dtemu.core.geo.spec import GeoSpec, SiteSpec, central_site
 from dtemu.core.ml.user_code import BUILTIN_TASKS as TASKS, model_spec
@@ -515,7 +516,7 @@ class Scenario:
         if d["fl"]["algorithm"] == "fedavg" and not d["fl"]["proximal_mu"]:  # (digests from before the rules)
             for key in ("algorithm", "proximal_mu", "server_opt", "fedasync"):
                 del d["fl"][key]
-        for key, rule in (("feddrop", "feddrop"), ("tifl", "tifl"), ("dcasgd_lambda", "dcasgd")):
+        for key, rule in RULE_KEYS.items():
             if d["fl"].get("algorithm", "fedavg") != rule:   # (a rule's keys count only under that rule)
                 del d["fl"][key]
         d.pop("targets")  # what is measured, not what is trained

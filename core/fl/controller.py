@@ -164,17 +164,16 @@ def _ask(ctx, scenario, population, strategy, cmd, attempt):
     available (TiFL's tier), or else the population's draw (fl.sample, availability), or else
     every client (the command then goes to everyone listening)."""
     round_, auth = cmd.round, ctx.sealer
-    asked = None
+    asked = available = None
     if strategy.selects:   # (asks who is available only where the strategy chooses: O(clients) a round)
-        available = population.online(ctx.now())
-        chosen = strategy.configure_round(cmd.seed, available)
+        online = population.online(ctx.now())
+        chosen = strategy.configure_round(cmd.seed, online)
         if chosen is not None:
-            asked = tuple(chosen)
-            ctx.emit(ev.SAMPLED, round=round_, attempt=attempt, available=len(available), asked=len(asked),
-                     clients=list(asked))
+            asked, available = tuple(chosen), len(online)
     if asked is None and population.sampled:  # the clients drawn from those available, no one else
         drawn, available = population.choose(ctx.now(), cmd.seed)
         asked = tuple(drawn)
+    if asked is not None:
         ctx.emit(ev.SAMPLED, round=round_, attempt=attempt, available=available, asked=len(asked),
                  clients=list(asked))
     yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, round_, messages.encode(cmd)), to=asked)

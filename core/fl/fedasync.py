@@ -3,11 +3,10 @@ strategy's rule (core.fl.strategy: FedAsync's mixing, ASGD's sum, DC-ASGD's comp
 and asks its client again, on the model it has now.
 
 ``fl.sample`` (or every client) is how many train at once.  At the start they are drawn from
-the clients available; each time one answers, its update is mixed into the model
-(x ← (1 − a)·x + a·(x_τ + Δ), a = fl.fedasync.alpha · s(t − τ), τ the version it trained
-from), the new version is checkpointed (ASGD: x ← x + server_lr·Δ; DC-ASGD: x ← x − server_lr·η·g',
-g = −Δ/η compensated for x − x_τ), the new version is checkpointed (and evaluated, every fl.eval_every), and one client
-is drawn from those available and not at work (the one just back among them) and sent that
+the clients available; each time one answers, its update is applied (FedAsync:
+x ← (1 − a)·x + a·(x_τ + Δ), a = fl.fedasync.alpha · s(t − τ), τ the version it trained from;
+ASGD: x ← x + server_lr·Δ; DC-ASGD: x ← x − server_lr·η·g', g = −Δ/η compensated for x − x_τ),
+the new version is checkpointed (and evaluated, every fl.eval_every), and one client is drawn from those available and not at work (the one just back among them) and sent that
 model and a command.  A client silent for fl.round_timeout_s is given up and replaced.  Each
 applied update is one of fl.rounds; the events say so as a round of one update
 (round_start, update_accepted with its staleness, round_close, aggregated, checkpoint), so that

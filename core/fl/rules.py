@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dtemu.core.fl.aggregate import FedAvg
 from dtemu.core.fl.server_opt import SECOND_MOMENTS, ServerOptimizer
-from dtemu.core.fl.strategy import ASGD, DCASGD, FedAsync, Strategy, Tiers, drop_quorum
+from dtemu.core.fl.strategy import ASGD, DCASGD, ChoosesByTier, FedAsync, Strategy, Tiers, drop_quorum
 
 ASYNCHRONOUS = ("fedasync", "asgd", "dcasgd")
 
@@ -30,27 +30,13 @@ class FedDrop(FedAvg):
         return drop_quorum(expected, self.k_hat)
 
 
-class TiFL(FedAvg):
+class TiFL(ChoosesByTier, FedAvg):
     """FedAvg over the clients of one tier a round (core.fl.strategy.Tiers); the first round asks
     as any round would, and its answers make the tiers."""
-
-    selects = True
 
     def __init__(self, server_lr: float, tiers: Tiers):
         super().__init__(server_lr)
         self.tiers = tiers
-
-    def configure_round(self, key, candidates):
-        return self.tiers.pick(key, candidates)
-
-    def observe_round(self, key, arrivals):
-        self.tiers.observe(arrivals)
-
-    def state(self):
-        return self.tiers.state()
-
-    def restore(self, state):
-        self.tiers.restore(state)
 
 
 def fl_strategy(scenario) -> Strategy:

@@ -25,6 +25,11 @@ from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.staleness import compensated, mix, staleness_factor
 
 
+# fl keys that belong to one rule (key -> the fl.algorithm it is for): refused under another
+# (core.modes.fl), and left out of the digest under another (core.scenario).
+RULE_KEYS = {"feddrop": "feddrop", "tifl": "tifl", "dcasgd_lambda": "dcasgd"}
+
+
 class Strategy:
     asynchronous = False   # True: updates are applied one at a time (``apply``), no rounds
     selects = False        # True: ``configure_round`` chooses (the caller then finds the candidates)
@@ -121,6 +126,26 @@ class Tiers:
         self.tiers = [[m for m, t in zip(self.everyone, tier_of) if t == k] for k in range(self.count)]
         if "tifl_credits" in state:
             self.credits = [int(c) for c in state["tifl_credits"]]
+
+
+class ChoosesByTier:
+    """TiFL's part of a strategy, for FL's and ps's alike: its ``tiers`` (a ``Tiers``) choose each
+    round's clients, learn from the first round, and travel in the checkpoint."""
+
+    selects = True
+    tiers: Tiers
+
+    def configure_round(self, key, candidates):
+        return self.tiers.pick(key, candidates)
+
+    def observe_round(self, key, arrivals):
+        self.tiers.observe(arrivals)
+
+    def state(self):
+        return self.tiers.state()
+
+    def restore(self, state):
+        self.tiers.restore(state)
 
 
 def check_tiers(keys: tuple[str, str, str], tiers: int, probs, credits, members: int, who: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtemu.core.ml.models import build_model
-from dtemu.core.ml.params import flatten, grads_vector, load_flat
+from dtemu.core.ml.params import flatten, grads_vector, load_flat, load_grads, zero_gradients
 from dtemu.core.ml.evaluation import EVAL_BATCH, evaluate
 from dtemu.core.ml.task import task_of
 from dtemu.core.runtime.requests import Compute
@@ -96,20 +96,16 @@ def run_gradient_job(job: GradientJob, dataset, model=None):
     load_flat(model, job.state)
     loss = compute_gradients(model, dataset.x_train, dataset.y_train, job.indices, seed=job.seed,
                              task=task_of(job.model))
-    return loss, grads_vector(list(model.parameters())).copy(), flatten(model)
+    return loss, grads_vector(list(model.parameters())), flatten(model)
 
 
 def take_gradients(model, result) -> float:
     """Write a gradient job's result into ``model`` (its gradients and state); returns the loss."""
-    from dtemu.core.ml.params import load_grads
-
     loss, grads, state = result
     if grads is None:   # computed in ``model`` itself (no worker process: ``Workload.gradient_step``)
         return loss
     load_flat(model, state)
-    for p in model.parameters():
-        if p.grad is None:
-            p.grad = p.detach().new_zeros(p.shape)
+    zero_gradients(model)   # (makes the gradients a model has none of yet)
     load_grads(list(model.parameters()), grads)
     return loss
 

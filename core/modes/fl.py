@@ -6,7 +6,7 @@ from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS
 from dtemu.core.fl.rules import ASYNCHRONOUS
 from dtemu.core.fl.server_opt import SECOND_MOMENTS
-from dtemu.core.fl.strategy import check_tiers
+from dtemu.core.fl.strategy import RULE_KEYS, check_tiers
 from dtemu.core.modes.base import Mode, RoleSpec
 
 
@@ -51,7 +51,7 @@ class FederatedLearning(Mode):
             raise ScenarioError("fl.server_lr", f"{fl.algorithm} steps by its own keys; fl.server_lr is the step "
                                                 "of fedavg, fedprox, feddrop, tifl, asgd and dcasgd")
         defaults = type(fl)()
-        for key, rule in (("feddrop", "feddrop"), ("tifl", "tifl"), ("dcasgd_lambda", "dcasgd")):
+        for key, rule in RULE_KEYS.items():
             if getattr(fl, key) != getattr(defaults, key) and fl.algorithm != rule:
                 raise ScenarioError(f"fl.{key}", f"is {rule}'s; fl.algorithm is {fl.algorithm}")
         if fl.algorithm == "feddrop" and not 0 < fl.feddrop.k_hat < fl.asked_per_round:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtemu.core.fl.strategy import ASGD, DCASGD, FedAsync, Tiers, drop_quorum
+from dtemu.core.fl.strategy import ASGD, DCASGD, ChoosesByTier, FedAsync, Tiers, drop_quorum
 from dtemu.core.fl.strategy import Strategy as BaseStrategy
 from dtemu.core.ps.messages import Update
 from dtemu.core.ps.spec import PSSpec
@@ -56,23 +56,15 @@ class FedDrop(Strategy):
         return drop_quorum(expected, self.ps.feddrop_k_hat)
 
 
-class TiFL(Strategy):
+class TiFL(ChoosesByTier, Strategy):
     """Tiers by latency, measured in the first round (everyone trains); each later round picks a
     tier, then ``tifl_workers_per_round`` of its workers (core.fl.strategy.Tiers)."""
-
-    selects = True
 
     def __init__(self, *args):
         super().__init__(*args)
         ps = self.ps
         self.tiers = Tiers(self.ranks, ps.tifl_tiers, ps.tifl_tier_probs, ps.tifl_credits,
                            ps.tifl_workers_per_round, self.seed)
-
-    def configure_round(self, version, candidates):
-        return self.tiers.pick(version, candidates)
-
-    def observe_round(self, version, arrivals):
-        self.tiers.observe(arrivals)
 
 
 SYNCHRONOUS = {"esync": Strategy, "ssgd": Strategy, "fedavg": Strategy, "feddrop": FedDrop, "tifl": TiFL}

@@ -4,8 +4,8 @@ Layout: ``b"DTCK" | version u8 | 3 reserved | header length u32 | JSON header |
 float32 weights | float64 state arrays``.  The header holds the round, the scenario
 digest, the weights' length and their sha256, and (only where the server's rule keeps
 state between rounds: FedAdam's moments, one value per weight; TiFL's tiers and credits, one
-per client or tier) each state array's name and length and one sha256 of them all, so a truncated or corrupted file is refused with a clear message
-instead of resuming from garbage.  Writing the bytes
+per client or tier) each state array's name and length and one sha256 of them all, so a
+truncated or corrupted file is refused with a clear message instead of resuming from garbage.  Writing the bytes
 atomically is the runtime's job (``core.rundir.atomic_write``).
 """
 
