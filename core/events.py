@@ -102,7 +102,9 @@ UPDATE_NOT_FINITE = _kind("update_not_finite", "round",
 TRAIN_FAILED = _kind("train_failed", "round error",
                      doc="the training raised (the task's or the model's own code): no update this round "
                          "(mode ps: a NOT_FINITE report instead); the node goes on")
-CMD_SKIPPED = _kind("cmd_skipped", "round", "newer model_round")
+CMD_SKIPPED = _kind("cmd_skipped", "round", "newer model_round iterations",
+                    doc="a command overtaken by a newer one or by its round's model (iterations: ESync's "
+                        "training stopped after that many, its update not sent)")
 MESSAGE_REJECTED = _kind("message_rejected", "topic src reason", "error", limit=REFUSALS_PER_S)
 CLIENT_STOP = _kind("client_stop", "round reason", "rejected")
 

@@ -105,6 +105,18 @@ class TiFLSpec:
 
 
 @dataclass(frozen=True)
+class ESyncSpec:
+    """esync: each client asks the state server, after every local iteration, whether to train once
+    more or send its update (ESync's Algorithm 1, core/ps/state_table.py; core/fl/esync.py)."""
+
+    # The most local iterations a client runs in a round; then it sends without asking (None: the
+    # state server alone decides).
+    max_iterations: int | None = field(default=None, metadata=check(positive))
+    # A question the state server has not answered in this time counts as SYNC.
+    query_timeout_s: float = field(default=5.0, metadata=check(positive))
+
+
+@dataclass(frozen=True)
 class FLSpec:
     clients: int = field(default=2, metadata=check(between(1, U16, "client ranks")))
     # Rounds, epochs and subsets travel in a TrainCmd as u32, u16 and u32.
@@ -134,14 +146,16 @@ class FLSpec:
     # mixed in as it comes, fl.fedasync, and its client asked again; fl.sample train at once);
     # feddrop (fl.feddrop) and tifl (fl.tifl): fedavg's aggregation, their own quorum and choice
     # of clients; asgd (w + server_lr·Δ) and dcasgd (delay-compensated, fl.dcasgd_lambda): one
-    # update at a time, as fedasync (core/fl/rules.py).
+    # update at a time, as fedasync (core/fl/rules.py); esync (fedavg's aggregation, and each
+    # client trains until the state server says SYNC, fl.esync: a node of its own, "ss").
     algorithm: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "fedasync", "feddrop", "tifl",
-                       "asgd", "dcasgd"] = "fedavg"
+                       "asgd", "dcasgd", "esync"] = "fedavg"
     proximal_mu: float = field(default=0.0, metadata=check(non_negative))
     server_opt: ServerOptSpec = field(default_factory=ServerOptSpec)
     fedasync: FedAsyncSpec = field(default_factory=FedAsyncSpec)
     feddrop: FedDropSpec = field(default_factory=FedDropSpec)
     tifl: TiFLSpec = field(default_factory=TiFLSpec)
+    esync: ESyncSpec = field(default_factory=ESyncSpec)
     dcasgd_lambda: float = field(default=0.04, metadata=check(non_negative))
     min_clients: int = field(default=1, metadata=check(positive))
     round_timeout_s: float = field(default=600.0, metadata=check(positive))

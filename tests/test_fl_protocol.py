@@ -45,6 +45,28 @@ class StandIn:
     def evaluate(self, weights):
         return float(weights.mean())
 
+    def local_training(self, weights, cmd, client):
+        return _Steps(weights, client, self.subset_size(client, cmd.subset))
+
+
+class _Steps:
+    """ESync's training a step at a time (core.ml.train.LocalTraining's interface): each step of
+    batches of 100 adds client/1000."""
+
+    def __init__(self, weights, client, n):
+        self.w, self.client, self.indices, self.steps = weights.copy(), client, np.arange(n), 0
+        self.next_batch = min(100, n)
+
+    def run(self, steps):
+        self.w += np.float32(self.client / 1000) * steps
+        self.steps += steps
+
+    def weights(self):
+        return self.w
+
+    def result(self):
+        return _Result(self.steps * self.next_batch, self.steps, 1.0)
+
 
 def scenario(**sets):
     raw = {

@@ -58,7 +58,7 @@ def test_the_asynchronous_rules_by_hand():
 # --- every rule with every codec, sampling and seal, in emu ----------------------------------
 
 RULES = {"feddrop": {"fl.feddrop.k_hat": 1}, "tifl": {"fl.tifl.tiers": 2}, "asgd": {"fl.server_lr": 0.5},
-         "dcasgd": {"fl.dcasgd_lambda": 0.1}}
+         "dcasgd": {"fl.dcasgd_lambda": 0.1}, "esync": {"fl.esync.max_iterations": 8}}
 
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["open", "sealed"])

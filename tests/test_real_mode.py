@@ -312,6 +312,7 @@ def test_fedasync_q8_sampled_sealed_runs_to_its_end_for_real(tmp_path):
 PS_RULES_IN_FL = {
     "tifl": {"algorithm": "tifl", "rounds": 3, "min_clients": 1, "tifl": {"tiers": 2}},
     "dcasgd": {"algorithm": "dcasgd", "rounds": 4, "min_clients": 1, "dcasgd_lambda": 0.1},
+    "esync": {"algorithm": "esync", "rounds": 3, "min_clients": 1, "esync": {"max_iterations": 30}},
 }
 
 
@@ -326,3 +327,6 @@ def test_a_ps_rule_in_fl_q8_sampled_sealed_runs_to_its_end_for_real(tmp_path, ru
     from dtemu.report.audit import audit
 
     assert audit(out)["lost_data"] == 0
+    if rule == "esync":   # the state server answered every question, sealed, and refused nothing
+        ss = summary["state_server"]
+        assert ss["queries"] == sum(ss["answers"].values()) > 0 and ss["rejected"] == {}

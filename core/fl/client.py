@@ -20,6 +20,8 @@ from dtemu.core.wire.auth import Sealer  # (the type of ctx.sealer)
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, ModelDelta, Stop, TrainCmd
 from dtemu.core.fl.downlink import HeldModel
+from dtemu.core.fl.esync import Questions, train_until_sync
+from dtemu.core.fl.rules import STATE_SERVER
 from dtemu.core.fl.residuals import Residuals
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send
@@ -49,6 +51,7 @@ class _State:
         self.last_sent: tuple[tuple[int, int], bytes] | None = None
         self.resend = False
         self.rejected: Counter = Counter()  # messages refused, by reason
+        self.model_transfer_s = 0.0  # how long the newest model took to come (ESync's m)
 
 
 def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Residuals | None = None):
@@ -65,6 +68,9 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Resid
         feedback.store = residuals
         residuals.forget(ctx.node)  # a new life: what an earlier one kept died with it
     state = _State()
+    # fl.algorithm esync: the client asks the state server after each local iteration (core.fl.esync)
+    questions = Questions(ctx, index, fl.clients + 1, fl.esync.query_timeout_s, state.rejected) \
+        if fl.algorithm in STATE_SERVER else None
     priced_encode = scenario.compute_for(ctx.node).cpu.encode_s_per_mb > 0
     while state.stop is None:
         if state.resend:
@@ -76,11 +82,13 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Resid
         cmd = state.cmd
         if cmd is not None and state.model_round == cmd.round - 1:
             state.cmd = None
+            state.done.add((cmd.round, cmd.seed))   # (a repeat of it while ESync trains is not a new command)
             base = state.held.weights(work.dim)
-            data = yield from _train_and_upload(ctx, work, index, cmd, base, params, feedback, auth, priced_encode)
-            state.done.add((cmd.round, cmd.seed))
-            if data is not None:
-                state.last_sent = ((cmd.round, cmd.seed), data)
+            trained = yield from _train(ctx, fl, work, index, cmd, base, state, questions)
+            if trained is not None:
+                data = yield from _upload(ctx, cmd, base, *trained, params, feedback, auth, priced_encode)
+                if data is not None:
+                    state.last_sent = ((cmd.round, cmd.seed), data)
             continue
         # Block for the next message, then take whatever else is queued, so
         # that we act on the newest command and the newest model.
@@ -144,11 +152,13 @@ def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
                 _SEEN.check_packet(opened, m, dim)  # a bad packet is refused now, not when used
                 state.held.take_full(m.round, opened)
                 state.model_round = m.round
+                state.model_transfer_s = max(0.0, msg.received_at - msg.sent_at)
         elif isinstance(m, ModelDelta):
             if m.round > state.model_round:
                 _SEEN.check_packet(opened, m, dim)
                 if state.held.take_delta(m, opened):
                     state.model_round = m.round
+                    state.model_transfer_s = max(0.0, msg.received_at - msg.sent_at)
                 else:  # not on the model we hold: wait for the full model the controller will send
                     state.rejected["no_base"] += 1
         elif isinstance(m, TrainCmd):
@@ -175,21 +185,41 @@ def _handle(ctx, state: _State, msg, dim: int, auth: Sealer) -> None:
         state.cmd = None
 
 
-def _train_and_upload(ctx, work: Workload, index: int, cmd: TrainCmd, base, params, feedback, auth: Sealer,
-                      priced_encode: bool = False):
-    """``priced_encode``: emu prices the codec's encoding (compute.<node>.cpu.encode_s_per_mb), a request."""
-    samples = cmd.epochs * work.subset_size(index, cmd.subset)
-    ctx.emit(ev.TRAIN_START, round=cmd.round, samples=samples)
-    yield Point(points.TRAIN, cmd.round)
+def _train(ctx, fl, work: Workload, index: int, cmd: TrainCmd, base, state: _State, questions):
+    """(new weights, TrainResult) of ``cmd``'s training from ``base``, or None: the training raised
+    (the task's or the model's own code: this round goes on without us) or, under ESync, a newer
+    round overtook it."""
+    ctx.emit(ev.TRAIN_START, round=cmd.round, samples=cmd.epochs * work.subset_size(index, cmd.subset))
     try:
+        if questions is not None:   # ESync: a step at a time, the state server asked between two
+            questions.m = state.model_transfer_s
+            training = work.local_training(base, cmd, index)
+            result = yield from train_until_sync(ctx, fl, training, cmd, questions,
+                                                 lambda: _overtaken(ctx, state, cmd, work.dim))
+            return None if result is None else (training.weights(), result)
+        samples = cmd.epochs * work.subset_size(index, cmd.subset)
+        yield Point(points.TRAIN, cmd.round)
         if hasattr(work, "train_job"):  # the work as data too, for a runtime with worker processes
             job = work.train_job(base, cmd, index)
-            new_weights, result = yield Compute(lambda: work.run_job(job), samples=samples, job=job)
-        else:
-            new_weights, result = yield Compute(lambda: work.train(base, cmd, index), samples=samples)
+            return (yield Compute(lambda: work.run_job(job), samples=samples, job=job))
+        return (yield Compute(lambda: work.train(base, cmd, index), samples=samples))
     except Exception as err:  # the task's or the model's own code raised: this round goes on without us
         ctx.emit(ev.TRAIN_FAILED, round=cmd.round, error=training_error(work, err))
-        return
+        return None
+
+
+def _overtaken(ctx, state: _State, cmd: TrainCmd, dim: int):
+    """Take what came while training; True if the round went on without us: a newer model or
+    command, or Stop."""
+    while (msg := (yield Recv((TRAIN_CMD, MODEL_BLOB), deadline=ctx.now()))) is not None:
+        _handle(ctx, state, msg, dim, ctx.sealer)
+    return state.stop is not None or state.model_round >= cmd.round or state.cmd is not None
+
+
+def _upload(ctx, cmd: TrainCmd, base, new_weights, result, params, feedback, auth: Sealer,
+            priced_encode: bool = False):
+    """``cmd``'s update (``new_weights`` - ``base``) encoded and sent; its bytes, or None if not finite.
+    ``priced_encode``: emu prices the codec's encoding (compute.<node>.cpu.encode_s_per_mb), a request."""
     delta = new_weights - base
     if not np.isfinite(delta).all():
         # A diverged client: nothing a codec could carry; the round goes on without it.

@@ -19,7 +19,8 @@ import numpy as np
 from dtemu.core.wire import messages
 from dtemu.core.fl.aggregate import Update
 from dtemu.core.fl.inbox import ACCEPTED, UpdateInbox
-from dtemu.core.fl.rules import fl_strategy
+from dtemu.core.fl.esync import Leader
+from dtemu.core.fl.rules import STATE_SERVER, fl_strategy
 from dtemu.core.wire.checkpoint import decode_checkpoint
 from dtemu.core.errors import CheckpointError
 from dtemu.core.wire.messages import Stop, TrainCmd
@@ -80,6 +81,10 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
              authenticated=auth.enabled)
 
     yield from barrier(ctx, fl, clients)
+    # fl.algorithm esync: what the rounds tell its state server (core.fl.esync)
+    ss = Leader(ctx, 0, fl.clients + 1, _client_rank) if fl.algorithm in STATE_SERVER else None
+    if ss is not None:
+        yield ss.meet(fl.barrier_timeout_s)
     # fl.downlink_codec: the model goes down as a compressed delta on the clients' reference
     downlink = Downlink(fl, clients) if fl.downlink_codec != "fp32" else None
     first = downlink.full(start - 1, result.weights) if downlink else blob(start - 1, result.weights)
@@ -88,10 +93,12 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     if strategy.asynchronous:  # each update applied as it comes, then its client asked again
         round_ = yield from fedasync.run(ctx, scenario, work, result, population, inbox, strategy, start)
     else:
-        round_ = yield from _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start)
+        round_ = yield from _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start, ss)
 
     last = min(round_, fl.rounds)
     yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, last, messages.encode(Stop(last, result.stop_reason))))
+    if ss is not None:
+        yield ss.stop(last)
     ctx.emit(ev.RUN_END, reason=result.stop_reason, rounds_completed=result.rounds_completed,
              rounds_failed=result.rounds_failed, model_sha256=sha256_of(result.weights),
              counts=dict(sorted(result.counts.items())))
@@ -101,9 +108,14 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     return result
 
 
-def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start):
+def _client_rank(name: str) -> int:
+    return int(name[len("client"):])   # client<rank> (core.scenario.client_names)
+
+
+def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start, ss=None):
     """Synchronous rounds: a command to the clients asked, their updates until all are in or the
-    deadline, the rule over them, the checkpoint, the new model down, an evaluation."""
+    deadline, the rule over them, the checkpoint, the new model down, an evaluation.  ``ss``: the
+    state server's ``Leader`` (esync), told when a round begins and who is in it."""
     fl, auth = scenario.fl, ctx.sealer
     round_, attempt = start, 0
     while round_ <= fl.rounds:
@@ -112,7 +124,11 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
         yield Point(points.ROUND, round_)
         started = ctx.now()
         deadline = started + fl.round_timeout_s  # the round's clock starts before the command leaves
+        if ss is not None:
+            yield ss.begin(round_)
         asked = yield from _ask(ctx, scenario, population, strategy, cmd, attempt)
+        for send in ss.asked(round_, asked) if ss is not None else ():
+            yield send
         quorum = strategy.quorum(len(asked))   # (FedDrop's closes a round before everyone answered)
         if asked:
             updates, arrivals = yield from _collect(ctx, inbox, cmd, asked, quorum, started, deadline,
@@ -122,6 +138,8 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
             updates = {}
             yield Sleep(max(0.0, deadline - ctx.now()))
         ready = len(updates)
+        for send in ss.missed(round_, (c for c in asked if c not in updates)) if ss is not None else ():
+            yield send
         if downlink is not None:
             downlink.missed(c for c in asked if c not in updates)
         ctx.emit(

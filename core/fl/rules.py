@@ -6,7 +6,9 @@ Synchronous rounds, FedAvg's aggregation (core.fl.aggregate) unless a server opt
 - fedavg; fedprox (the difference is in the clients' loss, core.ml);
 - fedadam, fedyogi, fedadagrad;
 - feddrop: a round closes once all but ``fl.feddrop.k_hat`` of the clients asked have answered;
-- tifl: the clients asked are one tier's (``fl.tifl``), the tiers measured in the first round.
+- tifl: the clients asked are one tier's (``fl.tifl``), the tiers measured in the first round;
+- esync: each client trains until the state server says SYNC (``fl.esync``, core.fl.esync), so
+  fast clients run more local iterations than slow ones and all arrive about together.
 
 One update at a time (core.fl.fedasync): fedasync, asgd and dcasgd, the rules ps has too, built
 from the same classes.
@@ -19,6 +21,9 @@ from dtemu.core.fl.server_opt import SECOND_MOMENTS, ServerOptimizer
 from dtemu.core.fl.strategy import ASGD, DCASGD, ChoosesByTier, FedAsync, Strategy, Tiers, drop_quorum
 
 ASYNCHRONOUS = ("fedasync", "asgd", "dcasgd")
+# Rules that bring a state server (a node of its own, "ss", after the clients): esync's clients ask
+# it after each local iteration whether to train once more (core.fl.esync); its aggregation is FedAvg's.
+STATE_SERVER = ("esync",)
 
 
 class FedDrop(FedAvg):
@@ -57,4 +62,4 @@ def fl_strategy(scenario) -> Strategy:
         return ASGD(fl.server_lr)
     if fl.algorithm == "dcasgd":
         return DCASGD(fl.server_lr, fl.lr, fl.dcasgd_lambda)
-    return FedAvg(server_lr=fl.server_lr)   # fedavg, fedprox
+    return FedAvg(server_lr=fl.server_lr)   # fedavg, fedprox, esync

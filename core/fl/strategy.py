@@ -27,7 +27,7 @@ from dtemu.core.fl.staleness import compensated, mix, staleness_factor
 
 # fl keys that belong to one rule (key -> the fl.algorithm it is for): refused under another
 # (core.modes.fl), and left out of the digest under another (core.scenario).
-RULE_KEYS = {"feddrop": "feddrop", "tifl": "tifl", "dcasgd_lambda": "dcasgd"}
+RULE_KEYS = {"feddrop": "feddrop", "tifl": "tifl", "dcasgd_lambda": "dcasgd", "esync": "esync"}
 
 
 class Strategy:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from dtemu.core.ml.batches import epoch_order
+from dtemu.core.ml.params import flatten
 from dtemu.core.ml.sgd import SGD
 from dtemu.core.ml.task import CLASSIFICATION, Task
 
@@ -41,49 +42,104 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *,
                 epochs: int, batch_size: int, lr: float, momentum: float = 0.0,
                 weight_decay: float = 0.0, seed: int, proximal_mu: float = 0.0,
                 task: Task = CLASSIFICATION) -> TrainResult:
-    """SGD on ``x[indices], y[indices]`` for whole epochs, in place.
+    """SGD on ``x[indices], y[indices]`` for whole epochs, in place (``LocalTraining``'s steps, all
+    at once).
 
-    Mini-batches follow an order shuffled from (seed, epoch); the last partial
-    batch is kept.  A fresh optimizer each call: momentum does not carry over
-    rounds, as in FedAvg.  Dropout draws from a torch RNG seeded with ``seed``
-    inside fork_rng, so the same inputs give a bit-identical model and the
-    caller's RNG state is untouched.
+    A fresh optimizer each call: momentum does not carry over rounds, as in FedAvg.  The same
+    inputs give a bit-identical model, and the caller's RNG state is untouched.
+    """
+    if epochs < 0 or batch_size < 1:
+        raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
+    training = LocalTraining(model, x, y, indices, batch_size=batch_size, lr=lr, momentum=momentum,
+                             weight_decay=weight_decay, seed=seed, proximal_mu=proximal_mu, task=task)
+    training.run(epochs * training.per_epoch)
+    return training.result()
+
+
+class LocalTraining:
+    """A client's SGD on ``x[indices], y[indices]``, a batch at a time, for as many steps as its caller
+    asks (``run``), in ``model`` itself: an FL round's whole epochs at once (``train_local``), or
+    ESync's iterations one by one, a question to the state server between two (core.fl.esync).
+
+    Mini-batches follow an order shuffled from (seed, epoch), epoch after epoch; the last partial
+    batch of an epoch is kept.  Dropout draws from a torch RNG seeded with ``seed`` inside
+    fork_rng, and its state is kept between calls: n calls of one step give the bits of one call
+    of n steps, whatever other models trained in between.
 
     ``proximal_mu`` > 0 (FedProx, Li et al. 2020): the loss gains μ/2 · ||w − w₀||², w₀ the
-    weights the call starts from (the global model), so each gradient gains μ · (w − w₀).  It is
+    weights training starts from (the global model), so each gradient gains μ · (w − w₀).  It is
     added to the gradient rather than built into the loss: the same value, no autograd graph
     over every parameter, and at μ = 0 not one operation more.
 
     ``task`` (core.ml.task) gives the loss (cross-entropy unless the scenario names its own) and may
     bring its optimizer (else SGD with the settings above).
     """
-    if epochs < 0 or batch_size < 1:
-        raise ValueError(f"need epochs >= 0 and batch_size >= 1, got {epochs}, {batch_size}")
-    indices = np.asarray(indices, dtype=np.int64)
-    n = len(indices)
-    params = list(model.parameters())
-    make = task.optimizer or SGD  # SGD: torch's bits, no dynamo
-    opt = make(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    anchor = [p.detach().clone() for p in params] if proximal_mu else None
-    model.train()
-    steps = 0
-    loss_sum = torch.zeros((), dtype=torch.float64)  # summed as a tensor: no sync per step
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        torch.manual_seed(seed)
-        for epoch in range(epochs):
-            order = torch.from_numpy(epoch_order(indices, (seed,), epoch))
-            for start in range(0, n, batch_size):
-                idx = order[start:start + batch_size]
-                opt.zero_grad()
-                loss = task.loss(model(x[idx]), y[idx])
-                loss.backward()
-                if anchor is not None:
-                    _add_proximal(params, anchor, proximal_mu)
-                opt.step()
-                loss_sum += loss.detach() * len(idx)
-                steps += 1
-    samples = epochs * n
-    return TrainResult(steps, samples, float(loss_sum) / samples if samples else 0.0)
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices, *, batch_size: int,
+                 lr: float, momentum: float = 0.0, weight_decay: float = 0.0, seed: int,
+                 proximal_mu: float = 0.0, task: Task = CLASSIFICATION):
+        if batch_size < 1:
+            raise ValueError(f"need batch_size >= 1, got {batch_size}")
+        self.model, self.x, self.y, self.task = model, x, y, task
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.batch_size, self.seed, self.mu = batch_size, seed, proximal_mu
+        self.params = list(model.parameters())
+        make = task.optimizer or SGD  # SGD: torch's bits, no dynamo
+        self.opt = make(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.anchor = [p.detach().clone() for p in self.params] if proximal_mu else None
+        self.steps = self.samples = 0
+        self.loss_sum = torch.zeros((), dtype=torch.float64)  # summed as a tensor: no sync per step
+        self._rng: torch.Tensor | None = None     # dropout's RNG between calls (None: seed it)
+        self._epoch, self._order, self._pos = -1, None, 0
+
+    @property
+    def per_epoch(self) -> int:
+        """Steps in one epoch (a partial last batch is one)."""
+        return -(-len(self.indices) // self.batch_size)
+
+    @property
+    def next_batch(self) -> int:
+        """How many samples the next step trains on."""
+        n = len(self.indices)
+        left = n - self._pos if self._order is not None and self._pos < n else n
+        return min(self.batch_size, left)
+
+    def run(self, steps: int) -> None:
+        """``steps`` more steps (none on an empty partition)."""
+        if steps <= 0 or not len(self.indices):
+            return
+        self.model.train()
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            if self._rng is None:
+                torch.manual_seed(self.seed)
+            else:
+                torch.set_rng_state(self._rng)
+            for _ in range(steps):
+                self._step()
+            self._rng = torch.get_rng_state()
+
+    def _step(self) -> None:
+        if self._order is None or self._pos >= len(self.indices):
+            self._epoch, self._pos = self._epoch + 1, 0
+            self._order = torch.from_numpy(epoch_order(self.indices, (self.seed,), self._epoch))
+        idx = self._order[self._pos:self._pos + self.batch_size]
+        self._pos += self.batch_size
+        self.opt.zero_grad()
+        loss = self.task.loss(self.model(self.x[idx]), self.y[idx])
+        loss.backward()
+        if self.anchor is not None:
+            _add_proximal(self.params, self.anchor, self.mu)
+        self.opt.step()
+        self.loss_sum += loss.detach() * len(idx)
+        self.steps += 1
+        self.samples += len(idx)
+
+    def weights(self) -> np.ndarray:
+        """The model's weights now, flat (float32)."""
+        return flatten(self.model)
+
+    def result(self) -> TrainResult:
+        return TrainResult(self.steps, self.samples, float(self.loss_sum) / self.samples if self.samples else 0.0)
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ over) and the partition is computed once, deterministically from the scenario's 
 
 from __future__ import annotations
 
+import copy
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -17,10 +18,10 @@ from dtemu.core.errors import ScenarioError
 from dtemu.core.ml import data as datasets
 from dtemu.core.ml.batches import epoch_order
 from dtemu.core.ml.models import build_model, model_cost
-from dtemu.core.ml.params import flatten
+from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.ml.evaluation import evaluate
 from dtemu.core.ml.task import Task, task_of
-from dtemu.core.ml.train import compute_gradients
+from dtemu.core.ml.train import LocalTraining, compute_gradients
 from dtemu.core.ml.jobs import EvalJob, GradientJob, TrainJob, run_eval_job, run_train_job
 from dtemu.core.runtime.requests import Compute
 
@@ -31,6 +32,11 @@ if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which 
 def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
     """The seed of one round's TrainCmd (a retried round gets a fresh one)."""
     return int(np.random.SeedSequence([seed, round_, attempt]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _client_seed(cmd, client: int) -> int:
+    """The seed of a client's training for ``cmd``: its batch order and dropout."""
+    return int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0])
 
 
 class Workload:
@@ -146,8 +152,19 @@ class Workload:
         return TrainJob(model=self.scenario.model_spec, model_seed=self.scenario.seed, weights=weights,
                         indices=self.client_indices(client, cmd), epochs=cmd.epochs, batch_size=fl.batch_size,
                         lr=cmd.lr, momentum=fl.momentum, weight_decay=fl.weight_decay,
-                        seed=int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0]),
-                        proximal_mu=fl.proximal_mu)
+                        seed=_client_seed(cmd, client), proximal_mu=fl.proximal_mu)
+
+    def local_training(self, weights: np.ndarray, cmd, client: int) -> LocalTraining:
+        """``cmd``'s training from ``weights``, a step at a time, in a model of its own (emu interleaves
+        the clients of a round): ESync's clients (core.fl.esync).  The same batches, seeds and settings
+        as ``train_job``'s, so as many steps as its epochs make give its weights."""
+        fl = self.scenario.fl
+        model = copy.deepcopy(self._model)
+        load_flat(model, weights)
+        return LocalTraining(model, self.dataset.x_train, self.dataset.y_train, self.client_indices(client, cmd),
+                             batch_size=fl.batch_size, lr=cmd.lr, momentum=fl.momentum,
+                             weight_decay=fl.weight_decay, seed=_client_seed(cmd, client),
+                             proximal_mu=fl.proximal_mu, task=self.task)
 
     def run_job(self, job: TrainJob):
         """Run ``job`` here, on this process's model and data set."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS
-from dtemu.core.fl.rules import ASYNCHRONOUS
+from dtemu.core.fl.rules import ASYNCHRONOUS, STATE_SERVER
 from dtemu.core.fl.server_opt import SECOND_MOMENTS
 from dtemu.core.fl.strategy import RULE_KEYS, check_tiers
 from dtemu.core.modes.base import Mode, RoleSpec
+from dtemu.core.ps.spec import SS
 
 
 class FederatedLearning(Mode):
@@ -23,7 +24,9 @@ class FederatedLearning(Mode):
     costs = "dtemu.emu.costs:fl_sets"
 
     def node_names(self, s):
-        return [CONTROLLER] + s.client_names
+        """The controller, the clients, and the state server a rule brings (esync: "ss", last, so
+        that a client's rank is its index either way)."""
+        return [CONTROLLER] + s.client_names + ([SS] if s.fl.algorithm in STATE_SERVER else [])
 
     def training_nodes(self, s):
         return s.client_names
@@ -67,22 +70,43 @@ class FederatedLearning(Mode):
                                                      f"fl.min_clients ({fl.min_clients}): its rounds would all fail")
 
     def takes_corrupt(self, s, node):
-        return node != CONTROLLER
+        return node not in (CONTROLLER, SS)
 
     def role_of(self, s, rank, work, population=None, residuals=None):
         from dtemu.core.fl.client import client
         from dtemu.core.fl.controller import controller
-        from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+        from dtemu.core.ps.state_server import state_server
+        from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, SS_REPLY, SS_STATE, TRAIN_CMD
 
+        # esync: the state server's topics too (core.fl.esync)
+        asks = s.fl.algorithm in STATE_SERVER
+        state, reply = ((SS_STATE,), (SS_REPLY,)) if asks else ((), ())
         if rank == 0:  # (names without the list of every node: once per rank is quadratic at 10,000)
-            return RoleSpec(rank, CONTROLLER, (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB),
+            return RoleSpec(rank, CONTROLLER, (CLIENT_UPDATE,), (TRAIN_CMD, MODEL_BLOB) + state,
                             lambda ctx, init: controller(ctx, s, work, init, population))
-        return RoleSpec(rank, f"client{rank}", (TRAIN_CMD, MODEL_BLOB), (CLIENT_UPDATE,),
+        if rank > s.fl.clients:
+            return RoleSpec(rank, SS, state, reply,
+                            lambda ctx, init: state_server(ctx, s.node_names, list(range(1, rank)), leader=CONTROLLER))
+        return RoleSpec(rank, f"client{rank}", (TRAIN_CMD, MODEL_BLOB) + reply, (CLIENT_UPDATE,) + state,
                         lambda ctx, init: client(ctx, s, work, rank, residuals))
+
+    def readers_of(self, s):
+        """With a state server, who reads what (without, every peer reads every topic it is sent)."""
+        if s.fl.algorithm not in STATE_SERVER:
+            return None
+        from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, SS_REPLY, SS_STATE, TRAIN_CMD
+
+        clients = frozenset(s.client_names)
+        return {TRAIN_CMD: clients, MODEL_BLOB: clients, SS_REPLY: clients, CLIENT_UPDATE: frozenset({CONTROLLER}),
+                SS_STATE: frozenset({SS})}
 
     def record(self, s, name, result, time_to_accuracy):
         from dtemu.core.ml.params import sha256_of
 
+        if name == SS:
+            from dtemu.core.ps.summary import ps_record
+
+            return ps_record(result)
         if name != CONTROLLER:
             return {"model_round": result}
         return dict(final_accuracy=result.final_accuracy, rounds=result.rounds_completed,
@@ -91,9 +115,12 @@ class FederatedLearning(Mode):
                     updates=dict(sorted(result.counts.items())), model_sha256=sha256_of(result.weights))
 
     def summary(self, s, records, time_to_accuracy, time_s):
+        from dtemu.core.ps.summary import state_server_summary
+
         lead = records[0] if records else {}
         return {"codec": s.fl.codec, "final_accuracy": lead.get("final_accuracy"),
                 "time_to_accuracy": lead.get("time_to_accuracy") or time_to_accuracy([]),
                 "rounds": lead.get("rounds", 0), "rounds_failed": lead.get("rounds_failed", 0),
                 "stop_reason": lead.get("stop_reason", "the controller left no record"),
-                "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256")}
+                "updates": lead.get("updates", {}), "model_sha256": lead.get("model_sha256"),
+                **({"state_server": state_server_summary(records[-1])} if s.fl.algorithm in STATE_SERVER else {})}

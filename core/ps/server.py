@@ -40,6 +40,7 @@ import numpy as np
 from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError, NotFiniteError
 from dtemu.core.ml.params import load_flat, sha256_of
+from dtemu.core.fl.esync import Leader
 from dtemu.core.ps import messages as pm
 from dtemu.core.ps.inbox import ACCEPTED, JOIN, NOT_FINITE, REFUSED, RoundInbox
 from dtemu.core.ps.local import evaluate_loss, xavier_weights
@@ -47,7 +48,7 @@ from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import make_strategy
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
-from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE, SS_STATE
+from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE
 from dtemu.core.runtime.refusal import refuse
 
 
@@ -75,6 +76,8 @@ class _Server:
         samples = {self.rank_of[w]: len(work.partitions[i]) for i, w in enumerate(self.ps.worker_names)}
         self.strategy = make_strategy(self.ps, self.ranks, samples, scenario.seed)
         self.uses_ss = self.ps.uses_state_server
+        # what the rounds tell ESync's state server (core.fl.esync, as FL's controller tells it)
+        self.ss = Leader(ctx, self.rank_of[PS], self.rank_of[SS], self.rank_of.__getitem__)
         self.model = work.new_model()
         weights = (xavier_weights(self.model, scenario.seed) if self.ps.init == "xavier"
                    else work.initial_weights.copy())
@@ -98,11 +101,6 @@ class _Server:
 
     def model_bytes(self, selected=()) -> bytes:
         return pm.encode_ps(pm.Model(self.out.version, self.out.weights, tuple(selected)))
-
-    def state(self, msg_type: int, k: int, r: int) -> Send:
-        st = pm.Status(k, 0, r, 0.0, 0.0, self.ctx.now())
-        data = pm.encode_state(pm.StateMsg(msg_type, self.rank_of[PS], self.rank_of[SS], st))
-        return Send(SS_STATE, self.ctx.seal(SS_STATE, r, data), to=SS)
 
     def send_model(self, data: bytes, to: str | None = None) -> Send:
         """``data`` (a model, or Stop) to the workers (or one), sealed under the run's key."""
@@ -198,7 +196,7 @@ def parameter_server(ctx, scenario, work, init: bytes | None = None):
         out.stop_reason = "done"  # the scenario's time budget is the end it asked for
     yield s.send_model(pm.encode_ps(pm.PsStop(out.version)))
     if s.uses_ss:
-        yield s.state(pm.STOP, s.rank_of[PS], out.version)
+        yield s.ss.stop(out.version)
     if s.evaluated != out.version:
         yield from s.evaluate(force=True)
     ctx.emit(ev.RUN_END, reason=out.stop_reason, rounds_completed=out.version, rounds_failed=out.rounds_failed,
@@ -221,7 +219,7 @@ def _synchronous(s: _Server):
         if version > first or s.resumed:  # (the first model goes to each worker as it joins)
             yield s.send_model(model)
         if s.uses_ss:
-            yield s.state(pm.RESET, s.rank_of[PS], version)
+            yield s.ss.begin(version)
         inbox = RoundInbox(version, expected)
         updates, failed = inbox.updates, inbox.failed
         arrivals: dict[int, float] = {}
@@ -266,8 +264,8 @@ def _synchronous(s: _Server):
             out.rounds_failed += 1
         strategy.observe_round(version, arrivals)
         if s.uses_ss:
-            for k in sorted(expected - set(updates)):
-                yield s.state(pm.LEAVE, k, version)
+            for send in s.ss.missed(version, (s.name_of[k] for k in expected - set(updates))):
+                yield send
         yield Point(points.AGGREGATED, version)
         out.version = version + 1
         ctx.save_checkpoint(s.model_bytes())

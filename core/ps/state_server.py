@@ -39,13 +39,14 @@ class StateServerResult:
     stopped: bool = False
 
 
-def state_server(ctx, node_names: list[str], worker_ranks: list[int], needed: bool = True):
-    """Runs until the parameter server says STOP; at once returns when the scenario's algorithm
-    asks it nothing (not ESync, or ``ps.fixed_iterations``)."""
+def state_server(ctx, node_names: list[str], worker_ranks: list[int], needed: bool = True, leader: str = PS):
+    """Runs until the parameter server (``leader``: FL's controller, under fl.algorithm esync) says
+    STOP; at once returns when the scenario's algorithm asks it nothing (not ESync, or
+    ``ps.fixed_iterations``)."""
     if not needed:
         return StateServerResult()
     rank_of = {name: rank for rank, name in enumerate(node_names)}
-    ps_rank = rank_of[PS]
+    ps_rank = rank_of[leader]
     table = StateTable(worker_ranks)
     ps_round: int | None = None
     out = StateServerResult()

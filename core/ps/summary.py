@@ -57,5 +57,10 @@ def ps_summary(scenario, records: list[dict], no_accuracy: dict, time_s: float |
         "samples_per_s": round(samples / time_s, 3) if time_s else None,
         "bytes_per_node": {n: {"sent": r.get("bytes_sent", 0), "received": r.get("bytes_received", 0)}
                            for n, r in zip(names, records)},
-        "state_server": {k: ss.get(k) for k in ("queries", "answers", "rejected") if k in ss},
+        "state_server": state_server_summary(ss),
     }
+
+
+def state_server_summary(record: dict) -> dict:
+    """summary.json's ``state_server``, from its node's record (mode ps; FL's esync)."""
+    return {k: record.get(k) for k in ("queries", "answers", "rejected") if k in record}

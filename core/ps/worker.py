@@ -32,6 +32,7 @@ import torch
 from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError
 from dtemu.core.ml.params import flatten, load_flat
+from dtemu.core.fl.esync import Questions
 from dtemu.core.ml.task import training_error
 from dtemu.core.ps import messages as pm
 from dtemu.core.ps.local import BatchStream, sgd_iteration
@@ -39,7 +40,7 @@ from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import local_iterations
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
-from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE, SS_REPLY, SS_STATE
+from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE
 from dtemu.core.runtime.refusal import refuse
 
 
@@ -61,7 +62,6 @@ class _Worker:
     def __init__(self, ctx, scenario, work, rank: int):
         self.ctx, self.ps, self.work = ctx, scenario.ps, work
         self.rank = rank
-        self.ss_rank = scenario.node_names.index(SS)
         index = rank - 2  # worker1 is rank 2 and holds partition 0
         self.stream = BatchStream(work.partitions[index], self.ps.batch_size, scenario.seed, rank)
         self.plan = local_iterations(self.ps, self.stream.per_epoch)
@@ -74,8 +74,8 @@ class _Worker:
         self.floor = 0
         self.stop = False
         self.out = WorkerResult()
-        self.c = 0.0
-        self.m = 0.0
+        # ESync's questions, and c_k, m_k as it measured them (core.fl.esync, as FL's clients ask)
+        self.q = Questions(ctx, rank, scenario.node_names.index(SS), self.ps.query_timeout_s, self.out.rejected)
         self.blocked_since_push = 0.0   # for the next ps_worker_round event
 
     def take(self, msg) -> None:
@@ -91,7 +91,7 @@ class _Worker:
             self.stop = True
         elif m.version >= self.floor and (self.pending is None or m.version >= self.pending.version):
             self.pending = m
-            self.m = max(0.0, msg.received_at - msg.sent_at)
+            self.q.m = max(0.0, msg.received_at - msg.sent_at)
 
     def poll(self):
         """Take whatever the server sent, without waiting."""
@@ -107,34 +107,9 @@ class _Worker:
         refuse(self.ctx, self.out.rejected, msg, reason, ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src,
                reason=reason, error=str(err))
 
-    def state(self, msg_type: int, i: int, r: int) -> Send:
-        st = pm.Status(self.rank, i, r, self.c, self.m, self.ctx.now())
-        data = pm.encode_state(pm.StateMsg(msg_type, self.rank, self.ss_rank, st))
-        return Send(SS_STATE, self.ctx.seal(SS_STATE, r, data), to=SS)
-
     def push(self, data: bytes, version: int) -> Send:
         """An update (or join, or not-finite report) to the server, sealed under the run's key."""
         return Send(PS_UPDATE, self.ctx.seal(PS_UPDATE, max(version, 0), data), to=PS)
-
-    def ask(self, i: int, r: int):
-        """QUERY the state server; its action (no answer in time: SYNC)."""
-        yield self.state(pm.QUERY, i, r)
-        deadline = self.ctx.now() + self.ps.query_timeout_s
-        while True:
-            msg = yield Recv((SS_REPLY,), deadline=deadline)
-            if msg is None:
-                self.out.query_timeouts += 1
-                return pm.SYNC
-            try:
-                reply = pm.decode_state(self.ctx.open(msg))
-                if msg.src != SS or reply.msg_type != pm.RESPONSE or reply.status.k != self.rank:
-                    raise DecodeError(f"not a response to rank {self.rank} from the state server")
-            except DecodeError as err:
-                self.refuse(msg, err)
-                continue
-            if reply.status.i == i and reply.status.r == r:
-                return reply.action
-            # an answer to an earlier query (it came after its deadline): wait for ours
 
 
 def ps_worker(ctx, scenario, work, rank: int):
@@ -162,7 +137,7 @@ def ps_worker(ctx, scenario, work, rank: int):
             last_push = None
             continue
         if last_push is not None:
-            blocked = max(0.0, ctx.now() - waited_from - w.m)
+            blocked = max(0.0, ctx.now() - waited_from - w.q.m)
             w.out.blocking_s += blocked
             w.blocked_since_push += blocked
         last_push = None
@@ -173,7 +148,7 @@ def ps_worker(ctx, scenario, work, rank: int):
         load_flat(w.model, base)
         i, loss_sum, samples = 0, 0.0, 0
         if adaptive:
-            yield w.state(pm.REPORT, 0, version)
+            yield w.q.report(version)
         overtaken = failed = False
         while True:
             if not adaptive:
@@ -183,7 +158,7 @@ def ps_worker(ctx, scenario, work, rank: int):
             elif w.ps.max_local_iterations is not None and i >= w.ps.max_local_iterations:
                 action = pm.SYNC   # the cap: no question to ask
             else:
-                action = yield from w.ask(i, version)
+                action = yield from w.q.ask(i, version)
             if action == pm.SYNC:
                 break
             batch = w.stream.next()
@@ -198,8 +173,8 @@ def ps_worker(ctx, scenario, work, rank: int):
                 ctx.emit(ev.TRAIN_FAILED, round=version, error=training_error(work, err))
                 failed = True
                 break
-            w.c = ctx.now() - started
-            w.out.compute_s += w.c
+            w.q.c = ctx.now() - started
+            w.out.compute_s += w.q.c
             w.out.iterations += 1
             i, loss_sum, samples = i + 1, loss_sum + loss * len(batch), samples + len(batch)
             yield from w.poll()
@@ -226,8 +201,9 @@ def ps_worker(ctx, scenario, work, rank: int):
         w.out.per_round.append(i)
         w.out.samples += samples
         ctx.emit(ev.PS_WORKER_ROUND, round=version, iterations=i, samples=samples,
-                 compute_s=round(w.out.compute_s, 9), c=round(w.c, 9), m=round(w.m, 9),
+                 compute_s=round(w.out.compute_s, 9), c=round(w.q.c, 9), m=round(w.q.m, 9),
                  blocked_s=round(w.blocked_since_push, 9))
         w.blocked_since_push = 0.0
+    w.out.query_timeouts = w.q.timeouts
     ctx.emit(ev.CLIENT_STOP, round=version, reason="stop", rejected=dict(w.out.rejected))
     return w.out
