@@ -164,6 +164,9 @@ class DashboardState:
                 node.reports_uploads = True
                 if ev.get("loss") is not None:
                     node.loss = float(ev["loss"])
+                if ev.get("steps") is not None:   # local steps (ESync's: as many as the state server let it)
+                    node.iterations += int(ev["steps"])
+                    node.detail = f"{ev['steps']} steps this round, {node.iterations} in all"
             elif kind == kinds.UPLOAD_DONE:
                 node.reports_uploads = True
                 node.bytes_up += int(ev.get("bytes") or 0)

@@ -53,3 +53,14 @@ def test_ddp_shows_steps_with_the_compute_and_communication_split(tmp_path):
     state, text = folded(tmp_path, s, Workload(s, DATA))
     assert state.unit == "step" and state.round == 5
     assert state.rounds_total == 5 and "step 5/5" in text and "compute" in state.nodes["worker0"].detail
+
+
+def test_fl_esync_shows_each_clients_steps(tmp_path):
+    from tests.test_fl_protocol import StandIn as FLStandIn
+    from tests.test_server_opt import fl_scenario
+
+    s = fl_scenario(**{"fl.algorithm": "esync", "compute.nodes.client5.slowdown": 4})
+    state, text = folded(tmp_path, s, FLStandIn())
+    fast, slow = state.nodes["client1"], state.nodes["client5"]
+    assert fast.iterations > slow.iterations == 3     # one step a round for the straggler
+    assert "steps this round" in fast.detail and "ss" in state.nodes

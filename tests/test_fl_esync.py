@@ -101,3 +101,26 @@ def test_esync_keys_are_refused_out_of_place_or_range(sets, key):
     with pytest.raises(ScenarioError) as err:
         fl_scenario(**sets)
     assert key in str(err.value)
+
+
+def test_an_esync_run_resumes_from_its_checkpoint(tmp_path):
+    """The resumed controller begins round 3 anew: the state server's first RESET of it goes back from
+    nothing, so every record starts afresh, and the clients ask as in any round."""
+    run_emulation(esync(**{"fl.rounds": 2}), tmp_path / "part", work=StandIn())
+    init = (tmp_path / "part" / "checkpoint.dtck").read_bytes()
+    resumed = run_emulation(esync(**{"fl.rounds": 4}), tmp_path / "resumed", init=init, work=StandIn())
+    events = read_events(tmp_path / "resumed")
+    assert resumed["rounds"] == 4 and resumed["rounds_failed"] == 0
+    assert [e["round"] for e in of(events, "round_start")] == [3, 4]
+    steps = {e["node"]: e["steps"] for e in of(events, "upload_start", round=4)}
+    assert steps["client5"] == 1 and max(steps.values()) > 1
+
+
+def test_the_shipped_example_is_esync_in_fl():
+    from pathlib import Path
+
+    from dtemu.host.scenario_file import load_scenario
+
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "examples" / "fl_esync.yaml")
+    assert (sc.mode, sc.fl.algorithm, sc.node_names[0], sc.node_names[-1]) == ("fl", "esync", "controller", "ss")
+    assert len(sc.node_names) == 14 and sc.kind.readers_of(sc)["ps/state"] == {"ss"}

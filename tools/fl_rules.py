@@ -32,6 +32,7 @@ RULES = {
     "fedasync": ["fl.fedasync.staleness=poly"],
     "asgd": [],
     "dcasgd": [],       # fl.dcasgd_lambda 0.04
+    "esync": [],        # fl.esync: no cap, questions time out after 5 s
 }
 DEFAULT_RULES = "fedavg,fedprox,fedadam,fedyogi,fedadagrad"
 ASYNCHRONOUS = ("fedasync", "asgd", "dcasgd")
