@@ -63,7 +63,8 @@ _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (named in the fcntl module from Pytho
 # --- in a worker process ------------------------------------------------------
 
 _dataset = None
-_models: dict[tuple[str, int], Any] = {}
+_on_device: dict[str, Any] = {}   # the data set on each device a job named
+_models: dict[tuple[str, int, str], Any] = {}
 
 
 def init_worker(dataset, threads: int) -> None:
@@ -71,6 +72,8 @@ def init_worker(dataset, threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    if dataset is not _dataset:   # (a Ray task calls this per job, with the same object)
+        _on_device.clear()
     _dataset = dataset
 
 
@@ -82,11 +85,17 @@ def run_job(job: TrainJob | EvalJob):
 
     if hasattr(job, "run"):
         return job.run()
-    key = (job.model, job.model_seed)
+    device = getattr(job, "device", "cpu")   # (a GPU: every worker process shares it, its data there once)
+    key = (job.model, job.model_seed, device)
     if key not in _models:
-        _models[key] = build_model(job.model, seed=job.model_seed)
+        _models[key] = build_model(job.model, seed=job.model_seed).to(device)
+    if device not in _on_device:
+        from dtemu.host import devices
+
+        devices.prepare(device)
+        _on_device[device] = _dataset.to(device)
     run = {EvalJob: run_eval_job, GradientJob: run_gradient_job}.get(type(job), run_train_job)
-    return run(job, _dataset, _models[key])
+    return run(job, _on_device[device], _models[key])
 
 
 def _portable(err: BaseException) -> BaseException:

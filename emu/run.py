@@ -15,7 +15,7 @@ from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
 from dtemu.core.runtime.wiring import roles
 from dtemu.core.scenario import Scenario
-from dtemu.host import cpu_arith
+from dtemu.host import cpu_arith, devices
 from dtemu.host.work import load_work
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
@@ -152,7 +152,8 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
         extra["executor"] = pool.describe()
     if scenario.network.sites:  # what the network model saw cross each site's WAN (payload bytes)
         extra["wan_bytes"] = world.network.wan_bytes
+    device = getattr(work, "device", devices.CPU)
     summary = run_summary(scenario, "emu", records, time_s=end, wall_time_s=time.perf_counter() - wall_start,
-                          extra=extra, platform=cpu_arith.describe())
+                          extra=extra, platform={**cpu_arith.describe(), **devices.describe(device)}, device=device)
     run.write_json("summary.json", summary)
     return summary

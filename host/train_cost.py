@@ -20,6 +20,7 @@ from dtemu.core.ml.sgd import SGD
 from dtemu.core.ml.task import task_of
 from dtemu.core.ml.train import steps_with_torch_optim
 from dtemu.core.scenario import Scenario
+from dtemu.host import devices
 
 MNIST_SHAPE = ((1, 28, 28), 10)  # (input shape, classes) when the caller does not say
 
@@ -33,12 +34,15 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
     its task's loss (``barrier``: wait there after the untimed steps, so that processes measured
     together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images)."""
     batch = scenario.kind.batch_size(scenario)
-    model = build_model(scenario.model_spec, seed=scenario.seed)
+    device = devices.resolve(scenario)   # (a GPU's step is timed there; its work is waited for)
+    model = build_model(scenario.model_spec, seed=scenario.seed).to(device)
     task = task_of(scenario.model_spec)
     # the optimizer its training nodes step with
     opt = (torch.optim.SGD if steps_with_torch_optim(scenario) else SGD)(model.parameters(), lr=0.01)
     (dims, classes) = MNIST_SHAPE
     x, y = sample if sample is not None else (torch.randn(batch, *dims), torch.randint(0, classes, (batch,)))
+    x, y = x.to(device), y.to(device)
+    wait = torch.cuda.synchronize if device == devices.CUDA else (lambda: None)
     threads = torch.get_num_threads()
     torch.set_num_threads(scenario.threads)
     try:
@@ -46,10 +50,12 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
             if i == 2:
                 if barrier is not None:
                     barrier.wait(timeout=TOGETHER_TIMEOUT_S)
+                wait()
                 t0 = time.perf_counter()
             opt.zero_grad()
             task.loss(model(x), y).backward()
             opt.step()
+        wait()
         return (time.perf_counter() - t0) / (steps * batch)
     finally:
         torch.set_num_threads(threads)

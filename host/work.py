@@ -14,6 +14,9 @@ def load_work(scenario):
 def dtemu_work(scenario):
     """dtemu's own learning task: the model, its data split among the training nodes."""
     from dtemu.core.ml.workload import Workload
+    from dtemu.host import devices
     from dtemu.host.datasets import load_for
 
-    return Workload(scenario, load_for(scenario))
+    device = devices.resolve(scenario)
+    devices.prepare(device)
+    return Workload(scenario, load_for(scenario), device)

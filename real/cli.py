@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                             epilog=DATA_HELP)
     _common(launch, "runs/<name>-real-<date>-<time>")
     launch.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
+    launch.add_argument("--gpus", default=None, metavar="LIST",
+                        help="device: cuda, one GPU a rank: comma-separated GPU indices; rank r's process sees "
+                             "GPU LIST[r mod len(LIST)] alone (CUDA_VISIBLE_DEVICES)")
     add_commands(sub)
     soak.add_parser(sub, "real")
     rogue.add_parser(sub)

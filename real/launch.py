@@ -101,6 +101,7 @@ def launch(args, scenario: Scenario) -> int:
     if getattr(args, "key_file", None):
         env["DTEMU_KEY_FILE"] = str(Path(args.key_file).resolve())
     fired: dict[int, list[int]] = {r: [] for r in range(ranks)}
+    gpus = [g.strip() for g in (getattr(args, "gpus", None) or "").split(",") if g.strip()]
 
     def start(rank: int, restart: bool = False, hold: float | None = None) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "dtemu.real.cli", "run", args.scenario, "--rank", str(rank),
@@ -118,8 +119,12 @@ def launch(args, scenario: Scenario) -> int:
             if scenario.node_names[rank] == CONTROLLER and ckpt.exists():
                 cmd += ["--set", f"fl.init_path={ckpt}"]
         log = open(out / f"rank{rank}.log", "ab" if restart else "wb")
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=env if hold is None else {**env, HOLD: repr(hold)})
+        own = dict(env)
+        if hold is not None:
+            own[HOLD] = repr(hold)
+        if gpus:   # one GPU a rank, round robin over the list (its process sees that one alone, as cuda:0)
+            own["CUDA_VISIBLE_DEVICES"] = gpus[rank % len(gpus)]
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=own)
 
     schedule = _Schedule(scenario)
     procs: list[subprocess.Popen | None] = [None if schedule.down_at_start(r) else start(r, hold=schedule.held.get(r))
@@ -346,5 +351,6 @@ def gather(out: Path, scenario: Scenario, wall: float, codes: dict | None = None
              "time_scale": time_scale}
     # The ranks' kernels, as rank 0 recorded them (a rank on another host may differ: its own summary says)
     platform = records[0].get("platform") or cpu_arith.describe()
+    device = next((r["device"] for r in records if r.get("device")), "cpu")   # (each rank resolved the same key)
     return run_summary(scenario, "real", records, time_s=time_s, wall_time_s=wall, extra=extra,
-                       platform=platform)
+                       platform=platform, device=device)

@@ -17,7 +17,7 @@ from dtemu.core.runtime.driver import CRASHED, Driver, run_blocking
 from dtemu.core.runtime.summary import node_record
 from dtemu.core.runtime.wiring import readers_of, role_of
 from dtemu.core.scenario import Scenario
-from dtemu.host import cpu_arith
+from dtemu.host import cpu_arith, devices
 from dtemu.host.work import load_work
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
@@ -91,7 +91,9 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         clocks = transport.clock.offsets.as_dict()
     record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
                          bytes_rejected=prims.bytes_rejected, sealed=key is not None)
-    summary = {**record, "platform": cpu_arith.describe(), "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
+    device = getattr(work, "device", devices.CPU)
+    summary = {**record, "device": device, "platform": {**cpu_arith.describe(), **devices.describe(device)},
+               "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
                                   "writer_history": whc_high,
                                   "clocks": clocks,  # each peer's clock minus this rank's (real.clock_sync)
                                   "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}

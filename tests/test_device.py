@@ -6,6 +6,7 @@ import json
 import pytest
 
 from dtemu.core.scenario import parse_scenario
+from helpers import needs_mnist
 
 
 def test_cuda_is_refused_at_load_with_exit_2_and_no_run_folder(tmp_path, capsys):
@@ -37,3 +38,94 @@ def test_an_unknown_device_is_a_scenario_error(value):
 
     with pytest.raises(ScenarioError, match="device"):
         parse_scenario({"name": "x", "device": value})
+
+
+# --- where a GPU would be: the choice, made with torch told it has one ---------------------------
+
+@pytest.mark.parametrize("mode_raw, asked, expected", [
+    ({"fl": {"clients": 2}}, "cuda", "cuda"),
+    ({"fl": {"clients": 2}}, "auto", "cuda"),
+    ({"mode": "ddp", "ddp": {"workers": 2}}, "auto", "cpu"),
+])
+def test_a_gpu_is_chosen_where_the_mode_trains_on_one(monkeypatch, mode_raw, asked, expected):
+    import torch
+
+    from dtemu.host.devices import resolve
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve(parse_scenario({"name": "g", "device": asked, **mode_raw})) == expected
+
+
+def test_cuda_in_a_mode_that_trains_on_the_cpu_is_refused_by_name(monkeypatch):
+    import torch
+
+    from dtemu.core.errors import ScenarioError
+    from dtemu.host.devices import resolve
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ScenarioError, match="mode ddp trains on the CPU only"):
+        resolve(parse_scenario({"name": "g", "device": "cuda", "mode": "ddp", "ddp": {"workers": 2}}))
+
+
+def test_the_cpu_keeps_its_tensors_and_the_workload_its_data():
+    import torch
+
+    from dtemu.core.ml.data import Dataset
+    from dtemu.core.ml.workload import Workload
+
+    data = Dataset("d", torch.zeros(4, 1, 28, 28), torch.zeros(4, dtype=torch.int64), torch.zeros(2, 1, 28, 28),
+                   torch.zeros(2, dtype=torch.int64))
+    assert data.to("cpu") is data
+    work = Workload(parse_scenario({"name": "w", "model": "small_cnn", "fl": {"clients": 2}}), data)
+    assert work.device == "cpu" and work.data is data and work.eval_job(work.initial_weights).device == "cpu"
+
+
+# --- on a GPU (skipped where torch sees none) ----------------------------------------------------
+
+def _gpu():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+gpu_only = pytest.mark.skipif(not _gpu(), reason="no GPU here (torch.cuda.is_available() is False)")
+
+
+@gpu_only
+def test_steps_one_at_a_time_on_a_gpu_give_the_bits_of_training_at_once():
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from dtemu.core.ml.params import flatten
+    from dtemu.host.devices import prepare
+    from dtemu.core.ml.train import LocalTraining, train_local
+
+    prepare("cuda")
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 3)).to("cuda")
+
+    x, y = torch.randn(50, 5, device="cuda"), torch.randint(0, 3, (50,), device="cuda")
+    idx = np.arange(3, 50, 2)
+    once = model()
+    result = train_local(once, x, y, idx, epochs=2, batch_size=7, lr=0.1, momentum=0.5, seed=11)
+    steps = LocalTraining(model(), x, y, idx, batch_size=7, lr=0.1, momentum=0.5, seed=11)
+    for _ in range(8):
+        steps.run(1)
+    assert np.array_equal(steps.weights(), flatten(once)) and steps.result() == result
+
+
+@gpu_only
+@needs_mnist
+@pytest.mark.parametrize("algorithm", ["fedavg", "esync"])
+def test_an_fl_run_on_a_gpu_trains_the_same_model_twice(tmp_path, algorithm):
+    from dtemu.emu.run import run_emulation
+
+    raw = {"name": "gpu", "device": "cuda", "model": "small_cnn", "data": {"dataset": "mnist", "test_samples": 500},
+           "fl": {"clients": 3, "rounds": 2, "subset": 256, "algorithm": algorithm}}
+    a = run_emulation(parse_scenario(raw), tmp_path / "a")
+    b = run_emulation(parse_scenario(raw), tmp_path / "b")
+    assert a["device"] == "cuda" and a["platform"]["gpu"]
+    assert a["model_sha256"] == b["model_sha256"] and a["rounds"] == 2

@@ -65,6 +65,12 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
 
+    def to(self, device: str) -> Dataset:
+        """The same data on ``device`` (itself where it already is: the CPU's tensors are not copied)."""
+        if self.x_train.device == torch.device(device):
+            return self
+        return Dataset(self.name, *(t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test)))
+
 
 def images_and_labels(images: np.ndarray, labels: np.ndarray, mean: float, std: float,
                       where: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,6 +42,7 @@ class TrainJob:
     weight_decay: float
     seed: int  # batch order and dropout
     proximal_mu: float = 0.0  # FedProx's term (core.ml.train.train_local); 0: none
+    device: str = "cpu"  # where it trains (the data set it is run on must be there too)
 
     def split(self, parts: int) -> list[TrainJob]:
         return [self]  # one client's training is one sequence of steps
@@ -53,7 +54,7 @@ class TrainJob:
 def run_train_job(job: TrainJob, dataset, model=None) -> tuple[np.ndarray, TrainResult]:
     """(new weights, TrainResult) of ``job`` on ``dataset``; ``model``: a module to reuse (built if None)."""
     if model is None:
-        model = build_model(job.model, seed=job.model_seed)
+        model = build_model(job.model, seed=job.model_seed).to(job.device)
     load_flat(model, job.weights)
     result = train_local(model, dataset.x_train, dataset.y_train, job.indices, epochs=job.epochs,
                          batch_size=job.batch_size, lr=job.lr, momentum=job.momentum,
@@ -128,12 +129,14 @@ class EvalJob:
     weights: np.ndarray
     start: int
     stop: int
+    device: str = "cpu"
 
     def split(self, parts: int) -> list[EvalJob]:
         """At most ``parts`` jobs over whole batches, in order; their counts add up to this one's."""
         batches = -(-(self.stop - self.start) // EVAL_BATCH)
         per = -(-batches // max(1, parts))
-        return [EvalJob(self.model, self.model_seed, self.weights, start, min(self.stop, start + per * EVAL_BATCH))
+        return [EvalJob(self.model, self.model_seed, self.weights, start, min(self.stop, start + per * EVAL_BATCH),
+                        self.device)
                 for start in range(self.start, self.stop, per * EVAL_BATCH)] or [self]
 
     def finish(self, results: list[tuple[int, int]]) -> float:
@@ -144,7 +147,7 @@ class EvalJob:
 def run_eval_job(job: EvalJob, dataset, model=None) -> tuple[int, int]:
     """(correct, total) of ``job``'s weights on its test samples."""
     if model is None:
-        model = build_model(job.model, seed=job.model_seed)
+        model = build_model(job.model, seed=job.model_seed).to(job.device)
     load_flat(model, job.weights)
     return evaluate(model, dataset.x_test[job.start:job.stop], dataset.y_test[job.start:job.stop],
                     batch_size=EVAL_BATCH, task=task_of(job.model))

@@ -35,7 +35,7 @@ def flatten(model: nn.Module) -> np.ndarray:
         return np.zeros(0, dtype=np.float32)
     with torch.no_grad():
         flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
-    return flat.numpy()
+    return flat.cpu().numpy()   # (a GPU's tensors come over; the CPU's are not copied)
 
 
 def load_flat(model: nn.Module, vec: np.ndarray) -> None:
@@ -61,7 +61,7 @@ def params_vector(model: nn.Module) -> np.ndarray:
     """The model's parameters (its buffers left out) as one float32 vector: geo's payload, whose
     PSs sum and apply weights and gradients alike, position by position."""
     with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().astype(np.float32)
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy().astype(np.float32)
 
 
 def load_params(model: nn.Module, vec: np.ndarray) -> None:
@@ -86,7 +86,7 @@ def zero_gradients(model: nn.Module) -> None:
 
 def grads_vector(params) -> np.ndarray:
     """The parameters' gradients as one flat vector (their dtype; a data-parallel step's payload)."""
-    return torch.cat([p.grad.reshape(-1) for p in params]).numpy()
+    return torch.cat([p.grad.reshape(-1) for p in params]).cpu().numpy()
 
 
 def load_grads(params, flat: np.ndarray) -> None:

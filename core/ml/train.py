@@ -88,8 +88,11 @@ class LocalTraining:
         self.opt = make(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.anchor = [p.detach().clone() for p in self.params] if proximal_mu else None
         self.steps = self.samples = 0
-        self.loss_sum = torch.zeros((), dtype=torch.float64)  # summed as a tensor: no sync per step
-        self._rng: torch.Tensor | None = None     # dropout's RNG between calls (None: seed it)
+        device = self.params[0].device if self.params else torch.device("cpu")
+        # A GPU's own RNG (dropout there draws from it) is forked and kept as the CPU's is.
+        self._gpus = [device.index or 0] if device.type == "cuda" else []
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # a tensor: no sync per step
+        self._rng: tuple | None = None     # dropout's RNG between calls (None: seed it)
         self._epoch, self._order, self._pos = -1, None, 0
 
     @property
@@ -109,14 +112,16 @@ class LocalTraining:
         if steps <= 0 or not len(self.indices):
             return
         self.model.train()
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.random.fork_rng(devices=self._gpus), torch.enable_grad():
             if self._rng is None:
-                torch.manual_seed(self.seed)
+                torch.manual_seed(self.seed)   # (every device's RNG)
             else:
-                torch.set_rng_state(self._rng)
+                torch.set_rng_state(self._rng[0])
+                for gpu, state in zip(self._gpus, self._rng[1:]):
+                    torch.cuda.set_rng_state(state, gpu)
             for _ in range(steps):
                 self._step()
-            self._rng = torch.get_rng_state()
+            self._rng = (torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in self._gpus))
 
     def _step(self) -> None:
         if self._order is None or self._pos >= len(self.indices):

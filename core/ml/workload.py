@@ -40,12 +40,17 @@ def _client_seed(cmd, client: int) -> int:
 
 
 class Workload:
-    """``dataset``: the scenario's data, already loaded (``host.datasets.load_for``)."""
+    """``dataset``: the scenario's data, already loaded (``host.datasets.load_for``).  ``device``: where
+    an FL client's training and the evaluation run ("cpu", or "cuda" as host.devices resolved the
+    scenario's key): the model and a copy of the data live there; ``dataset`` stays on the CPU (the
+    split reads its labels, worker processes are handed it)."""
 
-    def __init__(self, scenario: Scenario, dataset: datasets.Dataset):
+    def __init__(self, scenario: Scenario, dataset: datasets.Dataset, device: str = "cpu"):
         self.scenario = scenario
         self.dataset = dataset
-        self._model = build_model(scenario.model_spec, seed=scenario.seed)
+        self.device = device
+        self.data = dataset.to(device)
+        self._model = build_model(scenario.model_spec, seed=scenario.seed).to(device)
 
     # --- data ----------------------------------------------------------
     @cached_property
@@ -152,7 +157,7 @@ class Workload:
         return TrainJob(model=self.scenario.model_spec, model_seed=self.scenario.seed, weights=weights,
                         indices=self.client_indices(client, cmd), epochs=cmd.epochs, batch_size=fl.batch_size,
                         lr=cmd.lr, momentum=fl.momentum, weight_decay=fl.weight_decay,
-                        seed=_client_seed(cmd, client), proximal_mu=fl.proximal_mu)
+                        seed=_client_seed(cmd, client), proximal_mu=fl.proximal_mu, device=self.device)
 
     def local_training(self, weights: np.ndarray, cmd, client: int) -> LocalTraining:
         """``cmd``'s training from ``weights``, a step at a time, in a model of its own (emu interleaves
@@ -161,19 +166,19 @@ class Workload:
         fl = self.scenario.fl
         model = copy.deepcopy(self._model)
         load_flat(model, weights)
-        return LocalTraining(model, self.dataset.x_train, self.dataset.y_train, self.client_indices(client, cmd),
+        return LocalTraining(model, self.data.x_train, self.data.y_train, self.client_indices(client, cmd),
                              batch_size=fl.batch_size, lr=cmd.lr, momentum=fl.momentum,
                              weight_decay=fl.weight_decay, seed=_client_seed(cmd, client),
                              proximal_mu=fl.proximal_mu, task=self.task)
 
     def run_job(self, job: TrainJob):
         """Run ``job`` here, on this process's model and data set."""
-        return run_train_job(job, self.dataset, self._model)
+        return run_train_job(job, self.data, self._model)
 
     def evaluate(self, weights: np.ndarray) -> float:
         job = self.eval_job(weights)
-        return job.finish([run_eval_job(job, self.dataset, self._model)])
+        return job.finish([run_eval_job(job, self.data, self._model)])
 
     def eval_job(self, weights: np.ndarray) -> EvalJob:
         """``evaluate``'s work as a job a runtime with worker processes may split among them."""
-        return EvalJob(self.scenario.model_spec, self.scenario.seed, weights, 0, self.test_size)
+        return EvalJob(self.scenario.model_spec, self.scenario.seed, weights, 0, self.test_size, self.device)

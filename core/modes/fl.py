@@ -18,6 +18,7 @@ class FederatedLearning(Mode):
     trains_as_jobs = True
     steps_with_torch_optim = False
     chooses_clients = True
+    gpu = True   # (its clients' training and the evaluation: core.ml.workload's device)
     crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_fl:check_fl"
     report = "dtemu.report.fl:write_fl_report"

@@ -62,7 +62,8 @@ def node_record(scenario: Scenario, name: str, result: Any, bytes_sent: int, byt
 
 
 def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *, time_s: float | None,
-                wall_time_s: float, extra: dict | None = None, platform: dict | None = None) -> dict:
+                wall_time_s: float, extra: dict | None = None, platform: dict | None = None,
+                device: str = "cpu") -> dict:
     """The run's summary from every rank's record (None or {} for a rank that left none)."""
     records = [r or {} for r in records]
     trains = set(scenario.training_nodes)  # once: a list rebuilt per node is quadratic at 10,000 clients
@@ -77,7 +78,7 @@ def run_summary(scenario: Scenario, runtime: str, records: list[dict | None], *,
         "time_s": None if time_s is None else round(time_s, 9),
         "wall_time_s": round(wall_time_s, 3),
         "time_to_accuracy": time_to_accuracy([], scenario.targets),
-        "device": "cpu",  # where it trained: every run so far (device: cuda is refused at load; auto is the CPU)
+        "device": device,  # where it trained (host.devices: the scenario's key, resolved)
     }
     summary.update(scenario.kind.summary(scenario, records, lambda history: time_to_accuracy(history, scenario.targets),
                                          time_s))
