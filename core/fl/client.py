@@ -20,7 +20,7 @@ from dtemu.core.wire.auth import Sealer  # (the type of ctx.sealer)
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, ModelDelta, Stop, TrainCmd
 from dtemu.core.fl.downlink import HeldModel
-from dtemu.core.fl.esync import Questions, train_until_sync
+from dtemu.core.fl.esync import Questions, ss_rank, train_until_sync
 from dtemu.core.fl.rules import STATE_SERVER
 from dtemu.core.fl.residuals import Residuals
 from dtemu.core.runtime import points
@@ -69,7 +69,7 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Resid
         residuals.forget(ctx.node)  # a new life: what an earlier one kept died with it
     state = _State()
     # fl.algorithm esync: the client asks the state server after each local iteration (core.fl.esync)
-    questions = Questions(ctx, index, fl.clients + 1, fl.esync.query_timeout_s, state.rejected) \
+    questions = Questions(ctx, index, ss_rank(fl), fl.esync.query_timeout_s, state.rejected) \
         if fl.algorithm in STATE_SERVER else None
     priced_encode = scenario.compute_for(ctx.node).cpu.encode_s_per_mb > 0
     while state.stop is None:

@@ -19,7 +19,7 @@ import numpy as np
 from dtemu.core.wire import messages
 from dtemu.core.fl.aggregate import Update
 from dtemu.core.fl.inbox import ACCEPTED, UpdateInbox
-from dtemu.core.fl.esync import Leader
+from dtemu.core.fl.esync import Leader, ss_rank
 from dtemu.core.fl.rules import STATE_SERVER, fl_strategy
 from dtemu.core.wire.checkpoint import decode_checkpoint
 from dtemu.core.errors import CheckpointError
@@ -82,7 +82,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
 
     yield from barrier(ctx, fl, clients)
     # fl.algorithm esync: what the rounds tell its state server (core.fl.esync)
-    ss = Leader(ctx, 0, fl.clients + 1, _client_rank) if fl.algorithm in STATE_SERVER else None
+    ss = Leader(ctx, 0, ss_rank(fl), _client_rank) if fl.algorithm in STATE_SERVER else None
     if ss is not None:
         yield ss.meet(fl.barrier_timeout_s)
     # fl.downlink_codec: the model goes down as a compressed delta on the clients' reference

@@ -27,6 +27,11 @@ from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
 from dtemu.core.wire.topics import SS_REPLY, SS_STATE
 
 
+def ss_rank(fl) -> int:
+    """The state server's rank in FL: after the controller (0) and the clients (1..N; core.modes.fl)."""
+    return fl.clients + 1
+
+
 def _status(ctx, msg_type: int, sender: int, receiver: int, st: pm.Status) -> Send:
     data = pm.encode_state(pm.StateMsg(msg_type, sender, receiver, st))
     return Send(SS_STATE, ctx.seal(SS_STATE, st.r, data), to=SS)
