@@ -615,7 +615,11 @@ def stretched(s: Scenario, factor: float) -> Scenario:
             return [scale(v) for v in node]
         return node
 
-    out = build(Scenario, scale(s.to_dict()))
+    d = s.to_dict()
+    for key, rule in RULE_KEYS.items():   # a rule's keys stay at their defaults under another rule
+        if d["fl"]["algorithm"] != rule:  # (fl.esync.query_timeout_s, under fedavg, is no duration)
+            del d["fl"][key]
+    out = build(Scenario, scale(d))
     validate(out)
     return out
 

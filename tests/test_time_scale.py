@@ -57,3 +57,10 @@ def test_under_a_time_scale_a_job_lasts_its_modelled_time_times_the_scale():
     assert _paced(3.0, 4.0, 0.5) < 0.05  # slower than its modelled time already: no idling
     # no time scale: a straggler idles (slowdown - 1) x its measured time, as before
     assert 0.06 <= _paced(None, 4.0, 0.02) < 0.5
+
+
+def test_esyncs_question_timeout_is_a_duration_and_only_esyncs():
+    raw = {"name": "e", "fl": {"clients": 2, "algorithm": "esync", "esync": {"query_timeout_s": 2.0}}}
+    assert stretched(parse_scenario(raw), 3).fl.esync.query_timeout_s == 6.0
+    other = stretched(parse_scenario(RAW), 3)   # fedavg: the rule's key keeps its default, and is no error
+    assert other.fl.esync == parse_scenario(RAW).fl.esync
