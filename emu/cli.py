@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     # the mode gains by it without being asked (core.modes: FL's clients, yes; ddp's gradients, not)
     jobs = args.jobs or (cores.fitting(scenario.threads) if scenario.kind.pool_by_default else 1)
     if (args.jobs or args.executor != "local") and not scenario.trains_as_jobs:
-        # Said, not silently ignored: ps's workers train in here (their model lives between iterations).
+        # Said, not silently ignored (every mode hands its training out today; a new one may not).
         print(f"emu: mode {scenario.mode} trains inside this process; --jobs and --executor place the "
-              "training of fl, ddp and geo only (the run is the same either way)", file=sys.stderr)
+              "training of the modes that hand it out as jobs (the run is the same either way)", file=sys.stderr)
     if jobs > 1 and args.executor == "local" and scenario.trains_as_jobs:
         from .pool import prestart
 

@@ -114,14 +114,15 @@ def test_data_root_comes_from_the_environment():
     assert resolve_root(None) == Path(os.environ["DTEMU_DATA"])
 
 
-def test_jobs_where_the_workers_train_in_this_process_are_said_to_do_nothing(tmp_path, capsys):
-    """--jobs places the training of fl, ddp and geo; a ps run says so rather than ignoring it silently,
-    and a ddp run hands its gradients to the pool."""
+def test_jobs_place_every_modes_training(tmp_path, capsys):
+    """--jobs places the training of every mode: a ps worker's local iterations and a ddp worker's
+    gradients go to the pool, and neither run says it trains in this process."""
     path = tmp_path / "s.yaml"
     path.write_text("name: ps-jobs\nmode: ps\nmodel: small_cnn\nps: {workers: 2, rounds: 1, algorithm: ssgd}\n"
                     "data: {test_samples: 100}\n")
     assert emu_main(["run", str(path), "--no-tui", "--jobs", "2", "--out", str(tmp_path / "run")]) == 0
-    assert "trains inside this process" in capsys.readouterr().err
+    assert "trains inside this process" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["emu"]["executor"]["jobs"] == 2
     path.write_text("name: ddp-jobs\nmode: ddp\nmodel: small_cnn\nddp: {workers: 2, max_steps: 1, batch_size: 8}\n"
                     "data: {test_samples: 100}\n")
     assert emu_main(["run", str(path), "--no-tui", "--jobs", "2", "--out", str(tmp_path / "ddp")]) == 0

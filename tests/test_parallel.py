@@ -148,14 +148,20 @@ GRADIENT_RUNS = {
     "ddp_dgc": ("ddp_dgc", ["ddp.max_steps=6", "ddp.warmup_steps_per_stage=2", "data.test_samples=200"]),
     "geo_hips": ("geo_hips", ["geo.rounds=3", "data.test_samples=200"]),
     "geo_hfa": ("geo_hips", ["geo.sync=hfa", "geo.k1=2", "geo.k2=2", "geo.rounds=2", "data.test_samples=200"]),
+    # ps: each local iteration (core.ml.jobs.StepJob); ESync's counts follow the clock, so the same
+    # events say every iteration took its modelled time
+    "ps_esync": ("esync", ["ps.rounds=2", "ps.max_local_iterations=6", "data.test_samples=200"]),
+    "ps_fedasync": ("ssgd_hetero", ["ps.algorithm=fedasync", "ps.rounds=6", "ps.local_epochs=1",
+                                    "ps.fixed_iterations=3", "data.test_samples=200"]),
 }
 
 
 @needs_mnist
 @pytest.mark.parametrize("run", sorted(GRADIENT_RUNS))
-def test_ddp_and_geo_workers_in_worker_processes_give_the_serial_events(tmp_path, run):
-    """Every worker's forward and backward pass runs in a worker process (its model's state goes
-    with it, its gradients and state come back): the event log is the serial run's, byte for byte."""
+def test_ddp_geo_and_ps_workers_in_worker_processes_give_the_serial_events(tmp_path, run):
+    """Every worker's forward and backward pass (ps: and its SGD step) runs in a worker process (its
+    model's state goes with it, its gradients or new state come back): the event log is the serial
+    run's, byte for byte."""
     from dtemu.host.scenario_file import load_scenario
 
     name, sets = GRADIENT_RUNS[run]

@@ -22,7 +22,7 @@ from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.ml.evaluation import evaluate
 from dtemu.core.ml.task import Task, task_of
 from dtemu.core.ml.train import LocalTraining, compute_gradients
-from dtemu.core.ml.jobs import EvalJob, GradientJob, TrainJob, run_eval_job, run_train_job
+from dtemu.core.ml.jobs import EvalJob, GradientJob, StepJob, TrainJob, run_eval_job, run_train_job
 from dtemu.core.runtime.requests import Compute
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
@@ -139,6 +139,13 @@ class Workload:
         job = GradientJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch),
                           self._step_seed(rank, step))
         return Compute(lambda: (self.gradients(model, batch, rank, step), None, None), samples=len(batch), job=job)
+
+    def step_job(self, model, batch: np.ndarray, seed: int, lr: float) -> StepJob | None:
+        """A ps worker's local iteration as a job a worker process may run (emu --jobs N), on ``model``'s
+        state; None where the task brings its own optimizer (its state lives in the worker's)."""
+        if self.task.optimizer is not None:
+            return None
+        return StepJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch), seed, lr)
 
     def evaluate_shard(self, model, rank: int, world: int) -> tuple[int, int]:
         """(correct, total) on this rank's share of the test set (every world-th sample)."""

@@ -36,7 +36,7 @@ class Mode:
     digest_sections: frozenset[str] = frozenset()
     # Do its nodes hand their training out as jobs an executor may run in other processes
     # (emu --jobs, --executor ray; core.ml.jobs: an FL client's round, a ddp or geo worker's
-    # gradient)?
+    # gradient, a ps worker's local iteration)?
     trains_as_jobs: bool = False
     # Does ``emu run`` hand them to worker processes without being asked (--jobs' default: as many
     # as the cores hold)?  An FL round's clients, yes; a ddp or geo worker's gradient only with

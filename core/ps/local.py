@@ -1,4 +1,5 @@
-"""A worker's local work in mode ps: its batches, one SGD iteration, the initial model, evaluation.
+"""A worker's local work in mode ps: its batches, the initial model, evaluation (one SGD iteration is
+core.ml.train.sgd_iteration, which a worker process runs too).
 
 Batches are a stream per worker: each epoch a permutation of its partition drawn from
 (seed, rank, epoch), cut into batches of ``ps.batch_size`` (the last, partial one
@@ -40,20 +41,6 @@ class BatchStream:
         batch = self._order[self.pos:self.pos + self.batch_size]
         self.pos += self.batch_size
         return batch
-
-
-def sgd_iteration(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                  batch: np.ndarray, seed: int, task: Task = CLASSIFICATION) -> float:
-    """One local iteration (Eq. 10-11): the batch's loss (the task's), its gradient, one SGD step."""
-    idx = torch.from_numpy(batch)
-    model.train()
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        torch.manual_seed(seed)
-        opt.zero_grad(set_to_none=True)
-        loss = task.loss(model(x[idx]), y[idx])
-        loss.backward()
-        opt.step()
-    return float(loss.detach())
 
 
 def xavier_weights(model: nn.Module, seed: int) -> np.ndarray:

@@ -33,9 +33,11 @@ from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError
 from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.fl.esync import Questions
+from dtemu.core.ml.jobs import take_step
 from dtemu.core.ml.task import training_error
+from dtemu.core.ml.train import sgd_iteration
 from dtemu.core.ps import messages as pm
-from dtemu.core.ps.local import BatchStream, sgd_iteration
+from dtemu.core.ps.local import BatchStream
 from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import local_iterations
 from dtemu.core.runtime import points
@@ -166,9 +168,12 @@ def ps_worker(ctx, scenario, work, rank: int):
             yield Point(points.TRAIN, version)
             started = ctx.now()
             try:
-                loss = yield Compute(lambda b=batch, s=seed: sgd_iteration(w.model, w.opt, work.dataset.x_train,
-                                                                           work.dataset.y_train, b, s, work.task),
-                                     samples=len(batch))
+                # here, in the worker's model, or (emu --jobs N) in a worker process on its state
+                job = work.step_job(w.model, batch, seed, ps.lr) if hasattr(work, "step_job") else None
+                loss = take_step(w.model, (yield Compute(
+                    lambda b=batch, s=seed: (sgd_iteration(w.model, w.opt, work.dataset.x_train, work.dataset.y_train,
+                                                           b, s, work.task), None),
+                    samples=len(batch), job=job)))
             except Exception as err:  # the task's own code raised: reported as a diverged update is
                 ctx.emit(ev.TRAIN_FAILED, round=version, error=training_error(work, err))
                 failed = True
