@@ -16,7 +16,7 @@ import numpy as np
 
 from dtemu.core.errors import ScenarioError
 from dtemu.core.ml import data as datasets
-from dtemu.core.ml.batches import epoch_order
+from dtemu.core.ml.batches import epoch_order, step_seed
 from dtemu.core.ml.models import build_model, model_cost
 from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.ml.evaluation import evaluate
@@ -36,7 +36,7 @@ def round_seed(seed: int, round_: int, attempt: int = 0) -> int:
 
 def _client_seed(cmd, client: int) -> int:
     """The seed of a client's training for ``cmd``: its batch order and dropout."""
-    return int(np.random.SeedSequence([cmd.seed, client]).generate_state(1)[0])
+    return step_seed(cmd.seed, client)
 
 
 class Workload:
@@ -129,7 +129,7 @@ class Workload:
                                  seed=self._step_seed(rank, step), task=self.task)
 
     def _step_seed(self, rank: int, step: int) -> int:
-        return int(np.random.SeedSequence([self.scenario.seed, rank, step]).generate_state(1)[0])
+        return step_seed(self.scenario.seed, rank, step)
 
     def gradient_step(self, model, batch: np.ndarray, rank: int, step: int) -> Compute:
         """A ddp or geo worker's forward and backward pass as a ``Compute``: here, in ``model``

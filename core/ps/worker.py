@@ -33,6 +33,7 @@ from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError
 from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.fl.esync import Questions
+from dtemu.core.ml.batches import step_seed
 from dtemu.core.ml.jobs import take_step
 from dtemu.core.ml.task import training_error
 from dtemu.core.ml.train import sgd_iteration
@@ -164,7 +165,7 @@ def ps_worker(ctx, scenario, work, rank: int):
             if action == pm.SYNC:
                 break
             batch = w.stream.next()
-            seed = int(np.random.SeedSequence([scenario.seed, rank, w.out.iterations]).generate_state(1)[0])
+            seed = step_seed(scenario.seed, rank, w.out.iterations)
             yield Point(points.TRAIN, version)
             started = ctx.now()
             try:
