@@ -124,3 +124,16 @@ def test_the_shipped_example_is_esync_in_fl():
     sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "examples" / "fl_esync.yaml")
     assert (sc.mode, sc.fl.algorithm, sc.node_names[0], sc.node_names[-1]) == ("fl", "esync", "controller", "ss")
     assert len(sc.node_names) == 14 and sc.kind.readers_of(sc)["ps/state"] == {"ss"}
+
+
+def test_a_client_waiting_for_an_answer_takes_stop_at_once(tmp_path):
+    """The state server gone: each question waits its timeout (here 100 s), but the controller's Stop
+    (or a newer round) ends the wait; the clients do not outlive the run by a timeout."""
+    sc = esync(**{"fl.rounds": 2, "fl.esync.query_timeout_s": 100,
+                  "faults.offline": [{"node": "ss", "start_s": 0.001, "end_s": 1e9}]})
+    summary = run_emulation(sc, tmp_path / "run", work=StandIn())
+    events = read_events(tmp_path / "run")
+    assert summary["rounds_failed"] == 2 and summary["time_s"] < 5
+    stops = of(events, "client_stop")
+    assert len(stops) == 6 and max(e["t"] for e in stops) < 5
+    assert {e["round"] for e in of(events, "cmd_skipped")} == {1, 2}   # each round's work dropped

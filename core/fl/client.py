@@ -71,6 +71,8 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Resid
     # fl.algorithm esync: the client asks the state server after each local iteration (core.fl.esync)
     questions = Questions(ctx, index, ss_rank(fl), fl.esync.query_timeout_s, state.rejected) \
         if fl.algorithm in STATE_SERVER else None
+    if questions is not None:
+        yield questions.meet(fl.barrier_timeout_s)
     priced_encode = scenario.compute_for(ctx.node).cpu.encode_s_per_mb > 0
     while state.stop is None:
         if state.resend:
@@ -195,7 +197,7 @@ def _train(ctx, fl, work: Workload, index: int, cmd: TrainCmd, base, state: _Sta
             questions.m = state.model_transfer_s
             training = work.local_training(base, cmd, index)
             result = yield from train_until_sync(ctx, fl, training, cmd, questions,
-                                                 lambda: _overtaken(ctx, state, cmd, work.dim))
+                                                 lambda msg: _overtaken(ctx, state, cmd, work.dim, msg))
             return None if result is None else (training.weights(), result)
         samples = cmd.epochs * work.subset_size(index, cmd.subset)
         yield Point(points.TRAIN, cmd.round)
@@ -208,10 +210,10 @@ def _train(ctx, fl, work: Workload, index: int, cmd: TrainCmd, base, state: _Sta
         return None
 
 
-def _overtaken(ctx, state: _State, cmd: TrainCmd, dim: int):
-    """Take what came while training; True if the round went on without us: a newer model or
-    command, or Stop."""
-    while (msg := (yield Recv((TRAIN_CMD, MODEL_BLOB), deadline=ctx.now()))) is not None:
+def _overtaken(ctx, state: _State, cmd: TrainCmd, dim: int, msg=None) -> bool:
+    """Take ``msg`` (one of the controller's, if any); True if the round went on without us: a newer
+    model or command, or Stop."""
+    if msg is not None:
         _handle(ctx, state, msg, dim, ctx.sealer)
     return state.stop is not None or state.model_round >= cmd.round or state.cmd is not None
 

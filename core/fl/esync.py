@@ -24,7 +24,9 @@ from dtemu.core.ps.spec import SS
 from dtemu.core.runtime import points
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
-from dtemu.core.wire.topics import SS_REPLY, SS_STATE
+from dtemu.core.wire.topics import MODEL_BLOB, SS_REPLY, SS_STATE, TRAIN_CMD
+
+_FROM_CONTROLLER = (TRAIN_CMD, MODEL_BLOB)   # what an FL client takes while it trains or waits
 
 
 def ss_rank(fl) -> int:
@@ -47,26 +49,36 @@ class Questions:
         self.rejected = rejected
         self.c = self.m = 0.0
         self.timeouts = 0
-        self.met = False   # has it waited for the state server to be there (real mode's discovery)?
 
     def send(self, msg_type: int, i: int, r: int) -> Send:
         st = pm.Status(self.rank, i, r, self.c, self.m, self.ctx.now())
         return _status(self.ctx, msg_type, self.rank, self.ss_rank, st)
 
+    def meet(self, timeout_s: float) -> WaitPeers:
+        """Wait for the state server to be there, once, at the start (real mode: a REPORT sent before
+        discovery is lost; the controller's barrier waits meanwhile)."""
+        return WaitPeers((SS,), deadline=self.ctx.now() + timeout_s)
+
     def report(self, r: int) -> Send:
         """Round ``r`` begins here (i = 0)."""
         return self.send(pm.REPORT, 0, r)
 
-    def ask(self, i: int, r: int):
-        """QUERY after iteration ``i`` of round ``r``; the action (no answer in time: SYNC)."""
+    def ask(self, i: int, r: int, also: tuple = (), overtaken=None):
+        """QUERY after iteration ``i`` of round ``r``; the action (no answer in time: SYNC).  ``also``:
+        other topics to take while waiting, each message handed to ``overtaken``, which says whether
+        the round went on without this client (then None: a Stop does not wait out the timeout)."""
         ctx = self.ctx
         yield self.send(pm.QUERY, i, r)
         deadline = ctx.now() + self.timeout_s
         while True:
-            msg = yield Recv((SS_REPLY,), deadline=deadline)
+            msg = yield Recv((SS_REPLY, *also), deadline=deadline)
             if msg is None:
                 self.timeouts += 1
                 return pm.SYNC
+            if msg.topic != SS_REPLY:
+                if overtaken(msg):
+                    return None
+                continue
             try:
                 reply = pm.decode_state(ctx.open(msg))
                 if msg.src != SS or reply.msg_type != pm.RESPONSE or reply.status.k != self.rank:
@@ -117,24 +129,30 @@ class Leader:
 def train_until_sync(ctx, fl, training, cmd, questions: Questions, overtaken):
     """An FL client's round under ESync: one step of ``training`` (core.ml.train.LocalTraining), then
     a question, until the state server says SYNC (or ``fl.esync.max_iterations``).  Returns the
-    TrainResult, or None when ``overtaken()`` (a generator: what came meanwhile, a newer model or
-    command or Stop) says the round went on without this client."""
+    TrainResult, or None when the round went on without this client: ``overtaken(msg)`` takes a
+    message of the controller's (a newer model or command, Stop) and says so; None: was it so?"""
     cap = fl.esync.max_iterations
-    if not questions.met:   # (real mode: a REPORT sent before discovery is lost; a server gone: a question's wait)
-        yield WaitPeers((SS,), deadline=ctx.now() + questions.timeout_s)
-        questions.met = True
     yield questions.report(cmd.round)
     yield Point(points.TRAIN, cmd.round)
     i = 0
-    while i == 0 or ((cap is None or i < cap) and (yield from questions.ask(i, cmd.round)) == pm.TRAIN):
+    while True:
+        if i > 0:
+            action = pm.SYNC if cap is not None and i >= cap else \
+                (yield from questions.ask(i, cmd.round, _FROM_CONTROLLER, overtaken))
+            if action is None:
+                break
+            if action == pm.SYNC:
+                result = training.result()
+                # FedAvg weighs an update by the data its client holds (ESync's n_k, Eq. 13), not by how
+                # many iterations the state server let it run.
+                return TrainResult(result.steps, len(training.indices), result.mean_loss)
         started = ctx.now()
         yield Compute(lambda: training.run(1), samples=training.next_batch)
         questions.c = ctx.now() - started
         i += 1
-        if (yield from overtaken()):
-            ctx.emit(ev.CMD_SKIPPED, round=cmd.round, iterations=i)
-            return None
-    result = training.result()
-    # FedAvg weighs an update by the data its client holds (ESync's n_k, Eq. 13), not by how many
-    # iterations the state server let it run.
-    return TrainResult(result.steps, len(training.indices), result.mean_loss)
+        while (msg := (yield Recv(_FROM_CONTROLLER, deadline=ctx.now()))) is not None:
+            overtaken(msg)   # (what came while it trained)
+        if overtaken(None):
+            break
+    ctx.emit(ev.CMD_SKIPPED, round=cmd.round, iterations=i)
+    return None
