@@ -38,7 +38,8 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
     model = build_model(scenario.model_spec, seed=scenario.seed).to(device)
     task = task_of(scenario.model_spec)
     # the optimizer its training nodes step with
-    opt = (torch.optim.SGD if steps_with_torch_optim(scenario) else SGD)(model.parameters(), lr=0.01)
+    torch_optim = steps_with_torch_optim(scenario) or device != devices.CPU   # (core.ml.sgd is the CPU's)
+    opt = (torch.optim.SGD if torch_optim else SGD)(model.parameters(), lr=0.01)
     (dims, classes) = MNIST_SHAPE
     x, y = sample if sample is not None else (torch.randn(batch, *dims), torch.randint(0, classes, (batch,)))
     x, y = x.to(device), y.to(device)

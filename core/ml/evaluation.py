@@ -19,7 +19,7 @@ def tally(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 
     """(correct, counted, summed loss: 0.0 unless ``with_loss``); the model's mode is restored."""
     was_training = model.training
     model.eval()
-    correct = torch.zeros((), dtype=torch.int64)
+    correct = torch.zeros((), dtype=torch.int64, device=x.device)   # (counted where the model runs)
     counted = 0
     loss = 0.0
     try:

@@ -84,11 +84,12 @@ class LocalTraining:
         self.indices = np.asarray(indices, dtype=np.int64)
         self.batch_size, self.seed, self.mu = batch_size, seed, proximal_mu
         self.params = list(model.parameters())
-        make = task.optimizer or SGD  # SGD: torch's bits, no dynamo
+        device = self.params[0].device if self.params else torch.device("cpu")
+        # core.ml.sgd.SGD: torch's CPU bits without dynamo's import; a GPU's step is torch.optim's
+        make = task.optimizer or (SGD if device.type == "cpu" else torch.optim.SGD)
         self.opt = make(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.anchor = [p.detach().clone() for p in self.params] if proximal_mu else None
         self.steps = self.samples = 0
-        device = self.params[0].device if self.params else torch.device("cpu")
         # A GPU's own RNG (dropout there draws from it) is forked and kept as the CPU's is.
         self._gpus = [device.index or 0] if device.type == "cuda" else []
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # a tensor: no sync per step
