@@ -485,12 +485,6 @@ class Scenario:
         return self.kind.node_names(self)
 
     @property
-    def trains_as_jobs(self) -> bool:
-        """Do its nodes hand their training out as jobs that an executor may run in other processes
-        (emu --jobs, --executor ray; core.ml.jobs)?"""
-        return self.kind.trains_as_jobs
-
-    @property
     def training_nodes(self) -> list[str]:
         """The nodes whose traffic counts as bytes_up / bytes_down."""
         return self.kind.training_nodes(self)

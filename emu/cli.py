@@ -89,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     # as many workers as the cores hold at the scenario's threads (more would only share them), where
     # the mode gains by it without being asked (core.modes: FL's clients, yes; ddp's gradients, not)
     jobs = args.jobs or (cores.fitting(scenario.threads) if scenario.kind.pool_by_default else 1)
-    if (args.jobs or args.executor != "local") and not scenario.trains_as_jobs:
-        # Said, not silently ignored (every mode hands its training out today; a new one may not).
-        print(f"emu: mode {scenario.mode} trains inside this process; --jobs and --executor place the "
-              "training of the modes that hand it out as jobs (the run is the same either way)", file=sys.stderr)
-    if jobs > 1 and args.executor == "local" and scenario.trains_as_jobs:
+    if jobs > 1 and args.executor == "local":
         from .pool import prestart
 
         prestart(jobs, scenario.threads)  # the workers' torch loads while this process loads its own

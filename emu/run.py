@@ -83,8 +83,6 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
         run.observe(fn)
     try:
         run.write_json("scenario.json", scenario.to_dict())
-        if not scenario.trains_as_jobs:  # the other modes train in here
-            executor, jobs = "local", 1
         with open_executor(executor, jobs, work, scenario.threads, address) as pool:
             getattr(work, "attach_executor", lambda pool: None)(pool)  # (a Flower app's calls go there)
             return _run(scenario, run, init, work, key, wall_start, pool)

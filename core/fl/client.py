@@ -20,7 +20,7 @@ from dtemu.core.wire.auth import Sealer  # (the type of ctx.sealer)
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, ModelDelta, Stop, TrainCmd
 from dtemu.core.fl.downlink import HeldModel
-from dtemu.core.fl.esync import Questions, ss_rank, train_until_sync
+from dtemu.core.fl.esync import Questions, meet, ss_rank, train_until_sync
 from dtemu.core.fl.rules import STATE_SERVER
 from dtemu.core.fl.residuals import Residuals
 from dtemu.core.runtime import points
@@ -72,7 +72,7 @@ def client(ctx, scenario: Scenario, work: Workload, index: int, residuals: Resid
     questions = Questions(ctx, index, ss_rank(fl), fl.esync.query_timeout_s, state.rejected) \
         if fl.algorithm in STATE_SERVER else None
     if questions is not None:
-        yield questions.meet(fl.barrier_timeout_s)
+        yield meet(ctx, fl.barrier_timeout_s)
     priced_encode = scenario.compute_for(ctx.node).cpu.encode_s_per_mb > 0
     while state.stop is None:
         if state.resend:

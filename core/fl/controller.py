@@ -19,7 +19,7 @@ import numpy as np
 from dtemu.core.wire import messages
 from dtemu.core.fl.aggregate import Update
 from dtemu.core.fl.inbox import ACCEPTED, UpdateInbox
-from dtemu.core.fl.esync import Leader, ss_rank
+from dtemu.core.fl.esync import Leader, meet, ss_rank
 from dtemu.core.fl.rules import STATE_SERVER, fl_strategy
 from dtemu.core.wire.checkpoint import decode_checkpoint
 from dtemu.core.errors import CheckpointError
@@ -82,9 +82,9 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
 
     yield from barrier(ctx, fl, clients)
     # fl.algorithm esync: what the rounds tell its state server (core.fl.esync)
-    ss = Leader(ctx, 0, ss_rank(fl), _client_rank) if fl.algorithm in STATE_SERVER else None
+    ss = Leader(ctx, 0, ss_rank(fl)) if fl.algorithm in STATE_SERVER else None
     if ss is not None:
-        yield ss.meet(fl.barrier_timeout_s)
+        yield meet(ctx, fl.barrier_timeout_s)
     # fl.downlink_codec: the model goes down as a compressed delta on the clients' reference
     downlink = Downlink(fl, clients) if fl.downlink_codec != "fp32" else None
     first = downlink.full(start - 1, result.weights) if downlink else blob(start - 1, result.weights)
@@ -127,7 +127,7 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
         if ss is not None:
             yield ss.begin(round_)
         asked = yield from _ask(ctx, scenario, population, strategy, cmd, attempt)
-        for send in ss.asked(round_, asked) if ss is not None else ():
+        for send in ss.asked(round_, map(_client_rank, asked)) if ss is not None else ():
             yield send
         quorum = strategy.quorum(len(asked))   # (FedDrop's closes a round before everyone answered)
         if asked:
@@ -138,10 +138,11 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
             updates = {}
             yield Sleep(max(0.0, deadline - ctx.now()))
         ready = len(updates)
-        for send in ss.missed(round_, (c for c in asked if c not in updates)) if ss is not None else ():
+        missed = [c for c in asked if c not in updates]
+        for send in ss.missed(round_, map(_client_rank, missed)) if ss is not None else ():
             yield send
         if downlink is not None:
-            downlink.missed(c for c in asked if c not in updates)
+            downlink.missed(missed)
         ctx.emit(
             ev.ROUND_CLOSE,
             round=round_,

@@ -14,7 +14,7 @@ The state server itself is core/ps/state_server.py, the one extra role the rule 
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Iterable
 
 from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError
@@ -32,6 +32,12 @@ _FROM_CONTROLLER = (TRAIN_CMD, MODEL_BLOB)   # what an FL client takes while it 
 def ss_rank(fl) -> int:
     """The state server's rank in FL: after the controller (0) and the clients (1..N; core.modes.fl)."""
     return fl.clients + 1
+
+
+def meet(ctx, timeout_s: float) -> WaitPeers:
+    """Wait for the state server to be there, once, at the start: in real mode a message sent before
+    discovery is lost (a client's REPORT, the leader's RESET)."""
+    return WaitPeers((SS,), deadline=ctx.now() + timeout_s)
 
 
 def _status(ctx, msg_type: int, sender: int, receiver: int, st: pm.Status) -> Send:
@@ -53,11 +59,6 @@ class Questions:
     def send(self, msg_type: int, i: int, r: int) -> Send:
         st = pm.Status(self.rank, i, r, self.c, self.m, self.ctx.now())
         return _status(self.ctx, msg_type, self.rank, self.ss_rank, st)
-
-    def meet(self, timeout_s: float) -> WaitPeers:
-        """Wait for the state server to be there, once, at the start (real mode: a REPORT sent before
-        discovery is lost; the controller's barrier waits meanwhile)."""
-        return WaitPeers((SS,), deadline=self.ctx.now() + timeout_s)
 
     def report(self, r: int) -> Send:
         """Round ``r`` begins here (i = 0)."""
@@ -94,33 +95,29 @@ class Questions:
 
 
 class Leader:
-    """What the controller (rank ``rank``) tells the state server (rank ``ss_rank``); each method
-    returns the Sends to yield.  ``rank_of``: a client's name -> its rank."""
+    """What the controller (rank ``rank``) tells the state server (rank ``ss_rank``) of the clients'
+    ranks; each method returns the Sends to yield."""
 
-    def __init__(self, ctx, rank: int, ss_rank: int, rank_of: Callable[[str], int]):
-        self.ctx, self.rank, self.ss_rank, self.rank_of = ctx, rank, ss_rank, rank_of
+    def __init__(self, ctx, rank: int, ss_rank: int):
+        self.ctx, self.rank, self.ss_rank = ctx, rank, ss_rank
         self.last_asked: frozenset = frozenset()
 
     def send(self, msg_type: int, k: int, r: int) -> Send:
         return _status(self.ctx, msg_type, self.rank, self.ss_rank, pm.Status(k, 0, r, 0.0, 0.0, self.ctx.now()))
 
-    def meet(self, timeout_s: float) -> WaitPeers:
-        """Wait for the state server to be there (real mode: a RESET sent before discovery is lost)."""
-        return WaitPeers((SS,), deadline=self.ctx.now() + timeout_s)
-
     def begin(self, r: int) -> Send:
         """Round ``r`` has begun."""
         return self.send(pm.RESET, self.rank, r)
 
-    def asked(self, r: int, asked: Iterable[str]) -> list[Send]:
+    def asked(self, r: int, asked: Iterable[int]) -> list[Send]:
         """LEAVE for those asked last round and not in ``r``: the straggler is one of this round's."""
         now = frozenset(asked)
         gone, self.last_asked = self.last_asked - now, now
         return self.missed(r, gone)
 
-    def missed(self, r: int, names: Iterable[str]) -> list[Send]:
+    def missed(self, r: int, ranks: Iterable[int]) -> list[Send]:
         """LEAVE for those who missed round ``r``: a crashed straggler cannot hold the others back."""
-        return [self.send(pm.LEAVE, k, r) for k in sorted(map(self.rank_of, names))]
+        return [self.send(pm.LEAVE, k, r) for k in sorted(ranks)]
 
     def stop(self, r: int) -> Send:
         return self.send(pm.STOP, self.rank, r)

@@ -34,10 +34,9 @@ class Mode:
     # The scenario sections this mode's training depends on: they stay in the scenario's digest
     # (core.scenario.Scenario.digest), the others are dropped from it.
     digest_sections: frozenset[str] = frozenset()
-    # Do its nodes hand their training out as jobs an executor may run in other processes
-    # (emu --jobs, --executor ray; core.ml.jobs: an FL client's round, a ddp or geo worker's
-    # gradient, a ps worker's local iteration)?
-    trains_as_jobs: bool = False
+    # (Every mode hands its training out as jobs an executor may run in other processes: emu --jobs,
+    # --executor ray; core.ml.jobs: an FL client's round, a ddp or geo worker's gradient, a ps
+    # worker's local iteration, a Flower app's call.)
     # Does ``emu run`` hand them to worker processes without being asked (--jobs' default: as many
     # as the cores hold)?  An FL round's clients, yes; a ddp or geo worker's gradient only with
     # --jobs N: its model's state goes out and its gradients come back every step, which on 2 cores

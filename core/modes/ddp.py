@@ -9,7 +9,6 @@ from dtemu.core.modes.base import DONE, Mode, RoleSpec
 class DataParallel(Mode):
     name = "ddp"
     digest_sections = frozenset({"ddp"})
-    trains_as_jobs = True   # each worker's gradient (core.ml.jobs.GradientJob)
     ends_with_leader = False
     all_to_all = True
     audit = "dtemu.report.audit_ddp:check_ddp"

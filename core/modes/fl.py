@@ -15,7 +15,6 @@ class FederatedLearning(Mode):
     name = "fl"
     digest_sections = frozenset({"fl"})
     pool_by_default = True
-    trains_as_jobs = True
     steps_with_torch_optim = False
     chooses_clients = True
     gpu = True   # (its clients' training and the evaluation: core.ml.workload's device)

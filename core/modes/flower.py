@@ -21,7 +21,6 @@ class FlowerApp(FederatedLearning):
     name = "flower"
     digest_sections = frozenset({"fl", "flower"})
     pool_by_default = True
-    trains_as_jobs = True  # its ClientApp calls (host.flower_jobs)
     steps_with_torch_optim = False
     crash_points = {"leader": (), "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_flower:check_flower"

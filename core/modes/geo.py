@@ -13,7 +13,6 @@ class GeoDistributed(Mode):
     name = "geo"
     # (geo keeps ddp's section in its digest, as it did before the registry)
     digest_sections = frozenset({"ddp", "geo"})
-    trains_as_jobs = True   # each worker's gradient (core.ml.jobs.GradientJob)
     ends_with_leader = False
     rejoins_after_crash = True  # a site's node back after a crash joins again (core.geo.join)
     audit = "dtemu.report.audit_geo:check_geo"

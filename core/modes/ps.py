@@ -9,7 +9,6 @@ from dtemu.core.ps.spec import PS, SS, validate_ps
 
 class ParameterServer(Mode):
     name = "ps"
-    trains_as_jobs = True   # each worker's local iteration (core.ml.jobs.StepJob), with --jobs N
     # (ps keeps ddp's section in its digest, as it did before the registry: checkpoints stay valid)
     digest_sections = frozenset({"ddp", "ps"})
     audit = "dtemu.report.audit_ps:check_ps"

@@ -77,7 +77,7 @@ class _Server:
         self.strategy = make_strategy(self.ps, self.ranks, samples, scenario.seed)
         self.uses_ss = self.ps.uses_state_server
         # what the rounds tell ESync's state server (core.fl.esync, as FL's controller tells it)
-        self.ss = Leader(ctx, self.rank_of[PS], self.rank_of[SS], self.rank_of.__getitem__)
+        self.ss = Leader(ctx, self.rank_of[PS], self.rank_of[SS])
         self.model = work.new_model()
         weights = (xavier_weights(self.model, scenario.seed) if self.ps.init == "xavier"
                    else work.initial_weights.copy())
@@ -264,7 +264,7 @@ def _synchronous(s: _Server):
             out.rounds_failed += 1
         strategy.observe_round(version, arrivals)
         if s.uses_ss:
-            for send in s.ss.missed(version, (s.name_of[k] for k in expected - set(updates))):
+            for send in s.ss.missed(version, expected - set(updates)):
                 yield send
         yield Point(points.AGGREGATED, version)
         out.version = version + 1
