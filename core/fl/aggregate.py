@@ -91,12 +91,19 @@ def check_update(
 
 
 class FedAvg(Strategy):
-    """new = weights + server_lr · Σ (n_i / N) · delta_i, with N = Σ n_i."""
+    """new = weights + server_lr · Σ (n_i / N) · delta_i, with N = Σ n_i.
 
-    def __init__(self, server_lr: float = 1.0):
+    Two roundings of the one rule: by default Σ n_i · delta_i, divided by N once at the end
+    (FL's: integer weights times float32 values are exact in float64); with ``shares_first``
+    each delta_i weighed by its share n_i / N before the sum, the paper's form (ESync's Eq. 13),
+    mode ps's, whose pinned models were trained so.
+    """
+
+    def __init__(self, server_lr: float = 1.0, *, shares_first: bool = False):
         if not (math.isfinite(server_lr) and server_lr > 0):
             raise ValueError(f"server_lr must be finite and positive, got {server_lr!r}")
         self.server_lr = float(server_lr)
+        self.shares_first = shares_first
 
     def order(self, updates: list[Update]) -> list[Update]:
         """Summation order: by client name, so arrival order cannot change a bit."""
@@ -111,7 +118,7 @@ class FedAvg(Strategy):
         """How much an update counts: the number of samples it was trained on."""
         return int(u.num_samples)
 
-    def accumulate(self, acc: np.ndarray, weights: np.ndarray, u: Update, w: int) -> None:
+    def accumulate(self, acc: np.ndarray, weights: np.ndarray, u: Update, w: float) -> None:
         """Add w · delta_i to the float64 accumulator ``acc``."""
         p = u.payload
         if isinstance(p, Sparse):
@@ -140,12 +147,12 @@ class FedAvg(Strategy):
         dim = w64.shape[0]
         for u in updates:
             check_update(u, dim)
+        ordered = self.order(updates)
+        counts = [self.weight(u) for u in ordered]
+        total = sum(counts)
         acc = np.zeros(dim, dtype=np.float64)
-        total = 0
-        for u in self.order(updates):
-            n = self.weight(u)
-            # Integer weights times float32 values are exact in float64; divide once at the end.
-            self.accumulate(acc, w64, u, n)
-            total += n
-        acc /= total
+        for u, n in zip(ordered, counts):
+            self.accumulate(acc, w64, u, n / float(total) if self.shares_first else n)
+        if not self.shares_first:
+            acc /= total
         return self.step(w64, acc)

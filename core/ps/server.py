@@ -45,7 +45,7 @@ from dtemu.core.ps import messages as pm
 from dtemu.core.ps.inbox import ACCEPTED, JOIN, NOT_FINITE, REFUSED, RoundInbox
 from dtemu.core.ps.local import evaluate_loss, xavier_weights
 from dtemu.core.ps.spec import PS, SS
-from dtemu.core.ps.strategies import make_strategy
+from dtemu.core.ps.strategies import make_strategy, weighed
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
 from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE
@@ -73,8 +73,8 @@ class _Server:
         self.rank_of = {n: r for r, n in enumerate(names)}
         self.name_of = dict(enumerate(names))
         self.ranks = [self.rank_of[w] for w in self.ps.worker_names]
-        samples = {self.rank_of[w]: len(work.partitions[i]) for i, w in enumerate(self.ps.worker_names)}
-        self.strategy = make_strategy(self.ps, self.ranks, samples, scenario.seed)
+        self.samples = {self.rank_of[w]: len(work.partitions[i]) for i, w in enumerate(self.ps.worker_names)}
+        self.strategy = make_strategy(self.ps, self.ranks, scenario.seed)
         self.uses_ss = self.ps.uses_state_server
         # what the rounds tell ESync's state server (core.fl.esync, as FL's controller tells it)
         self.ss = Leader(ctx, self.rank_of[PS], self.rank_of[SS])
@@ -252,7 +252,7 @@ def _synchronous(s: _Server):
         enough = not short or len(updates) >= min(ps.min_workers, len(expected))
         if enough:
             with np.errstate(over="ignore", invalid="ignore"):  # checked: a model not finite is not taken
-                enough = s.take(strategy.aggregate(out.weights, list(updates.values())),
+                enough = s.take(strategy.aggregate(out.weights, weighed(list(updates.values()), s.samples)),
                                 f"round {version}'s aggregate of {len(updates)} updates")
         extra = {"not_finite": sorted(s.name_of[k] for k in failed)} if failed else {}
         ctx.emit(ev.PS_ROUND, version=version, updates=len(updates), expected=len(expected), quorum=quorum,
