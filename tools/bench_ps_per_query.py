@@ -1,12 +1,14 @@
 """The Python work of one state-server query, without DDS: micro-benchmarks of its pieces.
 
-    python -m tools.bench_ps_per_query [--queries 50000]
+    python -m tools.bench_ps_per_query [--queries 50000] [--table 2000 --live 100]
 
 - the state server's role under the real driver (``real.node.real_driver``) with a stand-in
   transport that hands it ready QUERYs from 12 workers and drops its answers: the role,
   Algorithm 1, the state messages' decoding and encoding, the driver (CPU per query);
 - a frame's encoding and decoding (``real.wire``), a state message's decoding, Algorithm 1's
-  straggler search, each alone (µs per call).
+  straggler search, each alone (µs per call);
+- Algorithm 1's query on a table of ``--table`` records of which ``--live`` are live (FL's ESync:
+  every client has a record, a round's sample is live), the queries going round the live ones.
 
 To compare with older code, run it with that code first on ``PYTHONPATH`` (a ``git archive``
 of the commit as a ``dtemu`` package); docs/notebook/2026-11-23-09-esync-issue-10.md, "The state server's answer time".
@@ -27,11 +29,25 @@ from dtemu.core.wire.topics import SS_REPLY, SS_STATE
 WORKERS = 12
 
 
+class _Clock:
+    """A clock with no error and no peers to measure (real.clock_sync's interface, in part)."""
+
+    def wall_ns(self) -> int:
+        return time.time_ns()
+
+    def wait(self, peers, timeout_s: float) -> list:
+        return []
+
+    def local_time(self, peer: str, peer_ns: int) -> float:
+        return peer_ns / 1e9
+
+
 class _Inbox:
     """A transport that has ``n`` QUERYs (then the parameter server's STOP) ready and drops what is sent."""
 
     frame_bytes = 1 << 20
     on_reject = None
+    clock = _Clock()
 
     def __init__(self, n: int):
         from dtemu.real.reassembly import Message
@@ -93,15 +109,35 @@ def pieces_us(n: int) -> dict:
             "straggler": per(table.straggler)}
 
 
+def query_at_scale_us(records: int, live: int, n: int) -> float:
+    from dtemu.core.ps.state_table import StateTable
+
+    table = StateTable(range(records))
+    for k in range(live, records):
+        table.leave(k)
+    for k in range(live):
+        table.report(sm.Status(k, 0, 1, 0.002 + k * 1e-5, 0.0005, 1.0))
+    queries = [sm.Status(k, 1 + q // live, 1, 0.002 + k * 1e-5, 0.0005, 1.0 + q * 1e-3)
+               for q, k in enumerate(list(range(live)) * (n // live + 1))][:n]
+    start = time.perf_counter()
+    for st in queries:
+        table.query(st, now=st.t)
+    return 1e6 * (time.perf_counter() - start) / n
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queries", type=int, default=50000)
+    p.add_argument("--table", type=int, default=2000, help="records in the table of the query at scale")
+    p.add_argument("--live", type=int, default=100, help="of them live (a round's sample)")
     args = p.parse_args()
     role = role_us_per_query(args.queries)
     parts = pieces_us(min(args.queries, 20000))
     print(f"state server's role under the real driver, no DDS: {role:.1f} us of CPU per query "
           f"({args.queries} queries, {WORKERS} workers)")
     print("  per call, us: " + ", ".join(f"{k} {v}" for k, v in parts.items()))
+    at_scale = query_at_scale_us(args.table, args.live, min(args.queries, 20000))
+    print(f"  a query on a table of {args.table} records, {args.live} live: {at_scale:.1f} us")
     return 0
 
 
