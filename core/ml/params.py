@@ -28,23 +28,22 @@ def num_params(model: nn.Module) -> int:
     return sum(t.numel() for t in _float_tensors(model))
 
 
-def flatten(model: nn.Module) -> np.ndarray:
-    """A float32 1-D copy of the model's floating state."""
-    tensors = _float_tensors(model)
+# Three views of a model as one vector, each a list of tensors joined and spread the same way: its
+# floating state (``flatten``/``load_flat``), its parameters (``params_vector``/``load_params``),
+# and its parameters' gradients (``grads_vector``/``load_grads``).
+def _joined(tensors, dtype: torch.dtype | None) -> np.ndarray:
+    """One flat CPU copy of ``tensors``, each cast to ``dtype`` (None: as they are)."""
+    tensors = list(tensors)
     if not tensors:
         return np.zeros(0, dtype=np.float32)
     with torch.no_grad():
-        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+        flat = torch.cat([t.detach().reshape(-1) if dtype is None else t.detach().reshape(-1).to(dtype)
+                          for t in tensors])
     return flat.cpu().numpy()   # (a GPU's tensors come over; the CPU's are not copied)
 
 
-def load_flat(model: nn.Module, vec: np.ndarray) -> None:
-    """Write a flat vector back into ``model`` (the inverse of flatten)."""
-    vec = np.asarray(vec)
-    tensors = _float_tensors(model)
-    want = sum(t.numel() for t in tensors)
-    if vec.ndim != 1 or vec.size != want:
-        raise RejectedUpdate(f"flat vector has shape {vec.shape}, the model needs ({want},)")
+def _spread(tensors, vec: np.ndarray) -> None:
+    """Write ``vec`` into ``tensors`` in order, in place (on whatever device they are)."""
     if vec.dtype != np.float32 or not vec.flags.writeable or not vec.flags.c_contiguous:
         # torch.from_numpy wants a writable, contiguous float32 array.
         vec = np.array(vec, dtype=np.float32)
@@ -57,21 +56,30 @@ def load_flat(model: nn.Module, vec: np.ndarray) -> None:
             off += n
 
 
+def flatten(model: nn.Module) -> np.ndarray:
+    """A float32 1-D copy of the model's floating state."""
+    return _joined(_float_tensors(model), torch.float32)
+
+
+def load_flat(model: nn.Module, vec: np.ndarray) -> None:
+    """Write a flat vector back into ``model`` (the inverse of flatten)."""
+    vec = np.asarray(vec)
+    tensors = _float_tensors(model)
+    want = sum(t.numel() for t in tensors)
+    if vec.ndim != 1 or vec.size != want:
+        raise RejectedUpdate(f"flat vector has shape {vec.shape}, the model needs ({want},)")
+    _spread(tensors, vec)
+
+
 def params_vector(model: nn.Module) -> np.ndarray:
     """The model's parameters (its buffers left out) as one float32 vector: geo's payload, whose
     PSs sum and apply weights and gradients alike, position by position."""
-    with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy().astype(np.float32)
+    return _joined(model.parameters(), torch.float32)
 
 
 def load_params(model: nn.Module, vec: np.ndarray) -> None:
     """Write a flat vector back into the model's parameters (the inverse of params_vector)."""
-    src = torch.from_numpy(np.array(vec, dtype=np.float32))
-    off = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(src[off:off + p.numel()].view_as(p))
-            off += p.numel()
+    _spread(model.parameters(), np.asarray(vec))
 
 
 def zero_gradients(model: nn.Module) -> None:
@@ -86,17 +94,12 @@ def zero_gradients(model: nn.Module) -> None:
 
 def grads_vector(params) -> np.ndarray:
     """The parameters' gradients as one flat vector (their dtype; a data-parallel step's payload)."""
-    return torch.cat([p.grad.reshape(-1) for p in params]).cpu().numpy()
+    return _joined((p.grad for p in params), None)
 
 
 def load_grads(params, flat: np.ndarray) -> None:
     """Write a flat vector back into the parameters' gradients (the inverse of grads_vector)."""
-    offset = 0
-    src = torch.from_numpy(flat)
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(src[offset : offset + n].view_as(p))
-        offset += n
+    _spread([p.grad for p in params], np.asarray(flat))
 
 
 def sha256_of(vec: np.ndarray) -> str:
