@@ -7,30 +7,39 @@ format) and then checks what only makes sense across fields (a quorum larger
 than the clients, a node name that does not exist, ...), so a scenario that
 cannot work is refused before anything starts.
 
-(About 415 lines: every key of the schema with its default and a comment, and the
-checks across keys, in one place where a reader finds them all.)
+Each section's keys, with their defaults and what they mean, are in the section's own module:
+``core.fl.spec``, ``core.ddp.spec``, ``core.ps.spec``, ``core.geo.spec``, ``core.flower.spec``,
+``core.runtime.network_spec``, ``core.runtime.compute_spec`` and ``core.runtime.fault_spec``;
+this one holds the top-level keys, the data's, and the checks across sections.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from dtemu.core.ddp.collectives import FRAME_BYTES
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.strategy import RULE_KEYS
 from dtemu.core.flower.spec import FlowerSpec
-from dtemu.core.geo.spec import GeoSpec, SiteSpec, central_site
+from dtemu.core.geo.spec import GeoSpec, central_site
 from dtemu.core.ml.user_code import BUILTIN_TASKS as TASKS, model_spec
 from dtemu.core.modes import MODES, Mode
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS  # noqa: F401 (their old home)
 from dtemu.core.ps.spec import PSSpec
-from dtemu.core.schema import U16, U32, between, build, check, decay, fraction, non_negative, positive, probability
+from dtemu.core.ddp.spec import DDPSpec
+# The sections' types, importable from here as before they had homes of their own:
+from dtemu.core.fl.spec import (AvailabilitySpec, ESyncSpec, FedAsyncSpec, FedDropSpec, FLSpec,  # noqa: F401
+                                ServerOptSpec, TiFLSpec)
+from dtemu.core.runtime.compute_spec import (ComputeModel, ComputeOverride, ComputeSpec, CpuCosts,  # noqa: F401
+                                             SlowdownStep, VaryingSlowdown)
+from dtemu.core.runtime.fault_spec import (CorruptSpec, CrashSpec, FaultSpec, OfflineWindow,  # noqa: F401
+                                           PartitionSpec)
+from dtemu.core.runtime.network_spec import LinkOverride, LinkSpec, NetworkSpec  # noqa: F401
+from dtemu.core.schema import between, build, check, positive
 
 CODEC_NAMES = ("fp32", "q8", "s4", "sq8")
 
@@ -50,385 +59,6 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
-class AvailabilitySpec:
-    """When a client is there to be asked (core/fl/population.py)."""
-
-    # always: every client, every round; onoff: each client alternates online and offline
-    # stretches of exponential length (means below), seeded per client; trace: the online
-    # windows a file lists (docs/scenarios.md gives its format; host/ reads it).
-    kind: Literal["always", "onoff", "trace"] = "always"
-    mean_on_s: float = field(default=600.0, metadata=check(positive))
-    mean_off_s: float = field(default=600.0, metadata=check(positive))
-    trace: str | None = None
-
-
-@dataclass(frozen=True)
-class ServerOptSpec:
-    """fedadam, fedyogi, fedadagrad: the server optimizer's step on the round's mean delta
-    (core/fl/server_opt.py; Reddi et al.'s η, β1, β2, τ)."""
-
-    eta: float = field(default=0.01, metadata=check(positive))
-    beta1: float = field(default=0.9, metadata=check(decay))
-    beta2: float = field(default=0.99, metadata=check(decay))
-    tau: float = field(default=1e-3, metadata=check(positive))
-
-
-
-@dataclass(frozen=True)
-class FedAsyncSpec:
-    """fedasync: x ← (1 − a)·x + a·x_k with a = alpha · s(staleness) (core/fl/staleness.py)."""
-
-    alpha: float = field(default=0.6, metadata=check(fraction))
-    staleness: Literal["constant", "poly", "hinge"] = "constant"
-    poly_a: float = field(default=0.5, metadata=check(non_negative))
-    hinge_a: float = field(default=10.0, metadata=check(non_negative))
-    hinge_b: float = field(default=4.0, metadata=check(non_negative))
-
-
-@dataclass(frozen=True)
-class FedDropSpec:
-    """feddrop: a round closes once all but k_hat of the clients asked have answered; the rest
-    come late and are dropped (core/fl/strategy.py)."""
-
-    k_hat: int = field(default=0, metadata=check(non_negative))
-
-
-@dataclass(frozen=True)
-class TiFLSpec:
-    """tifl: the clients in tiers by their time to answer in the first round; each later round
-    asks fl.sample (or all) of one tier's available clients, the tier drawn by its probability
-    among those with credits left (core/fl/strategy.py)."""
-
-    tiers: int = field(default=2, metadata=check(positive))
-    tier_probs: list[float] = field(default_factory=list)   # empty: every tier alike
-    credits: list[int] = field(default_factory=list)        # times each tier may be drawn; empty: no limit
-
-
-@dataclass(frozen=True)
-class ESyncSpec:
-    """esync: each client asks the state server, after every local iteration, whether to train once
-    more or send its update (ESync's Algorithm 1, core/ps/state_table.py; core/fl/esync.py)."""
-
-    # The most local iterations a client runs in a round; then it sends without asking (None: the
-    # state server alone decides).
-    max_iterations: int | None = field(default=None, metadata=check(positive))
-    # A question the state server has not answered in this time counts as SYNC.
-    query_timeout_s: float = field(default=5.0, metadata=check(positive))
-
-
-@dataclass(frozen=True)
-class FLSpec:
-    clients: int = field(default=2, metadata=check(between(1, U16, "client ranks")))
-    # Rounds, epochs and subsets travel in a TrainCmd as u32, u16 and u32.
-    rounds: int = field(default=10, metadata=check(between(1, U32, "a round is 32 bits on the wire")))
-    epochs: int = field(default=1, metadata=check(between(1, U16, "16 bits on the wire")))
-    # Samples drawn from each client's partition per round (None: all of it).
-    subset: int | None = field(default=None, metadata=check(between(1, U32, "32 bits on the wire")))
-    batch_size: int = field(default=64, metadata=check(positive))
-    lr: float = field(default=0.05, metadata=check(positive))
-    momentum: float = field(default=0.0, metadata=check(non_negative))
-    weight_decay: float = field(default=0.0, metadata=check(non_negative))
-    codec: Literal["fp32", "q8", "s4", "sq8"] = "fp32"
-    # The model on its way down: fp32, the whole model; q8 / s4 / sq8: a delta on the model
-    # the clients hold, with that codec (core/fl/downlink.py).
-    downlink_codec: Literal["fp32", "q8", "s4", "sq8"] = "fp32"
-    chunk: int = field(default=8192, metadata=check(positive))
-    density: float = field(default=0.1, metadata=check(fraction))
-    # Clients add the unsent residual of a lossy codec to their next update.
-    error_feedback: bool = False
-    # emu: at most this many clients' residuals in memory, the least recently used spilled
-    # to files in the run folder (None: every client keeps its own in memory).
-    residuals_in_memory: int | None = field(default=None, metadata=check(positive))
-    server_lr: float = field(default=1.0, metadata=check(positive))
-    # The update rule: fedavg (the weighted mean delta, times server_lr); fedprox (fedavg, and each
-    # client adds proximal_mu/2 · ||w − w_global||² to its loss); fedadam, fedyogi, fedadagrad
-    # (the mean delta drives a server optimizer, server_opt); fedasync (no rounds: each update is
-    # mixed in as it comes, fl.fedasync, and its client asked again; fl.sample train at once);
-    # feddrop (fl.feddrop) and tifl (fl.tifl): fedavg's aggregation, their own quorum and choice
-    # of clients; asgd (w + server_lr·Δ) and dcasgd (delay-compensated, fl.dcasgd_lambda): one
-    # update at a time, as fedasync (core/fl/rules.py); esync (fedavg's aggregation, and each
-    # client trains until the state server says SYNC, fl.esync: a node of its own, "ss").
-    algorithm: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "fedasync", "feddrop", "tifl",
-                       "asgd", "dcasgd", "esync"] = "fedavg"
-    proximal_mu: float = field(default=0.0, metadata=check(non_negative))
-    server_opt: ServerOptSpec = field(default_factory=ServerOptSpec)
-    fedasync: FedAsyncSpec = field(default_factory=FedAsyncSpec)
-    feddrop: FedDropSpec = field(default_factory=FedDropSpec)
-    tifl: TiFLSpec = field(default_factory=TiFLSpec)
-    esync: ESyncSpec = field(default_factory=ESyncSpec)
-    dcasgd_lambda: float = field(default=0.04, metadata=check(non_negative))
-    min_clients: int = field(default=1, metadata=check(positive))
-    round_timeout_s: float = field(default=600.0, metadata=check(positive))
-    barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
-    # Start round 1 without every client when at least min_clients matched?
-    barrier_require: Literal["all", "min_clients"] = "all"
-    # A round with fewer than min_clients updates: keep the model and go on,
-    # run the same round again (at most max_retries times), or stop the run.
-    on_failed_round: Literal["continue", "retry", "stop"] = "continue"
-    max_retries: int = field(default=3, metadata=check(between(0, U16)))
-    # Updates whose L2 norm exceeds this are rejected (None: no bound).
-    max_update_norm: float | None = field(default=None, metadata=check(positive))
-    eval_every: int = field(default=1, metadata=check(positive))
-    # Resume from this checkpoint (written by an earlier run of this scenario).
-    init_path: str | None = None
-    # Clients asked per round, drawn from the round seed among those available: a fraction
-    # of fl.clients in (0, 1), or a count >= 1; at least sample_min (None: every client).
-    sample: float | None = field(default=None, metadata=check(positive))
-    sample_min: int = field(default=1, metadata=check(positive))
-    availability: AvailabilitySpec = field(default_factory=AvailabilitySpec)
-
-    @property
-    def asked_per_round(self) -> int:
-        """Clients a round asks when enough are available (fl.sample, at least fl.sample_min)."""
-        if self.sample is None:
-            return self.clients
-        wanted = math.ceil(self.sample * self.clients - 1e-9) if self.sample < 1 else int(self.sample)
-        return min(self.clients, max(wanted, self.sample_min))
-
-    @property
-    def sampled(self) -> bool:
-        """Does a round ask only some clients (a sample, or only those available)?"""
-        return self.sample is not None or self.availability.kind != "always"
-
-
-@dataclass(frozen=True)
-class DDPSpec:
-    workers: int = field(default=2, metadata=check(between(1, U16, "ranks are 16 bits in collective frames")))
-    epochs: int = field(default=1, metadata=check(positive))
-    # Stop after this many steps in all (None: run every epoch to the end).
-    max_steps: int | None = field(default=None, metadata=check(positive))
-    batch_size: int = field(default=64, metadata=check(positive))
-    lr: float = field(default=0.01, metadata=check(positive))
-    momentum: float = field(default=0.9, metadata=check(non_negative))
-    nesterov: bool = False
-    weight_decay: float = field(default=0.0, metadata=check(non_negative))
-    # none: dense gradients by allreduce; dgc: Deep Gradient Compression by allgather.
-    compression: Literal["none", "dgc"] = "none"
-    # Dense allreduce: the pipelined reduce-scatter + allgather (core.ddp.pipelined: float32 in
-    # rank order, the same bits on every rank; the fastest for real, 0.5-0.9x gloo's time), everyone
-    # sending everything to everyone (gather, float64), or a ring (float64).
-    allreduce: Literal["gather", "ring", "pipelined"] = "pipelined"
-    density: float = field(default=0.001, metadata=check(fraction))
-    sample_ratio: float = field(default=0.01, metadata=check(fraction))
-    clip_norm: float | None = field(default=None, metadata=check(positive))
-    warmup_densities: list[float] = field(default_factory=lambda: [0.25, 0.0625, 0.015625, 0.004])
-    # Steps per warm-up stage (None: one epoch per stage; 0: no warm-up).
-    warmup_steps_per_stage: int | None = field(default=None, metadata=check(non_negative))
-    # Tensors smaller than this travel dense (biases).
-    dense_below: int = field(default=1024, metadata=check(non_negative))
-    fp16_values: bool = False
-    frame_bytes: int = field(default=FRAME_BYTES, metadata=check(positive))
-    step_timeout_s: float = field(default=60.0, metadata=check(positive))
-    barrier_timeout_s: float = field(default=60.0, metadata=check(positive))
-    # Steps per profiling window (mean and max of each number).
-    window: int = field(default=20, metadata=check(positive))
-    eval_every_epochs: int = field(default=1, metadata=check(positive))
-    # A worker lost mid-run (a step's payload missing after step_timeout_s) must not
-    # hang the others: "stop" ends the run cleanly (every survivor reports the lost
-    # ranks and the step, the run still writes its summary); "continue" lets the
-    # survivors agree on a new membership and train on from the lowest survivor's
-    # state, averaging over themselves only.  Continuing needs at least min_workers
-    # survivors (None: all workers, so that a loss stops the run unless the scenario
-    # says how few may go on); fewer stop the run as "stop" does.
-    on_worker_lost: Literal["stop", "continue"] = "stop"
-    min_workers: int | None = field(default=None, metadata=check(positive))
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    up_mbps: float = field(default=1000.0, metadata=check(positive))
-    down_mbps: float = field(default=1000.0, metadata=check(positive))
-    latency_ms: float = field(default=0.5, metadata=check(non_negative))
-    loss: float = field(default=0.0, metadata=check(probability))
-
-
-@dataclass(frozen=True)
-class LinkOverride:
-    up_mbps: float | None = field(default=None, metadata=check(positive))
-    down_mbps: float | None = field(default=None, metadata=check(positive))
-    latency_ms: float | None = field(default=None, metadata=check(non_negative))
-    loss: float | None = field(default=None, metadata=check(probability))
-
-
-@dataclass(frozen=True)
-class NetworkSpec:
-    default: LinkSpec = field(default_factory=LinkSpec)
-    nodes: dict[str, LinkOverride] = field(default_factory=dict)
-    mtu: int = field(default=1500, metadata=check(positive))
-    # A message to many receivers (the model to every client): one flow per receiver
-    # (unicast), or one copy per link (multicast, as DDS over IP multicast on a LAN).
-    delivery: Literal["unicast", "multicast"] = "unicast"
-    # Data centres (core.geo.spec): each a LAN and a WAN attachment; empty: the flat star.
-    sites: dict[str, SiteSpec] = field(default_factory=dict)
-    # The central site (geo: master and global PS); None: the first of network.sites.
-    central: str | None = None
-    # Emu's time on the wire as real mode's DDS transport spends it (emu/wire_model.py); byte
-    # counts in summaries stay payload.  framing "rtps": a flow also carries the frames', RTPS
-    # fragments', UDP, IPv4 and Ethernet headers ("payload": the payload only).
-    framing: Literal["payload", "rtps"] = "payload"
-    # A sender's writer history in bytes (real mode: DDS WhcHigh, 2 MiB): a send returns once
-    # the message's last history group is all that is left on the wire, and later sends from
-    # that node queue behind it (the link is a FIFO).  0: a send returns when its flows end.
-    send_window_bytes: int = field(default=0, metadata=check(non_negative))
-
-
-@dataclass(frozen=True)
-class SlowdownStep:
-    """From ``at_s`` on (the runtime's clock) the node's slowdown is ``slowdown``."""
-
-    at_s: float = field(metadata=check(non_negative))
-    slowdown: float = field(metadata=check(positive))
-
-
-@dataclass(frozen=True)
-class VaryingSlowdown:
-    """A seeded random process: every ``period_s`` the slowdown is multiplied by a new factor
-    drawn log-uniformly from [low, high] (from the seed, the node and the period's index)."""
-
-    period_s: float = field(metadata=check(positive))
-    low: float = field(default=1.0, metadata=check(positive))
-    high: float = field(default=2.0, metadata=check(positive))
-
-
-@dataclass(frozen=True)
-class CpuCosts:
-    """Emu only: seconds of a node's CPU per MB (1e6 bytes) of the model's fp32 vector (4 bytes a
-    parameter) for the work a role does outside training (core.runtime.compute.CPU_OPS); 0: free.
-    Geo's roles charge them (core.geo.roles); ``emu calibrate`` measures them (emu.costs)."""
-
-    encode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))    # a vector into a dense payload
-    sum_s_per_mb: float = field(default=0.0, metadata=check(non_negative))       # one dense payload added to a sum
-    sparsify_s_per_mb: float = field(default=0.0, metadata=check(non_negative))  # BiSparse: residual, top-k, encoding
-    merge_s_per_mb: float = field(default=0.0, metadata=check(non_negative))     # one sparse payload summed by index
-    densify_s_per_mb: float = field(default=0.0, metadata=check(non_negative))   # a sparse aggregate made dense, encoded
-    apply_s_per_mb: float = field(default=0.0, metadata=check(non_negative))     # the update into the model (SGD step)
-
-    def any(self) -> bool:
-        return any(getattr(self, f.name) for f in fields(self))
-
-
-@dataclass(frozen=True)
-class ComputeSpec:
-    # Modelled training cost per sample; None: the model's reference cost.
-    train_s_per_sample: float | None = field(default=None, metadata=check(positive))
-    slowdown: float = field(default=1.0, metadata=check(positive))
-    # Each compute step takes slowdown * cost * (1 + U(-jitter, +jitter)), from the seed.
-    jitter: float = field(default=0.0, metadata=check(probability))
-    # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
-    schedule: list[SlowdownStep] = field(default_factory=list)
-    varying: VaryingSlowdown | None = None
-    # Emu only: seconds of CPU per MB (1e6 bytes) of every message a node receives (reassembly,
-    # decoding, checks) before its role gets it; 0: none (real mode spends what it spends).
-    decode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
-    # Emu only: seconds of CPU per message sent (before it leaves: the transport's write) and per
-    # message received (before its role has it: the receive thread, the hand-off), whatever its size.
-    send_s_per_message: float = field(default=0.0, metadata=check(non_negative))
-    recv_s_per_message: float = field(default=0.0, metadata=check(non_negative))
-    # Emu only: the CPU work outside training, priced per MB of the model (CpuCosts); all 0: free.
-    cpu: CpuCosts = field(default_factory=CpuCosts)
-
-
-@dataclass(frozen=True)
-class ComputeOverride:
-    train_s_per_sample: float | None = field(default=None, metadata=check(positive))
-    slowdown: float | None = field(default=None, metadata=check(positive))
-    jitter: float | None = field(default=None, metadata=check(probability))
-    schedule: list[SlowdownStep] | None = None
-    varying: VaryingSlowdown | None = None
-    decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
-    send_s_per_message: float | None = field(default=None, metadata=check(non_negative))
-    recv_s_per_message: float | None = field(default=None, metadata=check(non_negative))
-    cpu: CpuCosts | None = None   # replaces the default's block as a whole
-
-
-@dataclass(frozen=True)
-class ComputeModel:
-    default: ComputeSpec = field(default_factory=ComputeSpec)
-    nodes: dict[str, ComputeOverride] = field(default_factory=dict)
-    # Emu only: the nodes share this many cores for their CPU work priced per MB (``cpu`` and
-    # ``decode_s_per_mb``): at most that many such jobs run at once, the others wait their turn
-    # (as real ranks on one machine do); 0: every node has cores of its own.
-    shared_cores: int = field(default=0, metadata=check(non_negative))
-    # A calibration profile (``emu calibrate``) whose costs the loader applied (host.profile): its
-    # path, made absolute; the values it set are in the keys above.
-    profile: str | None = None
-
-
-@dataclass(frozen=True)
-class OfflineWindow:
-    node: str
-    start_s: float = field(metadata=check(non_negative))
-    # None: the node never comes back.
-    end_s: float | None = None
-
-
-@dataclass(frozen=True)
-class CrashSpec:
-    """A crash at a point of the protocol rather than at a time, so that it
-    hits the same step of the same round in emu and for real."""
-
-    node: str
-    round: int = field(metadata=check(positive))
-    # Clients: before_train (the command arrived), during_train, mid_upload
-    # (half of the update's bytes sent), after_upload.  Controller: mid_round
-    # (the command is out, no update in yet), before_checkpoint (aggregated,
-    # not saved: the round must be done again), after_checkpoint (saved, the
-    # new model not yet published).
-    at: Literal["before_train", "during_train", "mid_upload", "after_upload",
-                "mid_round", "before_checkpoint", "after_checkpoint"] = "during_train"
-    # Restart (from scratch; the controller from its latest checkpoint) this
-    # long after the crash; None: the node stays down.
-    restart_after_s: float | None = field(default=None, metadata=check(non_negative))
-
-
-@dataclass(frozen=True)
-class PartitionSpec:
-    """``nodes`` can reach one another but no one else from start_s to end_s;
-    messages that cross the cut meanwhile are lost (a partition is not a
-    restart: nothing is replayed when it heals)."""
-
-    nodes: list[str]
-    start_s: float = field(metadata=check(non_negative))
-    end_s: float = field(metadata=check(positive))
-
-
-@dataclass(frozen=True)
-class CorruptSpec:
-    """A faulty (or hostile) client whose updates go out damaged."""
-
-    node: str
-    # nan / inf: some values replaced; scale: every value times `scale` (caught
-    # by fl.max_update_norm); garbage: the codec packet overwritten with noise;
-    # stale: the update claims the previous round.
-    kind: Literal["nan", "inf", "scale", "garbage", "stale"] = "nan"
-    # The rounds in which it misbehaves (empty: every round).
-    rounds: list[int] = field(default_factory=list)
-    scale: float = field(default=1e6, metadata=check(positive))
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    # Each client sits out each round with this probability (decided from the seed).
-    dropout_p: float = field(default=0.0, metadata=check(probability))
-    # Crashes: the node loses its state, misses what is sent meanwhile, and
-    # (if end_s is set) restarts from scratch.
-    offline: list[OfflineWindow] = field(default_factory=list)
-    crashes: list[CrashSpec] = field(default_factory=list)
-    partitions: list[PartitionSpec] = field(default_factory=list)
-    # Per delivered message (decided from the seed): lost outright (beyond the
-    # link's packet loss, which reliable delivery repairs), delivered twice,
-    # or held back by up to reorder_s so that later messages overtake it.
-    message_loss: float = field(default=0.0, metadata=check(probability))
-    duplicate_p: float = field(default=0.0, metadata=check(probability))
-    reorder_s: float = field(default=0.0, metadata=check(non_negative))
-    corrupt: list[CorruptSpec] = field(default_factory=list)
-
-    @property
-    def perturbs_delivery(self) -> bool:
-        return bool(self.partitions or self.message_loss or self.duplicate_p or self.reorder_s)
-
-
-@dataclass(frozen=True)
 class Scenario:
     # Names run folders (runs/<name>-<date>-<time>): letters, digits, . _ -, at most 100.
     name: str
@@ -442,8 +72,8 @@ class Scenario:
     # processes of one thread fit N cores (host.cores); a count is part of the arithmetic, so both modes
     # use the scenario's.
     threads: int = field(default=1, metadata=check(positive))
-    # Where the training runs: cpu; cuda (a GPU: refused at load where torch sees none, and, until the
-    # GPU path is built, everywhere); auto (a GPU if there is one and dtemu can use it, else the CPU).
+    # Where the training runs: cpu; cuda (a GPU: refused at load where torch sees none, or where the mode
+    # trains on the CPU only, host.devices); auto (a GPU if there is one and the mode can use it, else the CPU).
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     data: DataSpec = field(default_factory=DataSpec)
     fl: FLSpec = field(default_factory=FLSpec)
@@ -530,7 +160,7 @@ class Scenario:
         d.pop("targets")  # what is measured, not what is trained
         if d["task"] is None:  # (digests from before tasks)
             del d["task"]
-        if d["device"] != "cuda":  # (digests from before devices; auto trains on the CPU today)
+        if d["device"] != "cuda":  # (digests from before devices; auto names no device of its own)
             del d["device"]
         for section in ("fl", "ddp", "ps", "geo", "flower"):  # what its mode does not train with
             if section not in self.kind.digest_sections:

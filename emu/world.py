@@ -35,7 +35,7 @@ from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import CPU_OPS, ComputeTimer
 from dtemu.core.runtime.driver import CRASHED, Driver
 from dtemu.core.runtime.requests import Message, joined
-from dtemu.core.scenario import FaultSpec
+from dtemu.core.runtime.fault_spec import FaultSpec
 from dtemu.core.wire.topics import DURABLE_TOPICS
 
 from .network import Network

@@ -105,7 +105,8 @@ def real_driver(name: str, transport: DdsTransport, run: RunDir, publishes: Iter
                 timer: ComputeTimer | None = None) -> Driver:
     """A driver over real primitives and no faults, for tools and tests that drive a role by hand:
     ``run_blocking(driver.run(role(driver)))``."""
-    from dtemu.core.scenario import ComputeSpec, FaultSpec
+    from dtemu.core.runtime.compute_spec import ComputeSpec
+    from dtemu.core.runtime.fault_spec import FaultSpec
 
     timer = timer or ComputeTimer(ComputeSpec(), None, seed=0)
     prims = RealPrimitives(name, transport, run, publishes, timer)

@@ -15,7 +15,7 @@ from dtemu.core.runtime.requests import Message, Recv, RecordingContext, Send
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.emu.network import Network, link_from_spec
 from dtemu.emu.world import EmuNode, World
-from dtemu.core.scenario import ComputeSpec
+from dtemu.core.runtime.compute_spec import ComputeSpec
 
 
 def frames_of(rank, world, round_, name, payload, frame_bytes, part=0, group=0):

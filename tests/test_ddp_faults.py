@@ -238,7 +238,7 @@ def test_ring_allreduce_among_members_only():
     from dtemu.emu.network import Network, link_from_spec
     from dtemu.emu.world import EmuNode, World
     import simpy
-    from dtemu.core.scenario import ComputeSpec
+    from dtemu.core.runtime.compute_spec import ComputeSpec
 
     names = ["w0", "w1", "w2", "w3"]
     vecs = [np.random.default_rng(i).standard_normal(999).astype(np.float32) for i in range(4)]

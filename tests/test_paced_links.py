@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from dtemu.core.runtime.compute import ComputeTimer
-from dtemu.core.scenario import ComputeSpec, parse_scenario
+from dtemu.core.runtime.compute_spec import ComputeSpec
+from dtemu.core.scenario import parse_scenario
 from dtemu.real.paced_links import PacedLinks
 from dtemu.real.primitives import RealPrimitives
 

@@ -20,7 +20,8 @@ from dtemu.core.ps.state_server import state_server
 from dtemu.core.ps.state_table import StateTable
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.requests import Message, RecordingContext, Recv, Send
-from dtemu.core.scenario import ComputeSpec, SlowdownStep, VaryingSlowdown, parse_scenario
+from dtemu.core.runtime.compute_spec import ComputeSpec, SlowdownStep, VaryingSlowdown
+from dtemu.core.scenario import parse_scenario
 from dtemu.emu.run import run_emulation
 
 

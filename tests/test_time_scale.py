@@ -40,7 +40,7 @@ def _paced(pace, slowdown, elapsed):
     from dtemu.core.runtime.compute import ComputeTimer
     from dtemu.core.runtime.driver import run_blocking
     from dtemu.core.runtime.requests import Compute
-    from dtemu.core.scenario import ComputeSpec
+    from dtemu.core.runtime.compute_spec import ComputeSpec
     from dtemu.real.primitives import RealPrimitives
 
     timer = ComputeTimer(ComputeSpec(train_s_per_sample=1e-4, slowdown=slowdown), None, seed=0)

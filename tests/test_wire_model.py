@@ -9,7 +9,7 @@ import pytest
 import simpy
 
 from dtemu.core.runtime.compute import ComputeTimer
-from dtemu.core.scenario import ComputeSpec
+from dtemu.core.runtime.compute_spec import ComputeSpec
 from dtemu.emu import wire_model
 from dtemu.emu.network import Link, Network
 from dtemu.emu.world import EmuNode, World

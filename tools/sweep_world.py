@@ -63,7 +63,7 @@ from dtemu.core.wire import envelope
 from dtemu.core.compression.dgc import PAPER_WARMUP, param_shapes
 from dtemu.core.ml.models import build_model
 from dtemu.core.runtime.requests import Send, Sleep
-from dtemu.core.scenario import ComputeSpec
+from dtemu.core.runtime.compute_spec import ComputeSpec
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.emu.network import Network, link_from_spec
 from dtemu.emu.world import EmuNode, World

@@ -39,7 +39,7 @@ class FlowerApp(FederatedLearning):
         return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0 else None
 
     def validate(self, s):
-        from dtemu.core.scenario import FLSpec
+        from dtemu.core.fl.spec import FLSpec
 
         spec = s.flower
         if not spec.app_dir and not (spec.server_app and spec.client_app):

@@ -31,7 +31,7 @@ import numpy as np
 
 from dtemu.core.errors import ScenarioError
 
-from dtemu.core.scenario import ComputeSpec
+from dtemu.core.runtime.compute_spec import ComputeSpec
 
 # Kinds of Compute that are CPU work outside training, priced per MB (``Compute.nbytes``).
 CPU_OPS = ("encode", "sum", "sparsify", "merge", "densify", "apply")

@@ -27,7 +27,7 @@ from dtemu.core.compression import codecs
 from dtemu.core.errors import DecodeError
 from dtemu.core.runtime import points
 from dtemu.core.runtime.requests import Message
-from dtemu.core.scenario import CorruptSpec, CrashSpec, FaultSpec
+from dtemu.core.runtime.fault_spec import CorruptSpec, CrashSpec, FaultSpec
 from dtemu.core.wire import auth, messages
 from dtemu.core.wire.messages import ClientUpdate, TrainCmd
 from dtemu.core.wire.topics import CLIENT_UPDATE, TRAIN_CMD

@@ -1,0 +1,90 @@
+"""The ``compute`` section of a scenario: what training and a role's other work cost each node, and
+how its speed changes (core.runtime.compute applies them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from dtemu.core.schema import check, non_negative, positive, probability
+
+
+@dataclass(frozen=True)
+class SlowdownStep:
+    """From ``at_s`` on (the runtime's clock) the node's slowdown is ``slowdown``."""
+
+    at_s: float = field(metadata=check(non_negative))
+    slowdown: float = field(metadata=check(positive))
+
+
+@dataclass(frozen=True)
+class VaryingSlowdown:
+    """A seeded random process: every ``period_s`` the slowdown is multiplied by a new factor
+    drawn log-uniformly from [low, high] (from the seed, the node and the period's index)."""
+
+    period_s: float = field(metadata=check(positive))
+    low: float = field(default=1.0, metadata=check(positive))
+    high: float = field(default=2.0, metadata=check(positive))
+
+
+@dataclass(frozen=True)
+class CpuCosts:
+    """Emu only: seconds of a node's CPU per MB (1e6 bytes) of the model's fp32 vector (4 bytes a
+    parameter) for the work a role does outside training (core.runtime.compute.CPU_OPS); 0: free.
+    Geo's roles charge them (core.geo.roles); ``emu calibrate`` measures them (emu.costs)."""
+
+    encode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))    # a vector into a dense payload
+    sum_s_per_mb: float = field(default=0.0, metadata=check(non_negative))       # one dense payload added to a sum
+    sparsify_s_per_mb: float = field(default=0.0, metadata=check(non_negative))  # BiSparse: residual, top-k, encoding
+    merge_s_per_mb: float = field(default=0.0, metadata=check(non_negative))     # one sparse payload summed by index
+    densify_s_per_mb: float = field(default=0.0, metadata=check(non_negative))   # a sparse aggregate made dense, encoded
+    apply_s_per_mb: float = field(default=0.0, metadata=check(non_negative))     # the update into the model (SGD step)
+
+    def any(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    # Modelled training cost per sample; None: the model's reference cost.
+    train_s_per_sample: float | None = field(default=None, metadata=check(positive))
+    slowdown: float = field(default=1.0, metadata=check(positive))
+    # Each compute step takes slowdown * cost * (1 + U(-jitter, +jitter)), from the seed.
+    jitter: float = field(default=0.0, metadata=check(probability))
+    # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
+    schedule: list[SlowdownStep] = field(default_factory=list)
+    varying: VaryingSlowdown | None = None
+    # Emu only: seconds of CPU per MB (1e6 bytes) of every message a node receives (reassembly,
+    # decoding, checks) before its role gets it; 0: none (real mode spends what it spends).
+    decode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
+    # Emu only: seconds of CPU per message sent (before it leaves: the transport's write) and per
+    # message received (before its role has it: the receive thread, the hand-off), whatever its size.
+    send_s_per_message: float = field(default=0.0, metadata=check(non_negative))
+    recv_s_per_message: float = field(default=0.0, metadata=check(non_negative))
+    # Emu only: the CPU work outside training, priced per MB of the model (CpuCosts); all 0: free.
+    cpu: CpuCosts = field(default_factory=CpuCosts)
+
+
+@dataclass(frozen=True)
+class ComputeOverride:
+    train_s_per_sample: float | None = field(default=None, metadata=check(positive))
+    slowdown: float | None = field(default=None, metadata=check(positive))
+    jitter: float | None = field(default=None, metadata=check(probability))
+    schedule: list[SlowdownStep] | None = None
+    varying: VaryingSlowdown | None = None
+    decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
+    send_s_per_message: float | None = field(default=None, metadata=check(non_negative))
+    recv_s_per_message: float | None = field(default=None, metadata=check(non_negative))
+    cpu: CpuCosts | None = None   # replaces the default's block as a whole
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    default: ComputeSpec = field(default_factory=ComputeSpec)
+    nodes: dict[str, ComputeOverride] = field(default_factory=dict)
+    # Emu only: the nodes share this many cores for their CPU work priced per MB (``cpu`` and
+    # ``decode_s_per_mb``): at most that many such jobs run at once, the others wait their turn
+    # (as real ranks on one machine do); 0: every node has cores of its own.
+    shared_cores: int = field(default=0, metadata=check(non_negative))
+    # A calibration profile (``emu calibrate``) whose costs the loader applied (host.profile): its
+    # path, made absolute; the values it set are in the keys above.
+    profile: str | None = None
