@@ -100,9 +100,9 @@ def fl_decode_costs(dim: int, reps: int = 7) -> dict[str, float]:
 
 def ddp_decode_cost(reps: int = 7) -> float:
     """Seconds per MB for a DDP rank receiving one full collective frame."""
-    from dtemu.core.ddp import collectives
+    from dtemu.core.ddp import frames
 
-    size = collectives.FRAME_BYTES
+    size = frames.FRAME_BYTES
     frame = bytes(64) + np.random.default_rng(0).bytes(size)
 
     def receive():

@@ -7,10 +7,8 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from dtemu.core.ddp.collectives import (
-    COLL_FRAMES, Collective, CollectiveTimeout, Frame, FrameError, decode_frame, encode_frame, mean32_in_rank_order,
-    split_payload,
-)
+from dtemu.core.ddp.collectives import COLL_FRAMES, Collective, CollectiveTimeout, FrameError, mean32_in_rank_order
+from dtemu.core.ddp.frames import Frame, decode_frame, encode_frame, split_payload
 from dtemu.core.runtime.requests import Message, Recv, RecordingContext, Send
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.emu.network import Network, link_from_spec

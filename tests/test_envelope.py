@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dtemu.core.ddp.collectives import Frame, decode_frame, encode_frame
+from dtemu.core.ddp.frames import Frame, decode_frame, encode_frame
 from dtemu.core.errors import DecodeError, FrameError, GeoPayloadError, MessageError, StateMessageError
 from dtemu.core.geo import payload as gp
 from dtemu.core.ps import messages as pm

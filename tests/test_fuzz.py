@@ -21,7 +21,8 @@ from dtemu.core.wire import messages
 from dtemu.core.wire.bucket import ENTRY, HEADER as BUCKET_HEADER, decode_bucket
 from dtemu.core.wire.checkpoint import decode_checkpoint
 from dtemu.core.wire.topics import COLL_FRAMES
-from dtemu.core.ddp.collectives import Collective, Frame, decode_frame, encode_frame
+from dtemu.core.ddp.collectives import Collective
+from dtemu.core.ddp.frames import Frame, decode_frame, encode_frame
 from dtemu.core.errors import CheckpointError, CodecError, DecodeError, FrameError
 from dtemu.core.runtime.requests import Message, RecordingContext
 from tools import fuzz

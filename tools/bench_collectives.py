@@ -40,9 +40,9 @@ fastest DDS allreduce algorithm measured (named in ``"algorithm"``) against
 gloo's all_reduce, "allgather" DDS's allgather against gloo's all_gather.
 
 ``--piece-bytes`` sets the pipelined allreduce's piece size
-(``core.ddp.collectives.PIECE_BYTES`` by default).
+(``core.ddp.frames.PIECE_BYTES`` by default).
 ``--frame-bytes`` sets ``Collective``'s frame size (default: its own,
-``core.collectives.FRAME_BYTES``, 1 MiB less room for headers, so that one
+``core.ddp.frames.FRAME_BYTES``, 1 MiB less room for headers, so that one
 collective frame is one DDS sample).  ``--profile DIR`` runs rank 0 of each DDS world
 under cProfile (main thread) and measures the CPU time of the DDS receive
 thread (``DdsTransport._drain``) and of ``time.thread_time`` in the main one;

@@ -9,7 +9,7 @@ Targets (the ``<decoder>`` names of the corpus folders):
 
     codec           core.codecs.decode (fp32 / q8 / s4 / sq8 packets)
     message         core.messages.decode (TrainCmd, Stop, ModelBlob, ClientUpdate)
-    coll_frame      core.collectives.decode_frame
+    coll_frame      core.ddp.frames.decode_frame
     coll_assembly   frames through Collective._file: decode, reassembly, counting
     auth            sealed messages through core.auth Sealer.open, then messages.decode
     checkpoint      core.checkpoint.decode_checkpoint
@@ -62,10 +62,9 @@ import numpy as np
 from dtemu.core.compression import codecs
 from dtemu.core.wire import messages
 from dtemu.core.wire.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
-from dtemu.core.ddp.collectives import (
-    BARRIER_ROUND, COLL_FRAMES, Collective, Frame as CollFrame, decode_frame as decode_coll_frame,
-    encode_frame as encode_coll_frame, split_payload,
-)
+from dtemu.core.ddp.collectives import BARRIER_ROUND, COLL_FRAMES, Collective
+from dtemu.core.ddp.frames import (Frame as CollFrame, decode_frame as decode_coll_frame,
+                                   encode_frame as encode_coll_frame, split_payload)
 from dtemu.core.errors import CheckpointError, CodecError, DecodeError, FrameError, MessageError
 from dtemu.core.runtime.requests import Message, RecordingContext
 
@@ -741,7 +740,7 @@ def huge_inputs() -> dict[str, list[tuple[str, bytes]]]:
     Each must be refused (or, for the assemblies, kept pending) without
     allocating for what it declares: tests/test_fuzz.py measures it.
     """
-    from dtemu.core.ddp.collectives import _FIELDS, FRAME
+    from dtemu.core.ddp.frames import _FIELDS, FRAME
     from dtemu.core.wire import envelope
 
     def coll_hdr(*fields):   # a frame's header: the envelope (group 0), then its fields

@@ -58,7 +58,8 @@ import simpy
 
 from dtemu.core.compression.codecs import topk_count
 from dtemu.core.wire.topics import COLL_FRAMES
-from dtemu.core.ddp.collectives import _FIELDS, HEADER_SIZE, Collective, Frame, Handle, encode_frame
+from dtemu.core.ddp.collectives import Collective, Handle
+from dtemu.core.ddp.frames import _FIELDS, HEADER_SIZE, Frame, encode_frame
 from dtemu.core.wire import envelope
 from dtemu.core.compression.dgc import PAPER_WARMUP, param_shapes
 from dtemu.core.ml.models import build_model

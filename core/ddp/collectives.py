@@ -1,19 +1,8 @@
 """Collectives for data-parallel peers, written once on the role requests.
 
-(About 470 lines: the frame format, its reassembly and the collectives built on it are one protocol, checked as untrusted bytes in one place; the pipelined allreduce's schedule is apart, in ``core.ddp.pipelined``.)
-
-Every payload travels as frames on one topic (``coll/frames``). A frame header
-says which collective it belongs to and where its bytes go::
-
-    envelope (core.wire.envelope: type FRAME, aux = group) | round u32 |
-    rank u16 | world u16 | part u32 | seq u32 | seq_count u32 | total u64 |
-    name length u8 | name | frame bytes
-
-(``round`` is the step, ``name`` what is exchanged, ``part`` a chunk id for
-multi-step algorithms, ``seq / seq_count`` the frame's place in the payload,
-``total`` the payload's length.) Frames may arrive in any order and interleaved
-with other rounds and names; an ``_Assembly`` per (round, name, part, rank)
-puts them back together.
+Every payload travels as frames on one topic (``coll/frames``), in the format of
+``core.ddp.frames``, which also puts a payload's frames back together; the pipelined
+allreduce's schedule is ``core.ddp.pipelined``.
 
 Membership.  ``rank`` is always the sender's rank among all ``peers`` and
 ``world`` their number; ``group`` is the *generation* of the membership the
@@ -42,86 +31,22 @@ returns the payloads in rank order.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from dtemu.core.errors import AuthError, CollectiveTimeout, FrameError, LossNotice  # noqa: F401  (re-exported)
-from dtemu.core.runtime.requests import Buffers, Recv, Send, WaitPeers
-from dtemu.core.wire import envelope
+from dtemu.core.runtime.requests import Recv, Send, WaitPeers
+from dtemu.core.ddp.frames import FRAME_BYTES, PIECE_BYTES, PIECES_FROM, Assembly, Frame, decode_frame, encode_frame, split_payload
 from dtemu.core.wire.topics import COLL_FRAMES
 from dtemu.core.ddp.pipelined import pipelined_allreduce_mean
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core import events as ev
 
-FRAME = envelope.FAMILIES["ddp"]["frame"]
 BARRIER_ROUND = 0xFFFFFFFF  # reserved round id of the barrier
-# Payload bytes per frame: a frame and its header fit in one 1 MiB transport
-# sample (DDS samples of ~1 MiB gave the best throughput).
-FRAME_BYTES = (1 << 20) - 1024
-# Pieces of the pipelined allreduce (core.ddp.pipelined), one frame each.  Whole frames:
-# in real mode a frame costs ~0.17 ms of CPU besides its bytes (~0.3 ms per MB), so
-# 256 KiB pieces spent more on frames than they won by overlapping (docs/notebook/).
-PIECE_BYTES = FRAME_BYTES
-# Frames with bodies from this size on are sent as their pieces (encode_frame): the join is a copy
-# of the body that real mode's shared-memory path would make twice.
-PIECES_FROM = 64 << 10
-_FIELDS = struct.Struct("<IHHIIIQB")   # after the envelope: round ... name length
-HEADER_SIZE = envelope.SIZE + _FIELDS.size
-MAX_NAME = 32
-
-
 CONTROL_NAMES = frozenset({"alive", "state", "stop"})
 # Frames of a newer generation kept until this rank joins it, at most this many bytes.
 FUTURE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class Frame:
-    group: int
-    round: int
-    name: str
-    part: int
-    rank: int
-    world: int
-    seq: int
-    seq_count: int
-    total: int
-    data: bytes | memoryview
-
-
-def encode_frame(f: Frame, pieces: bool = False) -> bytes | Buffers:
-    """The frame's bytes; with ``pieces`` as its header and its body (``Buffers``), which the
-    runtime copies once where it copies anyway instead of joining them here (a frame of a
-    large payload)."""
-    name = f.name.encode()
-    header = envelope.pack(FRAME, f.group) + _FIELDS.pack(f.round, f.rank, f.world, f.part, f.seq, f.seq_count,
-                                                          f.total, len(name))
-    if pieces:
-        return Buffers(header + name, f.data)
-    return b"".join((header, name, f.data))
-
-
-def decode_frame(data: bytes, *, world: int, max_total: int) -> Frame:
-    """Bytes -> Frame, checked against the group's world size and a payload bound."""
-    _, group, fields = envelope.unpack(data, "ddp", lambda _, text: FrameError(text))
-    if len(data) < HEADER_SIZE:
-        raise FrameError(f"frame of {len(data)} bytes is shorter than its header")
-    round_, rank, world_, part, seq, count, total, n = _FIELDS.unpack_from(fields)
-    if world_ != world or rank >= world:
-        raise FrameError(f"frame from rank {rank} of world {world_}, expected world {world}")
-    if total > max_total:
-        raise FrameError(f"frame claims a payload of {total} bytes, more than the {max_total} allowed")
-    if count == 0 or seq >= count or count > max(1, total):
-        raise FrameError(f"frame {seq} of {count} is out of range for {total} bytes")
-    if not 0 < n <= MAX_NAME or len(data) < HEADER_SIZE + n:
-        raise FrameError("frame name is missing or too long")
-    try:
-        name = bytes(data[HEADER_SIZE : HEADER_SIZE + n]).decode()
-    except UnicodeDecodeError:
-        raise FrameError("frame name is not UTF-8") from None
-    body = memoryview(data)[HEADER_SIZE + n :]  # no copy: the assembly joins the bodies once
-    return Frame(group, round_, name, part, rank, world_, seq, count, total, body)
 
 
 def mean32_in_rank_order(vectors) -> np.ndarray:
@@ -141,44 +66,6 @@ def mean_in_rank_order(payloads: list[bytes]) -> np.ndarray:
         np.add(total, np.frombuffer(payload, np.float32), out=total)
     np.divide(total, len(payloads), out=total)
     return total.astype(np.float32)
-
-
-def split_payload(payload: bytes, frame_bytes: int) -> list[bytes]:
-    if not payload:
-        return [b""]
-    view = memoryview(payload)  # slices without copies; encode_frame copies each once
-    return [view[i : i + frame_bytes] for i in range(0, len(payload), frame_bytes)]
-
-
-@dataclass
-class _Assembly:
-    total: int
-    count: int
-    parts: dict[int, bytes] = field(default_factory=dict)
-    size: int = 0
-
-    def add(self, f: Frame) -> None:
-        if (f.total, f.seq_count) != (self.total, self.count):
-            raise FrameError("frame disagrees with earlier frames of its payload on size or count")
-        if f.seq in self.parts:
-            return  # a duplicate: the first copy stands
-        # Check before counting: a refused frame must leave the assembly as it was,
-        # or the intact frames after it would be refused too.
-        if self.size + len(f.data) > self.total:
-            raise FrameError("frames add up to more than their payload's size")
-        self.size += len(f.data)
-        # A view of an immutable message is kept as it is (the payload joins them once); a view of
-        # a buffer the transport lends (real mode's shared-memory pool) is copied, so that it is
-        # not held until the whole payload is in.
-        owner = f.data.obj if isinstance(f.data, memoryview) else f.data
-        self.parts[f.seq] = f.data if isinstance(owner, bytes) else bytes(f.data)
-
-    @property
-    def complete(self) -> bool:
-        return len(self.parts) == self.count and self.size == self.total
-
-    def payload(self) -> bytes:
-        return b"".join(self.parts[i] for i in range(self.count))
 
 
 @dataclass
@@ -208,11 +95,11 @@ class Collective:
         # pipelined allreduce: bytes per piece, each piece one frame
         self.piece_bytes = max(4, min(piece_bytes, frame_bytes) // 4 * 4)
         self.members: tuple[int, ...] = tuple(range(self.world))  # the current generation's ranks
-        self._assemblies: dict[tuple, _Assembly] = {}
+        self._assemblies: dict[tuple, Assembly] = {}
         self._done: dict[tuple, bytes] = {}
         self._finished_rounds: set[tuple[int, str, int]] = set()
         # Control messages, by (group, name, rank); frames of newer generations, raw.
-        self._control_asm: dict[tuple, _Assembly] = {}
+        self._control_asm: dict[tuple, Assembly] = {}
         self._control: dict[tuple[int, str, int], bytes] = {}
         self._future: list = []
         self._future_bytes = 0
@@ -345,7 +232,7 @@ class Collective:
                 self._done[key] = f.data
                 return
             if asm is None:
-                asm = self._assemblies[key] = _Assembly(f.total, f.seq_count)
+                asm = self._assemblies[key] = Assembly(f.total, f.seq_count)
             asm.add(f)
             self.bytes_received += len(msg.data)
             if asm.complete:
@@ -365,7 +252,7 @@ class Collective:
             return
         asm = self._control_asm.get(key)
         if asm is None:
-            asm = self._control_asm[key] = _Assembly(f.total, f.seq_count)
+            asm = self._control_asm[key] = Assembly(f.total, f.seq_count)
         asm.add(f)
         self.bytes_received += nbytes
         if not asm.complete:

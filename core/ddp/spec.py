@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dtemu.core.ddp.collectives import FRAME_BYTES
+from dtemu.core.ddp.frames import FRAME_BYTES
 from dtemu.core.schema import U16, between, check, fraction, non_negative, positive
 
 
