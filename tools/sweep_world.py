@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from dtemu.core.compression.codecs import topk_count
+from dtemu.core.compression.kernels import topk_count
 from dtemu.core.wire.topics import COLL_FRAMES
 from dtemu.core.ddp.collectives import Collective, Handle
 from dtemu.core.ddp.frames import _FIELDS, HEADER_SIZE, Frame, encode_frame

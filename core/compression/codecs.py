@@ -1,7 +1,5 @@
 """Update codecs: how a flat float32 vector of length D travels as bytes.
 
-(About 400 lines: four codecs sharing one header and one decoder that checks it before touching a body.)
-
 Four codecs share one 20-byte little-endian header, so a receiver knows a
 packet by its prefix and can check every declared size before it reads (or
 allocates for) the body:
@@ -21,22 +19,18 @@ Bodies:
     sq8   k int32 indices, ceil(k/C) float32 scales, k int8
                                                       4·k + 4·ceil(k/C) + k
 
-Quantisation is symmetric per chunk: s = max|w| / 127, q = round(w / s), so
-|w - q·s| ≤ max|w| / 254 (up to float32 rounding).  Top-k keeps the k
-largest magnitudes; ties at the threshold go to the lowest index, so the same
-input always selects the same entries.
+Quantisation (per chunk, symmetric int8) and top-k are core.compression.kernels.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 import struct
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 
+from dtemu.core.compression.kernels import ceil_div, dequantise, quantise, topk, topk_count  # noqa: F401 (topk_count: its old home)
 from dtemu.core.errors import CodecError
 
 CODECS = ("fp32", "q8", "s4", "sq8")
@@ -122,31 +116,14 @@ class Sparse:
 # ---------------------------------------------------------------- sizes
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def topk_count(dim: int, density: float) -> int:
-    """k = ceil(density·D), at least 1 when D > 0, at most D.
-
-    The product is taken on the decimal the user wrote (Fraction of repr), so
-    density 0.1 and D = 30 give k = 3, not the 4 that 0.1*30 = 3.0000000000000004
-    would give in binary floating point.
-    """
-    if dim <= 0:
-        return 0
-    k = math.ceil(Fraction(repr(float(density))) * dim)
-    return min(dim, max(1, k))
-
-
 def _body_size(name: str, dim: int, k: int, chunk: int) -> int:
     if name == "fp32":
         return 4 * dim
     if name == "q8":
-        return 4 * _ceil_div(dim, chunk) + dim
+        return 4 * ceil_div(dim, chunk) + dim
     if name == "s4":
         return 8 * k
-    return 4 * k + 4 * _ceil_div(k, chunk) + k  # sq8
+    return 4 * k + 4 * ceil_div(k, chunk) + k  # sq8
 
 
 def packet_size(dim: int, params: CodecParams) -> int:
@@ -155,69 +132,6 @@ def packet_size(dim: int, params: CodecParams) -> int:
         raise ValueError(f"dim must be >= 0, got {dim}")
     k = topk_count(dim, params.density) if params.name in _SPARSE else dim
     return HEADER_SIZE + _body_size(params.name, dim, k, params.chunk)
-
-
-# ---------------------------------------------------------------- numeric kernels
-
-
-def _quantise(x: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 quantisation per chunk: (float32 scales, int8 codes)."""
-    n = x.shape[0]
-    nchunks = _ceil_div(n, chunk)
-    if nchunks == 0:
-        return np.empty(0, np.float32), np.empty(0, np.int8)
-    if n % chunk:
-        # Pad the last chunk with zeros: they change neither its max nor its codes.
-        padded = np.zeros(nchunks * chunk, dtype=np.float32)
-        padded[:n] = x
-    else:
-        padded = x
-    rows = padded.reshape(nchunks, chunk)
-    maxabs = np.maximum(rows.max(axis=1), -rows.min(axis=1))
-    scales = (maxabs / np.float32(127.0)).astype(np.float32)
-    # An all-zero chunk has scale 0; divide it by 1 instead (its codes are 0 anyway).
-    divisor = np.where(scales > 0, scales, np.float32(1.0))
-    q = rows / divisor[:, None]
-    np.rint(q, out=q)
-    np.clip(q, -127.0, 127.0, out=q)
-    return scales, q.reshape(-1)[:n].astype(np.int8)
-
-
-def _dequantise(q: np.ndarray, scales: np.ndarray, chunk: int) -> np.ndarray:
-    """Inverse of _quantise, into a new writable float32 array.
-
-    A forged scale near the float32 maximum overflows to Inf here; that is not
-    a malformed packet but an update whose values are not finite, which
-    ``is_finite()`` reports and the aggregator rejects.
-    """
-    n = q.shape[0]
-    out = np.empty(n, dtype=np.float32)
-    full = n // chunk
-    with np.errstate(over="ignore"):
-        if full:
-            np.multiply(
-                q[: full * chunk].reshape(full, chunk),
-                scales[:full, None],
-                out=out[: full * chunk].reshape(full, chunk),
-                dtype=np.float32,
-            )
-        if n > full * chunk:
-            np.multiply(q[full * chunk :], scales[full], out=out[full * chunk :], dtype=np.float32)
-    return out
-
-
-def _topk(x: np.ndarray, k: int) -> np.ndarray:
-    """Ascending int64 indices of the k largest |x|; ties go to the lowest index."""
-    n = x.shape[0]
-    if k >= n:
-        return np.arange(n, dtype=np.int64)
-    mag = np.abs(x)
-    threshold = np.partition(mag, n - k)[n - k]  # the k-th largest magnitude
-    chosen = mag > threshold  # fewer than k of these, always
-    ties = np.flatnonzero(mag == threshold)[: k - int(np.count_nonzero(chosen))]
-    chosen[ties] = True
-    # flatnonzero of a mask is already ascending: no sort needed.
-    return np.flatnonzero(chosen).astype(np.int64, copy=False)
 
 
 # ---------------------------------------------------------------- encode
@@ -248,14 +162,14 @@ def encode(vec: np.ndarray, params: CodecParams) -> bytes:
     if name == "fp32":
         parts = [x.astype(_F32, copy=False)]
     elif name == "q8":
-        parts = list(_quantise(x, chunk))
+        parts = list(quantise(x, chunk))
     else:
-        idx = _topk(x, k)
+        idx = topk(x, k)
         values = x[idx]
         if name == "s4":
             parts = [idx.astype(_I32), values]
         else:
-            parts = [idx.astype(_I32), *_quantise(values, chunk)]
+            parts = [idx.astype(_I32), *quantise(values, chunk)]
     return header + b"".join(p.astype(p.dtype.newbyteorder("<"), copy=False).tobytes() for p in parts)
 
 
@@ -371,20 +285,20 @@ def decode(
         values = np.frombuffer(view, dtype=_F32, count=dim, offset=off)
         return Dense(values.astype(np.float32, copy=True))
     if name == "q8":
-        nscales = _ceil_div(dim, chunk)
+        nscales = ceil_div(dim, chunk)
         scales = _read_scales(view, off, nscales)
         q = _read_codes(view, off + 4 * nscales, dim)
-        return Dense(_dequantise(q, scales, chunk))
+        return Dense(dequantise(q, scales, chunk))
 
     idx = _read_indices(view, off, k, dim)
     off += 4 * k
     if name == "s4":
         values = np.frombuffer(view, dtype=_F32, count=k, offset=off).astype(np.float32, copy=True)
     else:
-        nscales = _ceil_div(k, chunk)
+        nscales = ceil_div(k, chunk)
         scales = _read_scales(view, off, nscales)
         q = _read_codes(view, off + 4 * nscales, k)
-        values = _dequantise(q, scales, chunk)
+        values = dequantise(q, scales, chunk)
     return Sparse(dim=dim, indices=idx, values=values)
 
 

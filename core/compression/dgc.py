@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from dtemu.core.wire.bucket import DENSE, SPARSE, Bucket, Shapes, TensorPayload, numels
-from dtemu.core.compression.codecs import topk_count
+from dtemu.core.compression.kernels import topk_count
 from dtemu.core.errors import RejectedUpdate
 
 # Adaptation of the sampled threshold (the reference's defaults).  The
