@@ -1,12 +1,10 @@
 """Deep Gradient Compression (Lin et al., ICLR 2018) for data-parallel SGD.
 
-(About 430 lines: DGC's six parts act on the same per-tensor state — momentum, residuals, masks — so they stay together.)
-
 Each rank turns one step's gradients into a ``Bucket`` (``core/wire/bucket.py``);
 every rank averages all ranks' buckets and applies the result with ``DGCSGD``.
 The six parts of the paper, and where they live:
 
-- sparsification by a sampled threshold: ``select_indices``;
+- sparsification by a sampled threshold: ``select_indices`` (core.compression.kernels);
 - momentum correction and local gradient accumulation: ``DGCCompressor``
   keeps per tensor a momentum u and an accumulated velocity v,
   u = m·u + g; v = v + u (Nesterov: u = m·(u + g); v = v + u + g), and sends
@@ -14,7 +12,7 @@ The six parts of the paper, and where they live:
 - momentum-factor masking: u and v are zeroed where sent;
 - local gradient clipping: the rank's whole gradient (all tensors, one norm)
   is clipped to clip_norm · N^(-1/2) before it is accumulated;
-- warm-up: ``DGCConfig.density_at``, density 25%, 6.25%, 1.5625%, 0.4%, then
+- warm-up: ``DGCConfig.density_at`` (core.compression.dgc_config), density 25%, 6.25%, 1.5625%, 0.4%, then
   the final density, one stage per ``warmup_steps_per_stage`` steps;
 - small tensors (numel < ``dense_below``, e.g. biases) are sent dense.
 
@@ -45,155 +43,15 @@ with (seed, rank, step), so a run repeats bit for bit.
 from __future__ import annotations
 
 import math
-import numbers
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from dtemu.core.wire.bucket import DENSE, SPARSE, Bucket, Shapes, TensorPayload, numels
-from dtemu.core.compression.kernels import topk_count
+from dtemu.core.compression.dgc_config import PAPER_WARMUP, DGCConfig, param_shapes  # noqa: F401 (DGC's own, kept at hand)
+from dtemu.core.compression.kernels import select_indices, topk_count
 from dtemu.core.errors import RejectedUpdate
-
-# Adaptation of the sampled threshold (the reference's defaults).  The
-# reference's upper bound (exact top-k above 1.3·k candidates) is subsumed:
-# any excess over k is cut to the exact top-k.
-LOWER_BOUND = 0.8  # below 0.8·k: lower the threshold by this factor, select again
-MAX_ADAPTATIONS = 10
-
-PAPER_WARMUP = (0.25, 0.0625, 0.015625, 0.004)
-
-
-def param_shapes(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every parameter, in ``named_parameters`` order."""
-    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
-
-
-@dataclass(frozen=True)
-class DGCConfig:
-    density: float = 0.001  # final fraction of each sparse tensor sent per step
-    sample_ratio: float = 0.01  # fraction of |v| sampled to estimate the threshold
-    momentum: float = 0.9
-    nesterov: bool = False
-    clip_norm: float | None = None  # global max norm; each rank clips to clip_norm/sqrt(N)
-    weight_decay: float = 0.0
-    warmup_densities: tuple[float, ...] = PAPER_WARMUP
-    warmup_steps_per_stage: int = 0  # 0 = no warm-up; e.g. steps per epoch
-    dense_below: int = 1024  # tensors with fewer elements are sent dense
-    fp16_values: bool = False
-    seed: int = 0
-
-    def __post_init__(self):
-        def fraction(name, x):
-            if isinstance(x, bool) or not (isinstance(x, numbers.Real) and 0.0 < x <= 1.0):
-                raise ValueError(f"{name} must be in (0, 1], got {x!r}")
-
-        def count(name, x):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {x!r}")
-
-        fraction("density", self.density)
-        fraction("sample_ratio", self.sample_ratio)
-        for d in self.warmup_densities:
-            fraction("warmup density", d)
-        if not (isinstance(self.momentum, numbers.Real) and 0.0 <= self.momentum < 1.0):
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        if self.nesterov and self.momentum == 0:
-            raise ValueError("Nesterov momentum needs momentum > 0")
-        if self.clip_norm is not None and not (
-            isinstance(self.clip_norm, numbers.Real) and math.isfinite(self.clip_norm) and self.clip_norm > 0
-        ):
-            raise ValueError(f"clip_norm must be None or > 0, got {self.clip_norm!r}")
-        if not (isinstance(self.weight_decay, numbers.Real) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        count("warmup_steps_per_stage", self.warmup_steps_per_stage)
-        count("dense_below", self.dense_below)
-        count("seed", self.seed)
-
-    @property
-    def compresses(self) -> bool:
-        """False for the dense baseline (density 1)."""
-        return self.density < 1.0
-
-    def density_at(self, step: int) -> float:
-        """Density of step ``step`` (from 0): warm-up stage, or the final density.
-
-        A warm-up stage never compresses harder than the final density.
-        """
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
-        if self.warmup_steps_per_stage:
-            stage = step // self.warmup_steps_per_stage
-            if stage < len(self.warmup_densities):
-                return max(self.warmup_densities[stage], self.density)
-        return self.density
-
-    def kinds(self, shapes: Shapes) -> list[int]:
-        """DENSE or SPARSE per tensor; fixed for the whole run."""
-        return [
-            SPARSE if self.compresses and n >= self.dense_below else DENSE
-            for n in numels(shapes)
-        ]
-
-
-# ---------------------------------------------------------------- selection
-#
-# The per-step work is done in numpy on views of the tensors: numpy's
-# compare-and-nonzero is several times faster than torch's on CPU, and its
-# single-threaded ufuncs neither fight the training threads for the cores nor
-# make a reduction's rounding depend on the thread count.
-
-
-def sample_count(numel: int, density: float, sample_ratio: float) -> int:
-    """How many |v| entries to sample; ``numel`` means select exactly.
-
-    At least 2/density samples, so the sample's top holds about two entries
-    (the reference's rule); a tensor no larger than that is selected exactly.
-    """
-    n = max(math.ceil(numel * sample_ratio), math.ceil(2.0 / density))
-    return min(n, numel)
-
-
-def _top(mag: np.ndarray, k: int) -> np.ndarray:
-    """Positions (unordered) of the k largest entries of mag."""
-    return np.argpartition(mag, mag.shape[0] - k)[mag.shape[0] - k:]
-
-
-def select_indices(mag: np.ndarray, k: int, density: float, sample_ratio: float,
-                   rng: np.random.Generator, *, mask: np.ndarray | None = None) -> np.ndarray:
-    """Ascending int64 positions of at most k large entries of ``mag`` (= |v|).
-
-    The threshold is the smallest of the top ceil(density·s) of s sampled
-    magnitudes.  Below 0.8·k candidates the threshold is lowered ×0.8 and the
-    selection redone, at most 10 times; above k (the reference: above 1.3·k)
-    the exact top-k of the candidates is kept.  Fewer than 0.8·k come back
-    only when the tensor has fewer large entries than that (e.g. zeros).
-    ``mask``, a bool buffer as long as ``mag``, saves allocating one per pass.
-    """
-    numel = mag.shape[0]
-    if k >= numel:
-        return np.arange(numel, dtype=np.int64)
-    s = sample_count(numel, density, sample_ratio)
-    if s >= numel:
-        return np.sort(_top(mag, k)).astype(np.int64, copy=False)
-    sample = mag[rng.integers(0, numel, s)]
-    t = topk_count(s, density)
-    threshold = np.partition(sample, s - t)[s - t]
-    if mask is None:
-        mask = np.empty(numel, dtype=bool)
-    candidates = np.flatnonzero(np.greater_equal(mag, threshold, out=mask))
-    for _ in range(MAX_ADAPTATIONS):
-        if candidates.shape[0] >= LOWER_BOUND * k:
-            break
-        threshold = threshold * np.float32(LOWER_BOUND)
-        candidates = np.flatnonzero(np.greater_equal(mag, threshold, out=mask))
-    # Between k and 1.3·k candidates the reference truncates by position; we
-    # keep the largest, so a tensor never sends more than k entries.
-    if candidates.shape[0] > k:
-        candidates = np.sort(candidates[_top(mag[candidates], k)])
-    return candidates.astype(np.int64, copy=False)
 
 
 # ---------------------------------------------------------------- compressor

@@ -1,5 +1,6 @@
 """The codecs' numeric kernels (core.compression.codecs): symmetric int8 quantisation per chunk,
-top-k by magnitude, and how many entries top-k keeps (``topk_count``, DGC's too).
+top-k by magnitude, how many entries top-k keeps (``topk_count``), and DGC's cheaper selection of
+about k large entries by a sampled threshold (``select_indices``, geo's BiSparse's too).
 
 Quantisation is symmetric per chunk: s = max|w| / 127, q = round(w / s), so
 |w - q·s| ≤ max|w| / 254 (up to float32 rounding).  Top-k keeps the k
@@ -90,3 +91,68 @@ def topk(x: np.ndarray, k: int) -> np.ndarray:
     chosen[ties] = True
     # flatnonzero of a mask is already ascending: no sort needed.
     return np.flatnonzero(chosen).astype(np.int64, copy=False)
+
+
+# Adaptation of the sampled threshold (the reference's defaults).  The
+# reference's upper bound (exact top-k above 1.3·k candidates) is subsumed:
+# any excess over k is cut to the exact top-k.
+LOWER_BOUND = 0.8  # below 0.8·k: lower the threshold by this factor, select again
+MAX_ADAPTATIONS = 10
+
+
+# --- DGC's selection (core.compression.dgc; geo's BiSparse too): top-k by a sampled threshold.
+#
+# The per-step work is done in numpy on views of the tensors: numpy's
+# compare-and-nonzero is several times faster than torch's on CPU, and its
+# single-threaded ufuncs neither fight the training threads for the cores nor
+# make a reduction's rounding depend on the thread count.
+
+
+def sample_count(numel: int, density: float, sample_ratio: float) -> int:
+    """How many |v| entries to sample; ``numel`` means select exactly.
+
+    At least 2/density samples, so the sample's top holds about two entries
+    (the reference's rule); a tensor no larger than that is selected exactly.
+    """
+    n = max(math.ceil(numel * sample_ratio), math.ceil(2.0 / density))
+    return min(n, numel)
+
+
+def _top(mag: np.ndarray, k: int) -> np.ndarray:
+    """Positions (unordered) of the k largest entries of mag."""
+    return np.argpartition(mag, mag.shape[0] - k)[mag.shape[0] - k:]
+
+
+def select_indices(mag: np.ndarray, k: int, density: float, sample_ratio: float,
+                   rng: np.random.Generator, *, mask: np.ndarray | None = None) -> np.ndarray:
+    """Ascending int64 positions of at most k large entries of ``mag`` (= |v|).
+
+    The threshold is the smallest of the top ceil(density·s) of s sampled
+    magnitudes.  Below 0.8·k candidates the threshold is lowered ×0.8 and the
+    selection redone, at most 10 times; above k (the reference: above 1.3·k)
+    the exact top-k of the candidates is kept.  Fewer than 0.8·k come back
+    only when the tensor has fewer large entries than that (e.g. zeros).
+    ``mask``, a bool buffer as long as ``mag``, saves allocating one per pass.
+    """
+    numel = mag.shape[0]
+    if k >= numel:
+        return np.arange(numel, dtype=np.int64)
+    s = sample_count(numel, density, sample_ratio)
+    if s >= numel:
+        return np.sort(_top(mag, k)).astype(np.int64, copy=False)
+    sample = mag[rng.integers(0, numel, s)]
+    t = topk_count(s, density)
+    threshold = np.partition(sample, s - t)[s - t]
+    if mask is None:
+        mask = np.empty(numel, dtype=bool)
+    candidates = np.flatnonzero(np.greater_equal(mag, threshold, out=mask))
+    for _ in range(MAX_ADAPTATIONS):
+        if candidates.shape[0] >= LOWER_BOUND * k:
+            break
+        threshold = threshold * np.float32(LOWER_BOUND)
+        candidates = np.flatnonzero(np.greater_equal(mag, threshold, out=mask))
+    # Between k and 1.3·k candidates the reference truncates by position; we
+    # keep the largest, so a tensor never sends more than k entries.
+    if candidates.shape[0] > k:
+        candidates = np.sort(candidates[_top(mag[candidates], k)])
+    return candidates.astype(np.int64, copy=False)

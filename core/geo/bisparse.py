@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from dtemu.core.compression.dgc import select_indices
+from dtemu.core.compression.kernels import select_indices
 
 
 def whole_blocks(sizes: list[int], dense_below: int) -> list[tuple[int, int]]:
