@@ -51,7 +51,7 @@ def _bare_recv(t):
     """Wait on the caller's WaitSet and take one sample: what is left without the transport's work."""
     from cyclonedds.util import duration
 
-    from dtemu.real.transport import _ANY_STATE, _ddspy_take
+    from dtemu.real.receiving import _ANY_STATE, _ddspy_take
 
     refs, held = [r._ref for _, r in t._caller_readers], []
 

@@ -3,7 +3,7 @@
 ``Reassembler`` checks every decoded frame and keeps the pieces of incomplete
 messages within bounds (count, bytes, age); ``RejectLimiter`` turns what it
 drops into rate-limited ``frame_rejected`` events.  ``DdsTransport``
-(``real.transport``) is a Reassembler fed by its receive thread;
+(``real.transport``) is a Reassembler fed by its receive thread (``real.receiving``);
 ``tools/fuzz.py`` drives one with arbitrary frames.
 """
 
