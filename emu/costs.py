@@ -138,7 +138,7 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
     from dtemu.core.ml.params import grads_vector
     from dtemu.core.geo.payload import decode, encode_dense, sum_sparse
     from dtemu.core.geo.roles import _encode_bisparse
-    from dtemu.core.geo.sums import site_share
+    from dtemu.core.geo.common import site_share
     from dtemu.core.ml.models import build_model
 
     torch.set_num_threads(scenario.threads)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dtemu.core import events as ev
 from dtemu.core.geo import join
-from dtemu.core.geo.common import Applier
+from dtemu.core.geo.common import Applier, mixed_apply
 from dtemu.core.wire.topics import GEO_PULL
 from dtemu.core.geo.payload import JOIN, decode, encode_dense, encode_end, encode_state
 from dtemu.core.geo.spec import MASTER, worker_sites
-from dtemu.core.geo.sums import mixed_apply
 from dtemu.core.ml.params import params_vector
 
 

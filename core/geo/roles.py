@@ -37,13 +37,12 @@ import numpy as np
 from dtemu.core import events as ev
 from dtemu.core.geo import hfa, join, mixed
 from dtemu.core.geo.bisparse import ResidualSparsifier, whole_blocks
-from dtemu.core.geo.common import (Applier, GeoResult, round_batch, sent_across, site_downlink,
-                                   worker_optimizer_momentum)
+from dtemu.core.geo.common import (Applier, GeoResult, applied, root_sum, round_batch, sent_across, site_downlink,
+                                   site_share, worker_optimizer_momentum)
 from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH
 from dtemu.core.geo.payload import (STATE, decode, encode_beat, encode_blocks, encode_dense, encode_join, encode_sparse,
                                     sum_sparse)
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
-from dtemu.core.geo.sums import applied, root_sum, site_share
 from dtemu.core.geo.receiver import Beat, Receiver
 from dtemu.core.ml.params import grads_vector, load_params, params_vector, sha256_of
 from dtemu.core.runtime.requests import Compute, Send, WaitPeers
