@@ -75,7 +75,6 @@ sender failing afterwards does not stop their delivery.
 from __future__ import annotations
 
 import functools
-import heapq
 import math
 from collections import defaultdict
 from typing import Callable
@@ -84,6 +83,7 @@ import numpy as np
 import simpy
 
 from . import wire_model
+from .fair_share import max_min_rates
 from .links import FlowInfo, FlowResult, Link, NodeStats, link_from_spec, wan_port
 
 # The values moved to emu.links; importers still find them here.
@@ -550,40 +550,11 @@ class Network:
         self._arm_timer()
 
     def _allocate(self) -> None:
-        """Max-min fair rates by progressive filling over the ports in use.
-
-        The port with the smallest fair share (capacity left / unfixed flows)
-        fixes its flows at that share.  Fixing flows at the smallest share can
-        only raise other ports' shares, so a heap holding one possibly
-        outdated (too low) share per port finds the next bottleneck: a popped
-        port whose share has grown goes back in with the new value.
-        """
+        """Every active flow's max-min fair rate over the ports in use (emu.fair_share)."""
         self._allocated_since_sync = True
-        flows_on_port = defaultdict(list)
-        for flow in self._active.values():
-            flow.rate = -1.0          # not yet fixed
-            for port in flow.ports:
-                flows_on_port[port].append(flow)
-        capacity_left = {port: self._capacity[port] for port in flows_on_port}
-        unfixed = {port: len(flows) for port, flows in flows_on_port.items()}
-        heap = [(capacity_left[port] / count, port) for port, count in unfixed.items()]
-        heapq.heapify(heap)
-        while heap:
-            share, port = heapq.heappop(heap)
-            count = unfixed[port]
-            if count == 0:
-                continue              # all its flows were fixed at other bottlenecks
-            current = max(capacity_left[port], 0.0) / count
-            if current > share:
-                heapq.heappush(heap, (current, port))
-                continue
-            for flow in flows_on_port[port]:
-                if flow.rate >= 0:
-                    continue
-                flow.rate = current
-                for p in flow.ports:
-                    capacity_left[p] -= current
-                    unfixed[p] -= 1
+        flows = list(self._active.values())
+        for flow, rate in zip(flows, max_min_rates([flow.ports for flow in flows], self._capacity)):
+            flow.rate = rate
 
     def _arm_timer(self) -> None:
         """One timeout for the earliest completion; later changes make it stale."""
