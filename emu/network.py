@@ -1,18 +1,15 @@
 """The emulated network: a star of access links with max-min fair flows.
 
-(About 690 lines: the flow model is one piece — links and sites, unicast and multicast flows, max-min fair rates, loss, real mode's framing and writer history — and splitting it would scatter the one invariant it keeps, that rates are recomputed whenever a flow starts or ends.)
-
-Topology.  Every node has one access link to a central switch: an uplink and
-a downlink (bits/s), a one-way latency and a packet-loss probability.  The
+Topology.  Every node has one access link to a central switch (``emu.links.Link``:
+an uplink and a downlink, a one-way latency and a packet-loss probability).  The
 switch itself never limits anything.  A message from A to B is one *flow*
 that crosses A's uplink and B's downlink.
 
-Sharing.  Flows are a fluid.  Whenever the set of active flows changes, every
-flow's rate is recomputed by progressive filling (max-min fairness): the link
-whose capacity divided by its unfixed flows is smallest fixes those flows at
-that share, its capacity is taken from their other links, and so on.  Between
-changes the rates are constant, so the next completion is known exactly and
-a single timer is armed for it; nothing is time-stepped.
+Sharing.  Flows are a fluid.  Whenever the set of active flows changes (a flow
+starts or ends), every flow's rate is recomputed, max-min fair over the links
+the flows cross (``emu.fair_share``: progressive filling).  Between changes the
+rates are constant, so the next completion is known exactly and a single timer
+is armed for it; nothing is time-stepped.
 
 Timing of one message of ``n`` payload bytes from A to B:
 
@@ -37,9 +34,9 @@ has a WAN attachment (up, down, latency).  A message between two sites
 crosses four links -- the sender's uplink, its site's WAN uplink, the
 receiving site's WAN downlink, the receiver's downlink -- and pays both
 access latencies plus both WAN latencies; within a site it crosses the two
-access links only.  Every link is shared max-min fairly among the flows on it
-by the same progressive filling.  Without sites the model is the flat star
-above, computed exactly as before (a flow's links are its two access ports).
+access links only.  Every link, WAN ports included (``emu.links.wan_port``),
+is shared by the same max-min filling.  Without sites the model is the flat
+star above, computed exactly as before (a flow's links are its two access ports).
 ``wan_bytes[site]`` counts the payload bytes of finished flows through each
 site's WAN ("up", "down").
 
