@@ -40,12 +40,8 @@ star above, computed exactly as before (a flow's links are its two access ports)
 ``wan_bytes[site]`` counts the payload bytes of finished flows through each
 site's WAN ("up", "down").
 
-Multicast (``multicast``; ``network.delivery: multicast``): one message to many
-receivers is one flow that crosses the sender's uplink once, each WAN port
-once, and every receiver's downlink, at one rate (the smallest fair share of
-any of its links: a reliable multicast goes at its slowest reader's pace); each
-receiver gets it at the flow's end plus its own path latency.  The sender counts
-its bytes once; every receiver counts them.
+Multicast (``multicast``; ``network.delivery: multicast``): one copy per link, at the
+slowest receiver's pace (``emu.multicast``).
 
 Edge cases: a zero-byte message uses no bandwidth but still pays latency; a
 message to oneself is delivered at once (zero delay, no links, no loss).
@@ -62,16 +58,11 @@ ended (the flows of one message to several receivers, one ``batch``, share it); 
 message waiting there returns when it starts.  Its FlowResult is completed in
 place when the flow ends.
 
-Failures: ``fail_node`` aborts every active flow from or to the node (the
-bytes already sent stay counted as wire bytes), cancels deliveries still
-pending *to* it, and drops every later send from or to it until
-``restore_node``.  Messages whose flow already ended are in the network, so a
-sender failing afterwards does not stop their delivery.
+Failures: ``fail_node`` and ``restore_node`` (``emu.failures``).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import defaultdict
 from typing import Callable
@@ -80,60 +71,17 @@ import numpy as np
 import simpy
 
 from . import wire_model
+from .failures import Failures
 from .fair_share import max_min_rates
+from .flows import Delivery, Flow, MulticastFlow
 from .links import FlowInfo, FlowResult, Link, NodeStats, link_from_spec, wan_port
+from .multicast import Multicasting
 
 # The values moved to emu.links; importers still find them here.
 __all__ = ["FlowInfo", "FlowResult", "Link", "Network", "NodeStats", "link_from_spec"]
 
 
-class _Flow:
-    """An active flow; ``remaining`` is exact as of ``Network._synced_at``."""
-
-    __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate",
-                 "start", "lost", "event", "on_deliver", "release", "result")
-
-    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=(), release=0.0):
-        self.src, self.dst = src, dst
-        # Every port (link direction) the flow crosses; flat: the two access ports.
-        self.ports = ((src, "up"), *wan, (dst, "down"))
-        self.nbytes, self.total, self.remaining = nbytes, total, float(total)
-        self.rate = 0.0
-        self.start, self.lost = start, lost
-        self.event, self.on_deliver = event, on_deliver
-        # Writer history: the sender's event fires when `remaining` is down to `release`
-        # (0: at the end); `result` is the FlowResult it fired with, completed at the end.
-        self.release, self.result = release, None
-
-
-class _Multicast:
-    """One message to many receivers, sent once: it crosses the sender's uplink (and each
-    WAN port) once and every receiver's downlink once, at one rate for all (the slowest
-    receiver's, as a reliable multicast is paced); each member is (dst, lost, on_deliver)."""
-
-    __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate", "start", "event", "members",
-                 "lost", "release", "result")
-
-    def __init__(self, src, members, nbytes, total, start, event, wan=(), release=0.0):
-        self.src, self.dst, self.members = src, "*", list(members)
-        self.ports = ((src, "up"), *wan, *((dst, "down") for dst, _, _ in self.members))
-        self.nbytes, self.total, self.remaining = nbytes, total, float(total)
-        self.rate = 0.0
-        self.start, self.event = start, event
-        self.lost = 0  # per member (an aborted multicast reports none)
-        self.release, self.result = release, None  # as _Flow's (result: the members' list)
-
-
-class _Delivery:
-    """A message in propagation; ``cancelled`` stops it when the receiver fails."""
-
-    __slots__ = ("result", "on_deliver", "cancelled")
-
-    def __init__(self, result, on_deliver):
-        self.result, self.on_deliver, self.cancelled = result, on_deliver, False
-
-
-class Network:
+class Network(Multicasting, Failures):
     def __init__(self, env: simpy.Environment, links: dict[str, Link], seed: int = 0,
                  mtu: int = 1500, sites: dict[str, str] | None = None,
                  wan: dict[str, Link] | None = None, framing: str = "payload", send_window: int = 0):
@@ -176,11 +124,11 @@ class Network:
             self._capacity[wan_port(site, "up")] = link.up_bps / 8
             self._capacity[wan_port(site, "down")] = link.down_bps / 8
         self._down_nodes: set[str] = set()
-        self._active: dict[int, _Flow] = {}     # insertion order keeps runs reproducible
+        self._active: dict[int, Flow] = {}     # insertion order keeps runs reproducible
         self._next_flow_id = 0
         self._synced_at = env.now               # when every flow's `remaining` was exact
         self._allocated_since_sync = False      # rates changed since then (see _sync)
-        self._pending: dict[str, set[_Delivery]] = defaultdict(set)  # by receiver
+        self._pending: dict[str, set[Delivery]] = defaultdict(set)  # by receiver
         # Bumped whenever rates may change, so an armed completion timer goes stale.
         self._generation = 0
         self._update_scheduled = False
@@ -225,7 +173,7 @@ class Network:
             return event
 
         self._sync()
-        flow = _Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst),
+        flow = Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst),
                      release=self._release_at(nbytes, total))
         self._start_or_wait(flow, batch)
         return event
@@ -274,152 +222,15 @@ class Network:
         while queue and queue[0][0] is batch:
             self._activate(queue.pop(0)[1])
 
-    def multicast(self, src: str, dsts: list[str], nbytes: int,
-                  on_deliver: Callable[[str], None]) -> simpy.Event:
-        """Send ``nbytes`` from src to every node of ``dsts`` at once, as IP multicast on the
-        switch does: one copy per link (``_Multicast``).  ``on_deliver(dst)`` runs at each
-        receiver at its delivery time; the event succeeds with the list of FlowResults when
-        the sender is done.  Loss: each receiver's lost packets are drawn as for a unicast
-        (in ``dsts`` order); their repairs are multicast too, so the flow carries the most
-        any receiver lost, and each receiver pays a round trip per packet it lost."""
-        self._check_node(src)
-        for dst in dsts:
-            self._check_node(dst)
-        nbytes = int(nbytes)
-        now = self.env.now
-        event = self.env.event()
-        self.stats[src].messages_sent += 1
-        members, lost_most = [], 0
-        for dst in dsts:
-            if src in self._down_nodes or dst in self._down_nodes or dst == src:
-                self.stats[src].messages_lost_to_failure += dst != src
-                continue
-            lost = self._draw_lost_packets(src, dst, nbytes)
-            lost_most = max(lost_most, lost)
-            members.append((dst, lost, functools.partial(on_deliver, dst)))
-        total = self._wire(nbytes) + min(lost_most * self.mtu, nbytes)
-        if not members or (total == 0 and not self.send_window):
-            results = [self._member_done(src, m, nbytes, 0, now) for m in members]
-            event.succeed(results)
-            return event
-        wan = []
-        for dst, _, _ in members:
-            wan += [p for p in self._wan_ports(src, dst) if p not in wan]
-        self._sync()
-        self._start_or_wait(_Multicast(src, members, nbytes, total, now, event, wan,
-                                       release=self._release_at(nbytes, total)))  # a batch of its own
-        return event
-
-    def _member_done(self, src, member, nbytes, start, now) -> FlowResult:
-        """One receiver of a multicast: its message goes into propagation."""
-        dst, lost, on_deliver = member
-        delay = (1 + 2 * lost) * self._path_latency(src, dst)
-        result = FlowResult(src, dst, nbytes, start, now, now + delay, lost, 0)
-        delivery = _Delivery(result, on_deliver)
-        self._pending[dst].add(delivery)
-        self.env.timeout(delay).callbacks.append(lambda _ev: self._deliver(delivery))
-        return result
-
-    def _multicast_done(self, f: _Multicast) -> None:
-        now = self.env.now
-        stats = self.stats[f.src]
-        stats.bytes_sent += f.nbytes  # once: the point of multicast
-        stats.wire_bytes_sent += f.total
-        results = [self._member_done(f.src, m, f.nbytes, f.start, now) for m in f.members]
-        if f.result is None:
-            f.event.succeed(results)
-        else:  # released earlier (send_window): the list it fired with, completed
-            for result in results:
-                result.released_at = f.result.released_at
-            f.result[:] = results
-
     def _released(self, f) -> None:
         """send_window: the sender's event fires now; the flow goes on to its end."""
         now = self.env.now
-        if isinstance(f, _Multicast):
+        if isinstance(f, MulticastFlow):
             f.result = [FlowResult(f.src, dst, f.nbytes, f.start, now, None, lost, 0, released_at=now)
                         for dst, lost, _ in f.members]
         else:
             f.result = FlowResult(f.src, f.dst, f.nbytes, f.start, now, None, f.lost, 0, released_at=now)
         f.event.succeed(f.result)
-
-    def fail_node(self, node: str) -> None:
-        """The node went offline: abort its flows, cancel deliveries to it."""
-        self._check_node(node)
-        if node in self._down_nodes:
-            return
-        self._down_nodes.add(node)
-        # Flows finishing exactly now are finished first, not aborted.
-        self._sync()
-        now = self.env.now
-        for flow_id, flow in list(self._active.items()):
-            if isinstance(flow, _Multicast) and flow.src != node:
-                kept = [m for m in flow.members if m[0] != node]
-                if len(kept) < len(flow.members):  # the others go on without it
-                    self.stats[flow.src].messages_lost_to_failure += 1
-                    flow.members = kept
-                    flow.ports = tuple(p for p in flow.ports if p != (node, "down"))
-                if kept:
-                    continue
-            elif flow.src != node and flow.dst != node:
-                continue
-            del self._active[flow_id]
-            wire = round(flow.total - flow.remaining)
-            stats = self.stats[flow.src]
-            stats.wire_bytes_sent += wire
-            stats.messages_lost_to_failure += 1
-            self._abort(flow, wire, now)
-            self._busy[flow.src] -= 1
-        self._drop_waiting(node, now)
-        for delivery in self._pending.pop(node, ()):
-            delivery.cancelled = True
-            delivery.result.delivered_at = None
-            self.stats[delivery.result.src].messages_lost_to_failure += 1
-        self._schedule_update()
-
-    def _drop_waiting(self, node: str, now: float) -> None:
-        """send_window: flows from or to a failed node that were waiting for the wire never start."""
-        for src, queue in self._waiting.items():
-            kept = []
-            for batch, flow in queue:
-                if isinstance(flow, _Multicast) and src != node:
-                    members = [m for m in flow.members if m[0] != node]
-                    if len(members) < len(flow.members):
-                        self.stats[src].messages_lost_to_failure += 1
-                        flow.members = members
-                        flow.ports = tuple(p for p in flow.ports if p != (node, "down"))
-                    if members:
-                        kept.append((batch, flow))
-                        continue
-                elif src != node and flow.dst != node:
-                    kept.append((batch, flow))
-                    continue
-                else:
-                    self.stats[src].messages_lost_to_failure += 1
-                self._abort(flow, 0, now)
-            queue[:] = kept
-        for src in list(self._waiting):  # a sender whose flows on the wire were all aborted goes on
-            self._start_next(src)
-
-    def _abort(self, flow, wire: int, now: float) -> None:
-        """The flow will never end: its sender's event fires (or its released result says so)."""
-        result = FlowResult(flow.src, flow.dst, flow.nbytes, flow.start, now, None, flow.lost, wire, aborted=True)
-        if flow.result is None:
-            flow.event.succeed(result)
-        elif isinstance(flow.result, list):
-            for r in flow.result:
-                r.end, r.aborted = now, True
-        else:
-            flow.result.end, flow.result.wire_bytes, flow.result.aborted = now, wire, True
-
-    def restore_node(self, node: str) -> None:
-        """The node is back: sends from and to it go through again."""
-        self._check_node(node)
-        self._down_nodes.discard(node)
-
-    def is_up(self, node: str) -> bool:
-        self._check_node(node)
-        return node not in self._down_nodes
 
     def active_flows(self) -> list[FlowInfo]:
         """Every flow on the wire now, with its remaining bytes as of env.now."""
@@ -466,14 +277,14 @@ class Network:
         if released is not None:  # the sender's event fired earlier with this object (send_window)
             released.end, released.delivered_at, released.wire_bytes = now, now + delay, wire
             result = released
-        delivery = _Delivery(result, on_deliver)
+        delivery = Delivery(result, on_deliver)
         self._pending[dst].add(delivery)
         timer = self.env.timeout(delay)
         timer.callbacks.append(lambda _ev: self._deliver(delivery))
         if released is None:
             event.succeed(result)
 
-    def _deliver(self, delivery: _Delivery) -> None:
+    def _deliver(self, delivery: Delivery) -> None:
         if delivery.cancelled:
             return
         result = delivery.result
@@ -514,7 +325,7 @@ class Network:
                 self._released(flow)
         for flow_id in finished:
             f = self._active.pop(flow_id)
-            if isinstance(f, _Multicast):
+            if isinstance(f, MulticastFlow):
                 self._multicast_done(f)
             else:
                 self._flow_done(f.src, f.dst, f.nbytes, f.total, f.start, f.lost, f.event,
