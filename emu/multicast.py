@@ -73,7 +73,8 @@ class Multicasting:
         results = [self._member_done(f.src, m, f.nbytes, f.start, now) for m in f.members]
         if f.result is None:
             f.event.succeed(results)
-        else:  # released earlier (send_window): the list it fired with, completed
+        else:  # released earlier (send_window): the list it fired with, completed in place
+            released_at = f.result[0].released_at   # (one instant for every member)
             for result in results:
-                result.released_at = f.result.released_at
+                result.released_at = released_at
             f.result[:] = results

@@ -95,3 +95,21 @@ def test_the_lan_profile_chooses_unicast_or_multicast(monkeypatch):
     monkeypatch.setenv("DTEMU_DDS_DELIVERY", "broadcast")
     with pytest.raises(ValueError, match="DTEMU_DDS_DELIVERY"):
         config_xml("lan", peers="10.1.2.3")
+
+
+def test_a_multicast_longer_than_the_writer_history_returns_early_and_completes():
+    """With network.send_window_bytes, the sender's event fires when the multicast is down to its
+    last writer-history group; the list it fired with is completed in place at the flow's end
+    (it once failed there: a list has no released_at)."""
+    env = simpy.Environment()
+    net = Network(env, {n: Link(100e6, 100e6, 0.001) for n in ("src", "r0", "r1")}, seed=1,
+                  send_window=2 << 20)
+    got, fired = {}, []
+    done = net.multicast("src", ["r0", "r1"], 5 * MB, lambda dst: got.setdefault(dst, env.now))
+    done.callbacks.append(lambda e: fired.append(env.now))
+    env.run()
+    assert sorted(got) == ["r0", "r1"] and all(t == pytest.approx(0.4 + 0.002) for t in got.values())
+    assert 0 < fired[0] < 0.4   # returned before the end: only the last group was left
+    assert [r.dst for r in done.value] == ["r0", "r1"]
+    assert all(r.released_at == fired[0] and r.end == pytest.approx(0.4) for r in done.value)
+    assert net.stats["src"].bytes_sent == 5 * MB
