@@ -4,7 +4,8 @@ instead.  torch is imported only for a scenario that asks (real launch starts wi
 
 - ``cpu``: the CPU.
 - ``cuda``: the GPU torch calls cuda:0 (real launch --gpus: each rank's process sees one GPU, its
-  own); refused where torch sees none, or where the mode trains on the CPU only (``Mode.gpu``).
+  own); refused where torch sees none, or where the training is an app's own code, which chooses
+  its device itself (mode flower: ``Mode.gpu``).
 - ``auto``: cuda where both would allow it, else the CPU.
 
 On a GPU, torch is asked for its deterministic algorithms (``prepare``), so that a run trains the
@@ -35,8 +36,8 @@ def resolve(scenario) -> str:
                                       f"(torch {torch.__version__}, built {'with' if torch.version.cuda else 'without'} "
                                       "CUDA); use device: cpu, or auto")
     if not scenario.kind.gpu:
-        raise ScenarioError("device", f"cuda: mode {scenario.mode} trains on the CPU only so far (mode fl trains "
-                                      "on a GPU); use device: cpu, or auto")
+        raise ScenarioError("device", f"cuda: in mode {scenario.mode} the training is the app's own code, which "
+                                      "chooses its device itself; use device: cpu, or auto")
     return CUDA
 
 

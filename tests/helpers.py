@@ -54,11 +54,12 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def real_launch(path: Path, out: Path, timeout: float, extra_env: dict | None = None) -> tuple[int, str]:
+def real_launch(path: Path, out: Path, timeout: float, extra_env: dict | None = None,
+                args: tuple[str, ...] = ()) -> tuple[int, str]:
     """``real launch`` of a scenario file on a fresh domain, every rank killed whatever happens:
     (exit code, the tail of its output)."""
     cmd = [sys.executable, "-m", "dtemu.real.cli", "launch", str(path), "--out", str(out), "--no-tui",
-           "--timeout", str(timeout), "--time-scale", "1", "--domain", str(new_domain())]
+           "--timeout", str(timeout), "--time-scale", "1", "--domain", str(new_domain()), *args]
     proc = subprocess.Popen(cmd, env={**env(), **(extra_env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:

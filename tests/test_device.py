@@ -42,10 +42,16 @@ def test_an_unknown_device_is_a_scenario_error(value):
 
 # --- where a GPU would be: the choice, made with torch told it has one ---------------------------
 
+FLOWER = {"mode": "flower", "flower": {"app_dir": "scenarios/examples/flower_quickstart"}, "fl": {"clients": 2}}
+
+
 @pytest.mark.parametrize("mode_raw, asked, expected", [
     ({"fl": {"clients": 2}}, "cuda", "cuda"),
     ({"fl": {"clients": 2}}, "auto", "cuda"),
-    ({"mode": "ddp", "ddp": {"workers": 2}}, "auto", "cpu"),
+    ({"mode": "ddp", "ddp": {"workers": 2}}, "cuda", "cuda"),
+    ({"mode": "ps", "ps": {"workers": 2}}, "auto", "cuda"),
+    ({"mode": "geo", "network": {"sites": {"central": {}, "a": {}}}}, "auto", "cuda"),
+    (FLOWER, "auto", "cpu"),   # (a Flower app's code places its own tensors)
 ])
 def test_a_gpu_is_chosen_where_the_mode_trains_on_one(monkeypatch, mode_raw, asked, expected):
     import torch
@@ -56,15 +62,15 @@ def test_a_gpu_is_chosen_where_the_mode_trains_on_one(monkeypatch, mode_raw, ask
     assert resolve(parse_scenario({"name": "g", "device": asked, **mode_raw})) == expected
 
 
-def test_cuda_in_a_mode_that_trains_on_the_cpu_is_refused_by_name(monkeypatch):
+def test_cuda_for_a_flower_app_is_refused_by_name(monkeypatch):
     import torch
 
     from dtemu.core.errors import ScenarioError
     from dtemu.host.devices import resolve
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(ScenarioError, match="mode ddp trains on the CPU only"):
-        resolve(parse_scenario({"name": "g", "device": "cuda", "mode": "ddp", "ddp": {"workers": 2}}))
+    with pytest.raises(ScenarioError, match="in mode flower the training is the app's own code"):
+        resolve(parse_scenario({"name": "g", "device": "cuda", **FLOWER}))
 
 
 def test_the_cpu_keeps_its_tensors_and_the_workload_its_data():
@@ -129,3 +135,20 @@ def test_an_fl_run_on_a_gpu_trains_the_same_model_twice(tmp_path, algorithm):
     b = run_emulation(parse_scenario(raw), tmp_path / "b")
     assert a["device"] == "cuda" and a["platform"]["gpu"]
     assert a["model_sha256"] == b["model_sha256"] and a["rounds"] == 2
+
+
+@gpu_only
+@needs_mnist
+@pytest.mark.parametrize("name", ["ddp_ring", "ddp_dgc_worker_lost", "ps_esync_xavier", "geo_bisparse_fp16",
+                                  "geo_join"])
+def test_every_mode_trains_the_same_model_twice_on_a_gpu(tmp_path, name):
+    """ddp (dense and DGC, a worker lost), ps and geo (BiSparse, a site joining) on the GPU: the same
+    model again (tests/test_fake_gpu.py runs the same scenarios on a stand-in GPU everywhere)."""
+    from dtemu.emu.run import run_emulation
+    from test_fake_gpu import CASES, SMALL
+
+    raw = {"name": name, "device": "cuda", **SMALL, **CASES[name]}
+    a = run_emulation(parse_scenario(raw), tmp_path / "a")
+    b = run_emulation(parse_scenario(raw), tmp_path / "b")
+    assert a["device"] == "cuda" and a["platform"]["gpu"]
+    assert a["model_sha256"] == b["model_sha256"] and a["final_accuracy"] == b["final_accuracy"]

@@ -113,8 +113,8 @@ class DGCCompressor:
         for (name, _), n, g in zip(self.shapes, self.numels, grads):
             if g.numel() != n:
                 raise ValueError(f"gradient of {name} has {g.numel()} elements, expected {n}")
-            # A view where possible; never written to.
-            flat.append(g.detach().reshape(-1).to(torch.float32).numpy())
+            # A view where possible (on the CPU; a GPU's gradient comes over); never written to.
+            flat.append(g.detach().reshape(-1).to(torch.float32).cpu().numpy())
         return flat
 
     def _accumulate(self, i: int, g: np.ndarray, coef: float) -> np.ndarray:
@@ -285,7 +285,7 @@ class DGCSGD:
                              f"for {len(self.shapes)} tensors")
         wd = self.config.weight_decay
         for i, (p, a) in enumerate(zip(params, averaged)):
-            d = a.reshape(p.shape)
+            d = a.reshape(p.shape).to(p.device)   # (the buckets are summed on the CPU)
             if self.kinds[i] == DENSE:
                 d = self._momentum(self._grad_momentum, i, d)
             # the decay term is taken from the weights before this step's update

@@ -73,4 +73,5 @@ class DGCExchange:
 
     def load_state(self, data: bytes) -> None:
         shapes = [shape for _, shape in self.shapes]
-        self.opt.load_buffers(unpack_buffers(data, shapes + shapes))
+        device = self.params[0].device if self.params else "cpu"
+        self.opt.load_buffers(unpack_buffers(data, shapes + shapes, device))

@@ -104,7 +104,8 @@ class DenseExchange:
         return pack_buffers([state[p].get("momentum_buffer") if p in state else None for p in self.params])
 
     def load_state(self, data: bytes) -> None:
-        for p, buf in zip(self.params, unpack_buffers(data, [tuple(p.shape) for p in self.params])):
+        device = self.params[0].device if self.params else "cpu"
+        for p, buf in zip(self.params, unpack_buffers(data, [tuple(p.shape) for p in self.params], device)):
             if buf is None:
                 self.opt.state.pop(p, None)
             else:

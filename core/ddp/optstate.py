@@ -20,12 +20,13 @@ def pack_buffers(buffers) -> bytes:
         if b is None:
             out.append(b"\x00")
         else:
-            out += [b"\x01", b.detach().reshape(-1).to(torch.float32).numpy().tobytes()]
+            out += [b"\x01", b.detach().reshape(-1).to(torch.float32).cpu().numpy().tobytes()]
     return b"".join(out)
 
 
-def unpack_buffers(data: bytes, shapes) -> list:
-    """The inverse of ``pack_buffers`` for tensors of ``shapes``; FrameError if it does not fit."""
+def unpack_buffers(data: bytes, shapes, device: torch.device | str = "cpu") -> list:
+    """The inverse of ``pack_buffers`` for tensors of ``shapes``, on ``device`` (the model's); FrameError
+    if it does not fit."""
     view, off, out = memoryview(data), 0, []
     for shape in shapes:
         if off >= len(view) or view[off] not in (0, 1):
@@ -37,7 +38,7 @@ def unpack_buffers(data: bytes, shapes) -> list:
         nbytes = 4 * int(np.prod(shape, dtype=np.int64))
         if off + nbytes > len(view):
             raise FrameError("optimizer state is truncated")
-        out.append(torch.from_numpy(np.frombuffer(view[off : off + nbytes], np.float32).copy()).view(shape))
+        out.append(torch.from_numpy(np.frombuffer(view[off : off + nbytes], np.float32).copy()).view(shape).to(device))
         off += nbytes
     if off != len(view):
         raise FrameError(f"optimizer state has {len(view) - off} bytes too many")

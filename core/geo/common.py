@@ -54,7 +54,7 @@ class Applier:
         src = torch.from_numpy(np.array(vec, dtype=np.float32))
         off = 0
         for p in self.model.parameters():
-            p.grad = src[off:off + p.numel()].view_as(p).clone()
+            p.grad = src[off:off + p.numel()].view_as(p).to(p.device, copy=True)
             off += p.numel()
         set_lr(self.opt, self.lr_at(round_))
         self.opt.step()

@@ -54,7 +54,7 @@ class Follower:
         bufs = [self.applier.opt.state.get(p, {}).get("momentum_buffer") for p in self.applier.model.parameters()]
         if any(buf is None for buf in bufs):
             return None   # plain SGD, or no round yet
-        return torch.cat([buf.reshape(-1) for buf in bufs]).numpy().astype(np.float32)
+        return torch.cat([buf.reshape(-1) for buf in bufs]).cpu().numpy().astype(np.float32)
 
 
 def set_momentum(applier: Applier, momentum: np.ndarray) -> None:
@@ -62,7 +62,7 @@ def set_momentum(applier: Applier, momentum: np.ndarray) -> None:
     src = torch.from_numpy(np.array(momentum, dtype=np.float32))
     off = 0
     for p in applier.model.parameters():
-        applier.opt.state[p]["momentum_buffer"] = src[off:off + p.numel()].view_as(p).clone()
+        applier.opt.state[p]["momentum_buffer"] = src[off:off + p.numel()].view_as(p).to(p.device, copy=True)
         off += p.numel()
 
 

@@ -74,10 +74,11 @@ class GradientJob:
     start, before the role goes on), and only then copies its state (``flatten``): a run without
     worker processes never pays for the copy."""
 
-    def __init__(self, model: str, model_seed: int, source, indices: np.ndarray, seed: int):
+    def __init__(self, model: str, model_seed: int, source, indices: np.ndarray, seed: int, device: str = "cpu"):
         self.model, self.model_seed = model, model_seed
         self.source = source          # the worker's nn.Module; its flat state once pickled
         self.indices, self.seed = indices, seed   # the batch into the training samples; dropout's seed
+        self.device = device          # where it runs (the data set it is run on must be there too)
 
     @property
     def state(self) -> np.ndarray:
@@ -95,7 +96,7 @@ class GradientJob:
 
 def run_gradient_job(job: GradientJob, dataset, model=None):
     if model is None:
-        model = build_model(job.model, seed=job.model_seed)
+        model = build_model(job.model, seed=job.model_seed).to(job.device)
     load_flat(model, job.state)
     loss = compute_gradients(model, dataset.x_train, dataset.y_train, job.indices, seed=job.seed,
                              task=task_of(job.model))
@@ -127,14 +128,14 @@ class StepJob(GradientJob):
     its own, so a fresh optimizer in a worker process steps as the worker's does): its result is
     (loss, the state after), which ``take_step`` writes into the worker's model."""
 
-    def __init__(self, model: str, model_seed: int, source, indices: np.ndarray, seed: int, lr: float):
-        super().__init__(model, model_seed, source, indices, seed)
+    def __init__(self, model: str, model_seed: int, source, indices: np.ndarray, seed: int, device: str, lr: float):
+        super().__init__(model, model_seed, source, indices, seed, device)
         self.lr = lr
 
 
 def run_step_job(job: StepJob, dataset, model=None):
     if model is None:
-        model = build_model(job.model, seed=job.model_seed)
+        model = build_model(job.model, seed=job.model_seed).to(job.device)
     load_flat(model, job.state)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.0, weight_decay=0.0)
     loss = sgd_iteration(model, opt, dataset.x_train, dataset.y_train, job.indices, job.seed, task_of(job.model))

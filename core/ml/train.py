@@ -91,7 +91,7 @@ class LocalTraining:
         self.anchor = [p.detach().clone() for p in self.params] if proximal_mu else None
         self.steps = self.samples = 0
         # A GPU's own RNG (dropout there draws from it) is forked and kept as the CPU's is.
-        self._gpus = [device.index or 0] if device.type == "cuda" else []
+        self._gpus = gpus_of(model)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # a tensor: no sync per step
         self._rng: tuple | None = None     # dropout's RNG between calls (None: seed it)
         self._epoch, self._order, self._pos = -1, None, 0
@@ -148,6 +148,13 @@ class LocalTraining:
         return TrainResult(self.steps, self.samples, float(self.loss_sum) / self.samples if self.samples else 0.0)
 
 
+def gpus_of(model: nn.Module) -> list[int]:
+    """The GPU ``model`` is on, as ``fork_rng(devices=...)`` takes it ([] on the CPU): dropout there draws
+    from the GPU's own RNG, which a step seeds and must leave as it found it, as the CPU's."""
+    device = next(model.parameters(), torch.zeros(())).device
+    return [device.index or 0] if device.type == "cuda" else []
+
+
 @torch.no_grad()
 def _add_proximal(params, anchor, mu: float) -> None:
     """grad += μ · (w − w₀): the gradient of FedProx's μ/2 · ||w − w₀||²."""
@@ -162,8 +169,8 @@ def sgd_iteration(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
     one step of ``opt``; dropout draws from ``seed``."""
     idx = torch.from_numpy(batch)
     model.train()
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=gpus_of(model)), torch.enable_grad():
+        torch.manual_seed(seed)   # (every device's RNG)
         opt.zero_grad(set_to_none=True)
         loss = task.loss(model(x[idx]), y[idx])
         loss.backward()
@@ -181,7 +188,7 @@ def compute_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx, *
     model.train()
     model.zero_grad(set_to_none=False)
     idx = torch.as_tensor(idx)
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+    with torch.random.fork_rng(devices=gpus_of(model)), torch.enable_grad():
         torch.manual_seed(seed)
         loss = task.loss(model(x[idx]), y[idx])
         loss.backward()

@@ -41,9 +41,9 @@ def _client_seed(cmd, client: int) -> int:
 
 class Workload:
     """``dataset``: the scenario's data, already loaded (``host.datasets.load_for``).  ``device``: where
-    an FL client's training and the evaluation run ("cpu", or "cuda" as host.devices resolved the
-    scenario's key): the model and a copy of the data live there; ``dataset`` stays on the CPU (the
-    split reads its labels, worker processes are handed it)."""
+    every node trains and evaluates ("cpu", or "cuda" as host.devices resolved the scenario's key):
+    the models and a copy of the data (``data``) live there; ``dataset`` stays on the CPU (the split
+    reads its labels, worker processes are handed it)."""
 
     def __init__(self, scenario: Scenario, dataset: datasets.Dataset, device: str = "cpu"):
         self.scenario = scenario
@@ -109,8 +109,8 @@ class Workload:
         return model_cost(self.scenario.model_spec)
 
     def new_model(self):
-        """A fresh model with the scenario's initial weights (every rank gets the same)."""
-        return build_model(self.scenario.model_spec, seed=self.scenario.seed)
+        """A fresh model with the scenario's initial weights (every rank gets the same), on the device."""
+        return build_model(self.scenario.model_spec, seed=self.scenario.seed).to(self.device)
 
     # --- data-parallel -------------------------------------------------
     @cached_property
@@ -125,7 +125,7 @@ class Workload:
         return [order[i * b : (i + 1) * b] for i in range(self.steps_per_epoch)]
 
     def gradients(self, model, batch: np.ndarray, rank: int, step: int) -> float:
-        return compute_gradients(model, self.dataset.x_train, self.dataset.y_train, batch,
+        return compute_gradients(model, self.data.x_train, self.data.y_train, batch,
                                  seed=self._step_seed(rank, step), task=self.task)
 
     def _step_seed(self, rank: int, step: int) -> int:
@@ -137,7 +137,7 @@ class Workload:
         whose gradients the role then writes into ``model`` (``core.ml.jobs.take_gradients``:
         either way the role yields this and takes what comes back)."""
         job = GradientJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch),
-                          self._step_seed(rank, step))
+                          self._step_seed(rank, step), self.device)
         return Compute(lambda: (self.gradients(model, batch, rank, step), None, None), samples=len(batch), job=job)
 
     def step_job(self, model, batch: np.ndarray, seed: int, lr: float) -> StepJob | None:
@@ -145,12 +145,12 @@ class Workload:
         state; None where the task brings its own optimizer (its state lives in the worker's)."""
         if self.task.optimizer is not None:
             return None
-        return StepJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch), seed, lr)
+        return StepJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch), seed, self.device, lr)
 
     def evaluate_shard(self, model, rank: int, world: int) -> tuple[int, int]:
         """(correct, total) on this rank's share of the test set (every world-th sample)."""
         n = self.test_size
-        x, y = self.dataset.x_test[:n][rank::world], self.dataset.y_test[:n][rank::world]
+        x, y = self.data.x_test[:n][rank::world], self.data.y_test[:n][rank::world]
         return evaluate(model, x, y, task=self.task)
 
     # --- work ----------------------------------------------------------

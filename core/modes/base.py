@@ -67,8 +67,9 @@ class Mode:
     costs: str = "dtemu.emu.costs:transport_only_sets"
     # Does dtemu build the model its nodes train (so real launch can time a step of it before a run)?
     own_model: bool = True
-    # Can it train on a GPU (``device: cuda``; host.devices)?  Else cuda is refused at load.
-    gpu: bool = False
+    # Does dtemu place its training on the scenario's device (``device: cuda``; host.devices): its models,
+    # their data and every step (core.ml.workload)?  Else cuda is refused at load.
+    gpu: bool = True
     # What its roles work on ("module:function" of host, taking the scenario): the learning task, loaded
     # with its data (core.ml.workload.Workload), or a Flower app (host.flower_app).
     work: str = "dtemu.host.work:dtemu_work"

@@ -17,7 +17,6 @@ class FederatedLearning(Mode):
     pool_by_default = True
     steps_with_torch_optim = False
     chooses_clients = True
-    gpu = True   # (its clients' training and the evaluation: core.ml.workload's device)
     crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_fl:check_fl"
     report = "dtemu.report.fl:write_fl_report"

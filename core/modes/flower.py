@@ -27,6 +27,8 @@ class FlowerApp(FederatedLearning):
     costs = "dtemu.emu.costs:flower_sets"
     # The app's model is its own: dtemu neither builds it nor can time a step of it ahead of a run.
     own_model = False
+    # Nor does it place the app's tensors: the app's code chooses its device.
+    gpu = False
     work = "dtemu.host.flower_app:load_app"
 
     def node_names(self, s):

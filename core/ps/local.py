@@ -45,12 +45,14 @@ class BatchStream:
 
 def xavier_weights(model: nn.Module, seed: int) -> np.ndarray:
     """Algorithm 2's w^0 = Xavier(f): Xavier-uniform weights of every conv and linear layer,
-    zero biases, from ``seed``; other layers keep their own initialisation."""
+    zero biases, from ``seed``; other layers keep their own initialisation.  Drawn on the CPU, so that
+    a model on a GPU starts from the same weights."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
-                nn.init.xavier_uniform_(module.weight, generator=gen)
+                drawn = torch.empty(module.weight.shape, dtype=module.weight.dtype)
+                module.weight.copy_(nn.init.xavier_uniform_(drawn, generator=gen))
                 if module.bias is not None:
                     module.bias.zero_()
     return flatten(model)

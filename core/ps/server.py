@@ -161,7 +161,7 @@ class _Server:
         if not (due or force) or self.evaluated == self.out.version:
             return
         n = self.work.test_size
-        x, y = self.work.dataset.x_test[:n], self.work.dataset.y_test[:n]
+        x, y = self.work.data.x_test[:n], self.work.data.y_test[:n]
 
         def run():
             load_flat(self.model, self.out.weights)

@@ -172,7 +172,7 @@ def ps_worker(ctx, scenario, work, rank: int):
                 # here, in the worker's model, or (emu --jobs N) in a worker process on its state
                 job = work.step_job(w.model, batch, seed, ps.lr) if hasattr(work, "step_job") else None
                 loss = take_step(w.model, (yield Compute(
-                    lambda b=batch, s=seed: (sgd_iteration(w.model, w.opt, work.dataset.x_train, work.dataset.y_train,
+                    lambda b=batch, s=seed: (sgd_iteration(w.model, w.opt, work.data.x_train, work.data.y_train,
                                                            b, s, work.task), None),
                     samples=len(batch), job=job)))
             except Exception as err:  # the task's own code raised: reported as a diverged update is
