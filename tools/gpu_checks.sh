@@ -10,9 +10,11 @@
 #   mkdir -p .gpudata/MNIST && cp -r ../shared/data/MNIST/raw .gpudata/MNIST/
 #
 # then run it there:  run(command="bash tools/gpu_checks.sh", carry=[".whl", ".gpudata"], timeout_s=540)
+# A dry run here, on the stand-in GPU of tests/fake_cuda.py (the CPU, refusing what CUDA refuses), without
+# the benchmark:  PATH=$PWD/.venv/bin:$PATH DTEMU_FAKE_CUDA=1 DTEMU_DATA=../shared/data bash tools/gpu_checks.sh
 # What it prints and writes under $OUT: the GPU tests (tests/test_device.py, which skip without
 # one), the ResNet-18 benchmark on the GPU and on the CPU of the same machine (tools.bench_tasks),
-# and, where cyclonedds installed, a real launch of a small FL run on the GPU.
+# and, where cyclonedds installed, a real launch of a small fl, ddp and geo run on the GPU beside emu's.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -21,35 +23,46 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
     export PYTHONPATH=$PWD   # (dtemu/ links the folders as the installed namespace has them)
 fi
-export DTEMU_DATA=$PWD/.gpudata PYTHONUNBUFFERED=1
+FAKE=${DTEMU_FAKE_CUDA:-}
+skip=()
+if [ "$FAKE" = 1 ]; then   # every python3 below installs the stand-in as it starts
+    export PYTHONPATH=$PWD/tests/fake_cuda_site:$PYTHONPATH
+    skip=(-k "not refused_at_load and not auto_trains_on_the_cpu")   # (they check that there is no GPU)
+fi
+export DTEMU_DATA=${DTEMU_DATA:-$PWD/.gpudata} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
     | tee -a "$OUT/gpu.txt"
 
 echo "== the GPU tests"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_device.py 2>&1 | tee "$OUT/tests.txt"
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_device.py "${skip[@]}" 2>&1 | tee "$OUT/tests.txt"
 
 echo "== ResNet-18 virtual clients against a bare loop (synthetic CIFAR-10), GPU then CPU"
-for dev in cuda cpu; do
+for dev in $([ "$FAKE" = 1 ] || echo cuda cpu); do
     timeout 150 python3 -m tools.bench_tasks --synthetic --clients 8 --samples 256 --batch 32 --threads 8 \
         --repeat 2 --device $dev 2>&1 | tee "$OUT/bench_$dev.json"
 done
 
 if python3 -c "import cyclonedds" 2>/dev/null; then
-    echo "== real launch, one GPU, a small FL run"
-    cat > /tmp/gpu_fl.yaml <<'EOF'
-name: gpu_fl
-device: cuda
-model: small_cnn
-data: {dataset: mnist, test_samples: 1000}
-fl: {clients: 2, rounds: 2, subset: 512, round_timeout_s: 60}
-EOF
-    timeout 120 python3 -m dtemu.real.cli launch /tmp/gpu_fl.yaml --out /tmp/gpu_real --no-tui --gpus 0 \
-        --time-scale 1 2>&1 | tail -5
-    timeout 120 python3 -m dtemu.emu.cli run /tmp/gpu_fl.yaml --out /tmp/gpu_emu --no-tui 2>&1 | tail -2
+    echo "== real launch, one GPU, a small run of fl, ddp and geo, beside emu on the same GPU"
+    rm -rf /tmp/gpu; mkdir -p /tmp/gpu
+    common='"device": "cuda", "model": "small_cnn", "seed": 1, "threads": 2, "data": {"dataset": "mnist", "test_samples": 1000}'
+    echo "{\"name\": \"gpu_fl\", $common, \"fl\": {\"clients\": 2, \"rounds\": 2, \"subset\": 512, \"round_timeout_s\": 60}}" > /tmp/gpu/fl.json
+    echo "{\"name\": \"gpu_ddp\", $common, \"mode\": \"ddp\", \"ddp\": {\"workers\": 2, \"epochs\": 1, \"batch_size\": 32, \"max_steps\": 40, \"compression\": \"dgc\", \"density\": 0.01, \"momentum\": 0.9}}" > /tmp/gpu/ddp.json
+    echo "{\"name\": \"gpu_geo\", $common, \"mode\": \"geo\", \"network\": {\"sites\": {\"central\": {}, \"a\": {}, \"b\": {}}}, \"geo\": {\"workers_per_site\": 1, \"rounds\": 8, \"eval_every\": 4, \"batch_size\": 32, \"compression\": \"bisparse_fp16\", \"round_timeout_s\": 30}}" > /tmp/gpu/geo.json
+    for m in fl ddp geo; do
+        timeout 100 python3 -m dtemu.real.cli launch /tmp/gpu/$m.json --out /tmp/gpu/$m-real --no-tui --gpus 0 \
+            --time-scale 1 2>&1 | tail -2
+        timeout 60 python3 -m dtemu.emu.cli run /tmp/gpu/$m.json --out /tmp/gpu/$m-emu --no-tui 2>&1 | tail -1
+    done
     python3 - <<'EOF' | tee "$OUT/real.txt"
 import json
-real, emu = (json.load(open(f"/tmp/gpu_{m}/summary.json")) for m in ("real", "emu"))
-print({k: (real.get(k), emu.get(k)) for k in ("device", "rounds", "final_accuracy", "model_sha256")})
+for m in ("fl", "ddp", "geo"):
+    try:
+        real, emu = (json.load(open(f"/tmp/gpu/{m}-{r}/summary.json")) for r in ("real", "emu"))
+    except OSError as err:
+        print(m, "no summary:", err)
+        continue
+    print(m, {k: (real.get(k), emu.get(k)) for k in ("device", "final_accuracy", "model_sha256")})
 EOF
 fi
