@@ -181,3 +181,30 @@ def test_real_launch_on_the_gpu_trains_emus_model(tmp_path, name):
     assert real["device"] == "cuda" and real["platform"]["gpu"] == "FakeCuda (the CPU)"
     assert real["platform"]["visible_devices"] == "0" and real["platform"]["fixed"]
     assert real["model_sha256"] == emu["model_sha256"]
+
+
+@needs_mnist
+@pytest.mark.parametrize("name", ["ddp_ring", pytest.param("ps_esync_xavier", marks=pytest.mark.slow)])
+def test_emu_worker_processes_share_the_gpu(tmp_path, name):
+    """``emu run --jobs 2``: the steps run in worker processes, each with the model and data on the GPU
+    (the stand-in installed in every process as it starts, the fork server's included): the CPU's model."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT, env
+
+    raw = {"name": name, **SMALL, **CASES[name]}
+    site = str(ROOT / "tests" / "fake_cuda_site")
+    fake = {"DTEMU_FAKE_CUDA": "1", "PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
+    summaries = {}
+    for device, extra in (("cpu", {}), ("cuda", fake)):
+        path = tmp_path / f"{device}.json"
+        path.write_text(json.dumps({**raw, "device": device}))
+        done = subprocess.run([sys.executable, "-m", "dtemu.emu.cli", "run", str(path), "--out", str(tmp_path / device),
+                               "--no-tui", "--jobs", "2" if extra else "1"], cwd=ROOT, env={**env(), **extra},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        summaries[device] = json.loads((tmp_path / device / "summary.json").read_text())
+    assert summaries["cuda"]["device"] == "cuda"
+    assert summaries["cuda"]["model_sha256"] == summaries["cpu"]["model_sha256"]
