@@ -208,3 +208,37 @@ def test_emu_worker_processes_share_the_gpu(tmp_path, name):
         summaries[device] = json.loads((tmp_path / device / "summary.json").read_text())
     assert summaries["cuda"]["device"] == "cuda"
     assert summaries["cuda"]["model_sha256"] == summaries["cpu"]["model_sha256"]
+
+
+# --- the tasks beyond MNIST: a language model's embedding and tokens, ResNet-18's batch norm ----------
+TASKS = {
+    "char_lm_ddp_dgc": ("char_lm.yaml", ["ddp.max_steps=4", "data.test_samples=200"]),
+    "char_lm_geo": ("char_lm.yaml", ["mode=geo", "geo.workers_per_site=1", "geo.rounds=3", "geo.eval_every=3",
+                                     "network.sites={c: {}, a: {}, b: {}}", "data.test_samples=200"]),
+    "resnet18_fl": ("fl_cifar10.yaml", ["fl.rounds=1", "fl.subset=8", "fl.batch_size=8", "fl.clients=2",
+                                        "fl.min_clients=2", "data.partition=iid", "data.test_samples=16"]),
+    "resnet18_ddp_dgc": ("fl_cifar10.yaml", ["mode=ddp", "ddp.workers=2", "ddp.batch_size=8", "ddp.max_steps=2",
+                                             "ddp.compression=dgc", "ddp.momentum=0.9", "data.partition=iid",
+                                             "data.test_samples=16"]),
+}
+
+
+@pytest.mark.parametrize("name", [*sorted(set(TASKS) - {"resnet18_ddp_dgc"}),
+                                  pytest.param("resnet18_ddp_dgc", marks=pytest.mark.slow)])
+@pytest.mark.filterwarnings("ignore:PyTorch was compiled without cuDNN")   # (the LSTM asks the stand-in's cuDNN)
+def test_the_shipped_tasks_train_on_the_gpu_as_on_the_cpu(tmp_path, monkeypatch, name):
+    from dtemu.emu.run import run_emulation
+    from dtemu.host.scenario_file import load_scenario
+    from helpers import ROOT
+    from test_builtin_tasks import cifar_folder
+
+    if name.startswith("resnet18"):   # (the synthetic archive, in CIFAR-10's own format)
+        monkeypatch.setenv("DTEMU_DATA", str(cifar_folder(tmp_path / "data")))
+    example, sets = TASKS[name]
+    path = ROOT / "scenarios" / "examples" / example
+    models = {"cpu": run_emulation(load_scenario(path, [*sets, "device=cpu"]), tmp_path / "cpu")["model_sha256"]}
+    with fake_cuda():
+        summary = run_emulation(load_scenario(path, [*sets, "device=cuda"]), tmp_path / "cuda")
+    assert summary["device"] == "cuda"
+    models["cuda"] = summary["model_sha256"]
+    assert models["cuda"] == models["cpu"]
