@@ -98,6 +98,8 @@ class Receiving:
         if self.clock.known(msg.src):
             msg.sent_at = min(msg.received_at, msg.sent_at - self.clock.offset(msg.src))
             msg.sender_clock = False
+        else:   # still not measured: read as sent when it came (a clock's error is not a transfer)
+            msg.sent_at = min(msg.received_at, msg.sent_at)
         return msg
 
     def _pop(self, wanted: Optional[list[str]]) -> Optional[Message]:
@@ -285,8 +287,11 @@ class Receiving:
         known = True
         if source_ts and source_ts > 0:  # the sender's clock, read on ours (real.clock_sync)
             known = self.clock.known(src)
-            # (never after its arrival: the offset is exact only to half the round trip's asymmetry)
-            sent_at = now - max(0.0, self.clock.wall_ns() / 1e9 - self.clock.local_time(src, source_ts))
+            age = self.clock.wall_ns() / 1e9 - self.clock.local_time(src, source_ts)
+            # Never after its arrival: the offset is exact only to half the round trip's asymmetry.  An
+            # offset not measured yet (0 here) is subtracted when the role takes the message
+            # (_on_our_clock), which clamps then: clamped now, the sender's clock error would be lost.
+            sent_at = now - (max(0.0, age) if known else age)
         msg = Message(topic=topic, src=src, data=data, sent_at=sent_at, received_at=now, dst=dst, tag=tag,
                       msg_id=msg_id, sender_clock=not known)
         self.stats["recv_msgs"] += 1

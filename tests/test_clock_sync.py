@@ -52,6 +52,51 @@ def test_a_tick_that_does_not_decode_is_invalid_not_an_exception():
     assert Tick.deserialize(Tick(src="a\nb").serialize()) is INVALID_TICK
 
 
+class _Clock:
+    """real.clock_sync's clock as the receiver asks it: ours 30 s behind the sender's."""
+
+    def __init__(self):
+        self.measured = False
+
+    def known(self, peer):
+        return self.measured
+
+    def offset(self, peer):
+        return 30.0 if self.measured else 0.0
+
+    def wall_ns(self):
+        return time.time_ns() - 30 * 10**9
+
+    def local_time(self, peer, peer_ns):
+        return peer_ns / 1e9 - self.offset(peer)
+
+
+@pytest.mark.parametrize("measured_by", ["arrival", "take", "never"])
+def test_a_message_that_beats_the_clocks_first_exchange_is_read_on_our_clock_once(measured_by):
+    """A message that came before its sender's clock was measured keeps the sender's time until the
+    role takes it, and is then moved to ours once: its transfer, not the clocks' 30 s.  (It was moved
+    twice when its time had been clamped to its arrival first: a transfer of 30 s.)"""
+    import itertools
+    import threading
+
+    from dtemu.real.receiving import Receiving
+
+    recv = Receiving()
+    recv.clock, recv._logical, recv._queues, recv._seq = _Clock(), {}, {}, itertools.count()
+    recv.stats, recv._cv, recv._caller_wants = {"recv_msgs": 0, "recv_bytes": 0}, threading.Condition(), None
+    recv.clock.measured = measured_by == "arrival"
+    sent = time.time_ns() - 2 * 10**6   # 2 ms ago, on the sender's clock
+    recv._deliver("t", "a", "", b"", 1, b"x", sent)
+    (_, msg), = recv._queues["t"]
+    recv.clock.measured = measured_by != "never"
+    msg = recv._on_our_clock(msg) if msg.sender_clock else msg
+    transfer = msg.received_at - msg.sent_at
+    if measured_by == "never":   # nothing to read it by: as sent when it came
+        assert transfer == 0.0
+    else:
+        assert 0.002 <= transfer < 0.5 and not msg.sender_clock
+
+
 def _pair(domain: int, skew_a: float, key: bytes | None = None):
     from dtemu.real.transport import DdsTransport
 
