@@ -159,7 +159,7 @@ REAL = {
 
 
 @needs_mnist
-@pytest.mark.parametrize("name", ["ddp_dgc", "fl", *(pytest.param(n, marks=pytest.mark.slow) for n in ("ps_esync", "geo"))])
+@pytest.mark.parametrize("name", ["ddp_dgc", *(pytest.param(n, marks=pytest.mark.slow) for n in ("fl", "ps_esync", "geo"))])
 def test_real_launch_on_the_gpu_trains_emus_model(tmp_path, name):
     """``real launch --gpus 0`` of each mode, every rank's process on the stand-in GPU (installed as it
     starts: tests/fake_cuda_site): emu's model on the CPU, bit for bit."""
@@ -184,7 +184,8 @@ def test_real_launch_on_the_gpu_trains_emus_model(tmp_path, name):
 
 
 @needs_mnist
-@pytest.mark.parametrize("name", ["ddp_ring", pytest.param("ps_esync_xavier", marks=pytest.mark.slow)])
+@pytest.mark.slow   # (16 s a case: two fresh interpreters and the fork server; the jobs themselves run in the default tests above)
+@pytest.mark.parametrize("name", ["ddp_ring", "ps_esync_xavier"])
 def test_emu_worker_processes_share_the_gpu(tmp_path, name):
     """``emu run --jobs 2``: the steps run in worker processes, each with the model and data on the GPU
     (the stand-in installed in every process as it starts, the fork server's included): the CPU's model."""
