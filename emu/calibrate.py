@@ -5,7 +5,8 @@
 It measures, on this machine and with this process's arithmetic:
 
 - the training step of the scenario's model at its training batch, threads,
-  optimizer and loss, on a batch of its own data (best of three timings of 24
+  optimizer and loss, on the scenario's device (``measured.device``: a GPU's
+  profile predicts a GPU's runs, wherever emu runs them), on a batch of its own data (best of three timings of 24
   warm steps: other load only slows a step down); with ``--together``, the
   median step of every training rank of the scenario training at once (up to
   16 processes), which is what a run whose ranks share this machine sees, and
@@ -50,6 +51,7 @@ def add_parser(sub) -> None:
 def measure(scenario, reps: int = 7, together: bool = False) -> dict:
     """The profile of ``scenario`` on this machine (host.profile's format); ``together``: its
     training timed with every training rank at once (``--together``)."""
+    from dtemu.host import devices
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of
     from dtemu.report.resolve import resolve
@@ -75,7 +77,11 @@ def measure(scenario, reps: int = 7, together: bool = False) -> dict:
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
                                             "input_dtype": str(sample[0].dtype), "reps": reps,
-                                            "ranks_training_at_once": ranks, "contention": round(contention, 3)})
+                                            "ranks_training_at_once": ranks, "contention": round(contention, 3),
+                                            # where the step was timed: a GPU's profile predicts a GPU's
+                                            # runs, wherever emu runs them
+                                            "device": (device := devices.resolve(scenario)),
+                                            **devices.describe(device)})
 
 
 def _times(assignment: str, factor: float) -> str:

@@ -145,6 +145,22 @@ def test_a_worker_process_runs_the_jobs_on_the_gpu_as_the_role_would(monkeypatch
         assert evaluation.finish([pool.run_job(part) for part in evaluation.split(3)]) == work.evaluate(flatten(here))
 
 
+@needs_mnist
+def test_a_profile_timed_on_the_gpu_says_so(tmp_path, monkeypatch):
+    """``emu calibrate`` of a scenario on cuda times its step there, and the profile records the device
+    and the GPU: it predicts a GPU's runs, wherever emu runs them."""
+    from dtemu.emu.cli import main
+    from dtemu.host.profile import read_profile
+
+    monkeypatch.setattr("dtemu.emu.calibrate._message_sets", lambda: [])   # (DDS's message costs: not the GPU's)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"name": "cal", "device": "cuda", **SMALL, **CASES["ddp_ring"]}))
+    with fake_cuda():
+        assert main(["calibrate", str(path), "--reps", "1", "--out", str(tmp_path / "p.yaml")]) == 0
+    measured = read_profile(tmp_path / "p.yaml")["measured"]
+    assert measured["device"] == "cuda" and measured["gpu"] == "FakeCuda (the CPU)"
+
+
 # --- real mode: one process a rank, each on "its" GPU -----------------------------------------------
 REAL = {
     "ddp_dgc": {"mode": "ddp", "ddp": {**DDP, "workers": 2, "compression": "dgc", "density": 0.01, "momentum": 0.9}},

@@ -71,6 +71,7 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     profile = read_profile(tmp_path / "p.yaml")
     assert profile["measured"]["batch_size"] == 32 and profile["measured"]["input_shape"] == [1, 28, 28]
     assert profile["measured"]["ranks_training_at_once"] == 1 and profile["measured"]["contention"] == 1.0
+    assert profile["measured"]["device"] == "cpu"   # (a GPU's step says so: tests/test_fake_gpu.py)
     assert profile["machine"]["fingerprint"] and profile["machine"]["cores"] >= 1
     sets = profile["sets"]
     assert sets["compute.default.train_s_per_sample"] > 0 and sets["compute.default.decode_s_per_mb"] > 0
