@@ -15,6 +15,7 @@ from dtemu.core.wire.bucket import decode_bucket, encode_bucket
 from dtemu.core.ddp.collectives import Collective
 from dtemu.core.ddp.optstate import pack_buffers, unpack_buffers
 from dtemu.core.compression.dgc import DGCSGD, DGCCompressor, DGCConfig, average_buckets, param_shapes
+from dtemu.core.ml.params import device_of
 
 
 class DGCExchange:
@@ -73,5 +74,4 @@ class DGCExchange:
 
     def load_state(self, data: bytes) -> None:
         shapes = [shape for _, shape in self.shapes]
-        device = self.params[0].device if self.params else "cpu"
-        self.opt.load_buffers(unpack_buffers(data, shapes + shapes, device))
+        self.opt.load_buffers(unpack_buffers(data, shapes + shapes, device_of(self.params)))

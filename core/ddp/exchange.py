@@ -22,7 +22,7 @@ import torch
 
 from dtemu.core.ddp.collectives import Collective, mean_in_rank_order
 from dtemu.core.ddp.optstate import pack_buffers, unpack_buffers
-from dtemu.core.ml.params import grads_vector, load_grads
+from dtemu.core.ml.params import device_of, grads_vector, load_grads
 
 
 class Exchange(Protocol):
@@ -104,8 +104,8 @@ class DenseExchange:
         return pack_buffers([state[p].get("momentum_buffer") if p in state else None for p in self.params])
 
     def load_state(self, data: bytes) -> None:
-        device = self.params[0].device if self.params else "cpu"
-        for p, buf in zip(self.params, unpack_buffers(data, [tuple(p.shape) for p in self.params], device)):
+        shapes = [tuple(p.shape) for p in self.params]
+        for p, buf in zip(self.params, unpack_buffers(data, shapes, device_of(self.params))):
             if buf is None:
                 self.opt.state.pop(p, None)
             else:

@@ -23,6 +23,12 @@ def _float_tensors(model: nn.Module) -> list[torch.Tensor]:
     return [t for t in model.state_dict().values() if t.is_floating_point()]
 
 
+def device_of(params) -> torch.device:
+    """Where the parameters ``params`` are (the first one's device; the CPU for none)."""
+    first = next(iter(params), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 def num_params(model: nn.Module) -> int:
     """Length of the flat vector of ``model``."""
     return sum(t.numel() for t in _float_tensors(model))

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from dtemu.core.ml.batches import epoch_order
-from dtemu.core.ml.params import flatten
+from dtemu.core.ml.params import device_of, flatten
 from dtemu.core.ml.sgd import SGD
 from dtemu.core.ml.task import CLASSIFICATION, Task
 
@@ -84,7 +84,7 @@ class LocalTraining:
         self.indices = np.asarray(indices, dtype=np.int64)
         self.batch_size, self.seed, self.mu = batch_size, seed, proximal_mu
         self.params = list(model.parameters())
-        device = self.params[0].device if self.params else torch.device("cpu")
+        device = device_of(self.params)
         # core.ml.sgd.SGD: torch's CPU bits without dynamo's import; a GPU's step is torch.optim's
         make = task.optimizer or (SGD if device.type == "cpu" else torch.optim.SGD)
         self.opt = make(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -151,7 +151,7 @@ class LocalTraining:
 def gpus_of(model: nn.Module) -> list[int]:
     """The GPU ``model`` is on, as ``fork_rng(devices=...)`` takes it ([] on the CPU): dropout there draws
     from the GPU's own RNG, which a step seeds and must leave as it found it, as the CPU's."""
-    device = next(model.parameters(), torch.zeros(())).device
+    device = device_of(model.parameters())
     return [device.index or 0] if device.type == "cuda" else []
 
 
