@@ -65,6 +65,7 @@ def measure(scenario, reps: int = 7, together: bool = False) -> dict:
     # Ranks that train at once on one machine slow each other down, even where they fit its cores
     # (hyperthreads, memory bandwidth): only timing them together says how much.
     ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
+    device = devices.resolve(scenario)   # (where the step below is timed)
     train = min(measured_s_per_sample(scenario, steps=24, sample=sample) for _ in range(3))
     contention = 1.0
     if ranks > 1:
@@ -80,8 +81,7 @@ def measure(scenario, reps: int = 7, together: bool = False) -> dict:
                                             "ranks_training_at_once": ranks, "contention": round(contention, 3),
                                             # where the step was timed: a GPU's profile predicts a GPU's
                                             # runs, wherever emu runs them
-                                            "device": (device := devices.resolve(scenario)),
-                                            **devices.describe(device)})
+                                            "device": device, **devices.describe(device)})
 
 
 def _times(assignment: str, factor: float) -> str:

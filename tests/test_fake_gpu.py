@@ -43,27 +43,37 @@ CASES = {
 }
 
 
-def _run(tmp_path, name: str, device: str, monkeypatch=None) -> tuple[dict, list[dict]]:
+def _fake_env() -> dict:
+    """What makes a Python process started with it install the stand-in (tests/fake_cuda_site)."""
+    import os
+
+    from helpers import ROOT
+
+    site = str(ROOT / "tests" / "fake_cuda_site")
+    return {"DTEMU_FAKE_CUDA": "1", "PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
+
+
+def _run(tmp_path, name: str, device: str) -> tuple[dict, list[dict]]:
+    """An emu run of ``CASES[name]`` on ``device`` (cuda: the stand-in, this process's)."""
+    import contextlib
+
     from dtemu.emu.cli import main
 
     path = tmp_path / f"{name}-{device}.json"
     path.write_text(json.dumps({"name": name, "device": device, **SMALL, **CASES[name]}))
     out = tmp_path / f"{name}-{device}"
     args = ["run", str(path), "--out", str(out), "--no-tui", "--jobs", "1"]   # (the stand-in is this process's)
-    if monkeypatch is None:
+    with fake_cuda() if device == "cuda" else contextlib.nullcontext():
         assert main(args) == 0
-    else:
-        with fake_cuda():
-            assert main(args) == 0
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     return json.loads((out / "summary.json").read_text()), events
 
 
 @needs_mnist
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_a_run_on_the_gpu_trains_the_cpus_model(tmp_path, monkeypatch, name):
+def test_a_run_on_the_gpu_trains_the_cpus_model(tmp_path, name):
     cpu, _ = _run(tmp_path, name, "cpu")
-    gpu, events = _run(tmp_path, name, "cuda", monkeypatch)
+    gpu, events = _run(tmp_path, name, "cuda")
     failed = [e for e in events if "error" in e]
     assert not failed, failed[:2]   # (a role reports a step that raised; it does not end the run)
     assert (cpu["device"], gpu["device"]) == ("cpu", "cuda")
@@ -180,16 +190,12 @@ def test_real_launch_on_the_gpu_trains_emus_model(tmp_path, name):
     """``real launch --gpus 0`` of each mode, every rank's process on the stand-in GPU (installed as it
     starts: tests/fake_cuda_site): emu's model on the CPU, bit for bit."""
     pytest.importorskip("cyclonedds")
-    import os
-
     from dtemu.core.scenario import parse_scenario
     from dtemu.emu.run import run_emulation
-    from helpers import ROOT, real_launch, scenario_file
+    from helpers import real_launch, scenario_file
 
     raw = {"name": f"gpu_{name}", "threads": 1, **SMALL, **REAL[name]}
-    site = str(ROOT / "tests" / "fake_cuda_site")
-    fake = {"DTEMU_FAKE_CUDA": "1", "PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
-    code, tail = real_launch(scenario_file(tmp_path, {**raw, "device": "cuda"}), tmp_path / "real", 90.0, fake,
+    code, tail = real_launch(scenario_file(tmp_path, {**raw, "device": "cuda"}), tmp_path / "real", 90.0, _fake_env(),
                              args=("--gpus", "0"))
     assert code == 0, tail
     real = json.loads((tmp_path / "real" / "summary.json").read_text())
@@ -205,17 +211,14 @@ def test_real_launch_on_the_gpu_trains_emus_model(tmp_path, name):
 def test_emu_worker_processes_share_the_gpu(tmp_path, name):
     """``emu run --jobs 2``: the steps run in worker processes, each with the model and data on the GPU
     (the stand-in installed in every process as it starts, the fork server's included): the CPU's model."""
-    import os
     import subprocess
     import sys
 
     from helpers import ROOT, env
 
     raw = {"name": name, **SMALL, **CASES[name]}
-    site = str(ROOT / "tests" / "fake_cuda_site")
-    fake = {"DTEMU_FAKE_CUDA": "1", "PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
     summaries = {}
-    for device, extra in (("cpu", {}), ("cuda", fake)):
+    for device, extra in (("cpu", {}), ("cuda", _fake_env())):
         path = tmp_path / f"{device}.json"
         path.write_text(json.dumps({**raw, "device": device}))
         done = subprocess.run([sys.executable, "-m", "dtemu.emu.cli", "run", str(path), "--out", str(tmp_path / device),
