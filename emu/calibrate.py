@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
                    help="time training with every training rank of the scenario at once on this machine (a run "
                         "whose ranks share it: real launch here, a testbed of namespaces); default: one rank alone, "
                         "as on a machine of its own")
+    p.add_argument("--cpu-share", type=float, default=None, metavar="CPUS",
+                   help="(root) time everything under this much of a core, as a machine of real launch "
+                        "--machines has (host.cpu_shares: the same quota and 5 ms period); recorded in the profile")
 
 
 def measure(scenario, reps: int = 7, together: bool = False) -> dict:
@@ -131,12 +134,26 @@ def main(args) -> int:
         print(f"emu calibrate: {err}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    profile = measure(scenario, args.reps, together=args.together)
+    share = getattr(args, "cpu_share", None)
+    if share is not None:
+        from dtemu.host import cpu_shares
+
+        why = cpu_shares.unavailable()
+        if why or share <= 0:
+            print(f"emu calibrate: --cpu-share {share:g} refused: {why or 'a share is a positive number of cores'}",
+                  file=sys.stderr)
+            return 2
+        # Every timing below, and the reader process the message costs start, runs under the share.
+        with cpu_shares.confined(share):
+            profile = measure(scenario, args.reps, together=args.together)
+        profile["measured"]["cpu_share"] = share
+    else:
+        profile = measure(scenario, args.reps, together=args.together)
     host = profile["machine"]["cpu"].split(" (")[0].replace(" ", "_")
     out = Path(args.out or f"profiles/{scenario.name}-{host}.yaml")
     out.parent.mkdir(parents=True, exist_ok=True)
     head = (f"# emu calibrate {args.scenario}" + "".join(f" --set {s}" for s in args.overrides)
-            + (" --together" if args.together else "")
+            + (" --together" if args.together else "") + (f" --cpu-share {share:g}" if share is not None else "")
             + f"  ({time.perf_counter() - t0:.0f} s)\n# apply: emu run {args.scenario} --profile {out}\n")
     out.write_text(head + yaml.safe_dump(profile, sort_keys=False))
     for key, value in profile["sets"].items():

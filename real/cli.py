@@ -74,18 +74,20 @@ def _common(p: argparse.ArgumentParser, out_default: str) -> None:
                         "(real/calibrate.py), real run's is 1; --time-scale 1 turns it off")
     p.add_argument("--key-file", help="shared key that seals every message (HMAC-SHA256); "
                                       "default: $DTEMU_KEY_FILE, else $DTEMU_KEY, else none")
-    p.add_argument("--links", choices=("scenario", "machine"), default=None,
+    p.add_argument("--links", choices=("scenario", "latency", "machine"), default=None,
                    help="scenario: each message takes the time the scenario's links give it, stretched by the "
-                        "time scale (real/paced_links.py); machine: the time this machine's network takes. "
-                        "Default: scenario under a time scale on the loopback profile (one machine playing "
-                        "several), else machine")
+                        "time scale (real/paced_links.py); latency: the network's rates, and each message held "
+                        "for the scenario's latency (a testbed without netem: real launch --machines); machine: "
+                        "the time this machine's network takes. Default: scenario under a time scale on the "
+                        "loopback profile (one machine playing several), else machine")
 
 
-def paced_links(args, pace: float | None) -> bool:
-    """Do this rank's messages take the scenario's links' time (``--links``, else its default)?"""
+def paced_links(args, pace: float | None) -> str | None:
+    """How this rank's messages take the scenario's links' time (``--links``, else its default):
+    "scenario" (rates and latency), "latency" (latency alone), or None (the network's own time)."""
     if args.links is not None:
-        return args.links == "scenario"
-    return args.profile == "loopback" and pace is not None
+        return None if args.links == "machine" else args.links
+    return "scenario" if args.profile == "loopback" and pace is not None else None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--gpus", default=None, metavar="LIST",
                         help="device: cuda, one GPU a rank: comma-separated GPU indices; rank r's process sees "
                              "GPU LIST[r mod len(LIST)] alone (CUDA_VISIBLE_DEVICES)")
+    launch.add_argument("--machines", choices=("netns",), default=None,
+                        help="netns (root): every node (a site, where the scenario has sites) on a machine of its "
+                             "own: a network namespace behind a link shaped to the scenario's and a CPU share, with "
+                             "fidelity monitors (summary.json's testbed; real/machines.py)")
+    launch.add_argument("--cpu-share", type=float, default=None, metavar="CPUS",
+                        help="with --machines: each machine's CPU, in cores (default: 0.9 x this box's cores, split "
+                             "evenly)")
     add_commands(sub)
     soak.add_parser(sub, "real")
     rogue.add_parser(sub)

@@ -36,6 +36,7 @@ from dtemu.real.primitives import CRASH_EXIT
 from dtemu.real.start_line import HOLD, START_FILE, is_ready, write_start
 
 GRACE_S = 15.0  # how long clients may take to exit after the controller did
+SETTLE_S = 3.0  # on the testbed's machines: DDS discovery across the shaped links, after every rank is ready
 
 
 class _Follower:
@@ -71,6 +72,47 @@ def _domain_id() -> int:
 
 
 def launch(args, scenario: Scenario) -> int:
+    if not getattr(args, "machines", None):
+        return _launch(args, scenario)
+    from .machines import Machines, MachinesRefused, plan, unavailable
+
+    why = unavailable()
+    try:
+        if why:
+            raise MachinesRefused(why)
+        first = plan(scenario, 1.0, args.cpu_share)
+    except MachinesRefused as err:
+        print(f"real launch: --machines {args.machines} refused: {err}", file=sys.stderr)
+        return 2
+    # Each trainer's share of its machine (a site's workers share theirs): the step is timed under it.
+    trainers = {m: sum(1 for n in scenario.training_nodes if first.of_node[n] == m) for m in set(first.of_node.values())}
+    share = min(first.cpus[m] / k for m, k in trainers.items() if k)
+    scale = args.time_scale
+    if scale is None:
+        from .calibrate import time_scale
+
+        with cores.spawn_env(cores.wait_policy(1, args.threads or scenario.threads)):
+            scale, how = time_scale(scenario, share=share)
+        print(f"real launch: time scale {scale:g} ({how}); every scenario duration is stretched by it and every "
+              f"link slowed by it (--time-scale 1 turns this off)", file=sys.stderr)
+    args.time_scale = scale
+    testbed = Machines(plan(scenario, scale, args.cpu_share))
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with testbed:  # removed on every way out; a SIGKILLed launcher's leftovers go at the next launch
+            if testbed.swept:
+                print(f"real launch: removed what a killed launch left: {', '.join(testbed.swept)}", file=sys.stderr)
+            return _launch(args, scenario, testbed)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM and SIGHUP end a launch as Ctrl-C does: its machines are removed
+
+
+def _launch(args, scenario: Scenario, machines=None) -> int:
     from dtemu.host.dashboard import Dashboard
 
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-real-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -81,6 +123,7 @@ def launch(args, scenario: Scenario) -> int:
     # another count would train another model.  Oversubscribing the cores only costs time.
     threads = args.threads or scenario.threads
     # Ranks whose threads outnumber the cores wait passively (host.cores): spinning ones starve the others.
+    # (On the testbed's machines too: a rank that spins through its CPU share's quota is throttled.)
     policy = cores.wait_policy(ranks, threads)
     if policy:
         print(f"real launch: note: {ranks} ranks x {threads} torch threads on {cores.available()} cores: "
@@ -104,11 +147,14 @@ def launch(args, scenario: Scenario) -> int:
     gpus = [g.strip() for g in (getattr(args, "gpus", None) or "").split(",") if g.strip()]
 
     def start(rank: int, restart: bool = False, hold: float | None = None) -> subprocess.Popen:
+        node = scenario.node_names[rank]
         cmd = [sys.executable, "-m", "dtemu.real.cli", "run", args.scenario, "--rank", str(rank),
                "--out", str(out / f"rank{rank}"), "--no-tui", "--domain", str(domain),
-               "--threads", str(threads), "--profile", args.profile, "--time-scale", repr(scale)]
-        if args.links is not None:
-            cmd += ["--links", args.links]
+               "--threads", str(threads), "--time-scale", repr(scale)]
+        if machines is not None:  # the testbed's links are the network: no pacing on top
+            cmd += ["--profile", "lan", "--peers", machines.peers(node), "--links", machines.links_flag]
+        else:
+            cmd += ["--profile", args.profile] + (["--links", args.links] if args.links is not None else [])
         if args.no_code:
             cmd += ["--no-code"]
         for o in args.overrides:
@@ -124,12 +170,20 @@ def launch(args, scenario: Scenario) -> int:
             own[HOLD] = repr(hold)
         if gpus:   # one GPU a rank, round robin over the list (its process sees that one alone, as cuda:0)
             own["CUDA_VISIBLE_DEVICES"] = gpus[rank % len(gpus)]
+        if machines is not None:
+            own.update(machines.env())
+            return subprocess.Popen(machines.command(node, cmd), stdout=log, stderr=subprocess.STDOUT, env=own,
+                                    preexec_fn=machines.preexec(node))
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=own)
 
     schedule = _Schedule(scenario)
     procs: list[subprocess.Popen | None] = [None if schedule.down_at_start(r) else start(r, hold=schedule.held.get(r))
                                             for r in range(ranks)]
-    epoch: float | None = None  # set when every rank is ready
+    epoch: float | None = None  # set when every rank is ready (and, on machines, discovery has settled)
+    ready_at: float | None = None
+    # Across shaped links DDS discovery takes a while after the ranks are up; roles that send at once
+    # (geo's) would otherwise lose their first messages to it.
+    settle = SETTLE_S if machines is not None else 0.0
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
@@ -145,9 +199,13 @@ def launch(args, scenario: Scenario) -> int:
                 for f in followers:
                     for event in f.poll():
                         dashboard.observe(event)
-                if epoch is None and all(p is None or r in schedule.held or p.poll() is not None
-                                         or is_ready(out / f"rank{r}") for r, p in enumerate(procs)):
+                if ready_at is None and all(p is None or r in schedule.held or p.poll() is not None
+                                            or is_ready(out / f"rank{r}") for r, p in enumerate(procs)):
+                    ready_at = time.monotonic()
+                if epoch is None and ready_at is not None and time.monotonic() >= ready_at + settle:
                     epoch = time.time()
+                    if machines is not None:
+                        machines.start_monitor()
                     write_start(start_file, epoch)
                     schedule.begin(epoch, lead=time.monotonic() - started)
                 for rank, p in enumerate(procs):
@@ -200,6 +258,8 @@ def launch(args, scenario: Scenario) -> int:
             if not isinstance(codes.get(rank), str):  # "stopped" / "down" say more than the signal's code
                 codes[rank] = p.returncode
     summary = gather(out, scenario, time.monotonic() - started, codes, scale)
+    if machines is not None:
+        summary["testbed"] = _testbed(machines, out, scenario)
     bad = {r: c for r, c in codes.items() if c not in (0, "down", "stopped")}
     write_json(out, "summary.json", summary)
     if bad:
@@ -215,6 +275,28 @@ def launch(args, scenario: Scenario) -> int:
           f"down {summary.get('bytes_down', 0) / 1e6:.2f} MB, wall {summary['wall_time_s']:.1f} s"
           f"{_failed_rounds(out)} -> {out}")
     return 0
+
+
+def _testbed(machines, out: Path, scenario: Scenario) -> dict:
+    """summary.json's ``testbed``: the machines as made, and the monitors' verdict (real.monitors)."""
+    from .monitors import Samples, judge
+
+    timers = {}
+    for rank, node in enumerate(scenario.node_names):
+        try:
+            timers[node] = json.loads((out / f"rank{rank}" / "summary.json").read_text())["real"]["timers"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    samples = machines.monitor.stop() if machines.monitor is not None else Samples()
+    made = machines.describe()
+    verdict = judge(samples, timers, planned_loss=max(link.loss for link in machines.plan.links))
+    for key in made["not_applied"]:  # (loss needs netem, which this kernel may lack)
+        verdict["why"].append(f"the scenario's {key} could not be applied to the links (no netem in this kernel)")
+        verdict["faithful"] = False
+    if not verdict["faithful"]:
+        print("real launch: the testbed was NOT faithful, so this run does not stand for separate machines:\n  "
+              + "\n  ".join(verdict["why"]), file=sys.stderr)
+    return {**made, **verdict}
 
 
 def _failed_rounds(out: Path) -> str:

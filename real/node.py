@@ -33,13 +33,13 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
              domain_id: int | None = None, profile: str = "loopback", threads: int | None = None,
              observers: Iterable[Callable[[dict], None]] = (), key: bytes | None = None,
              fired: Iterable[int] = (), append: bool = False, pace: float | None = None,
-             links: bool = False) -> dict:
+             links: str | None = None) -> dict:
     """Run ``rank``; returns its record (``core.runtime.summary.node_record``), also written to
     ``out/summary.json`` with real mode's extras.  ``key`` seals every message (core.wire.auth, through the driver);
     ``fired``: the faults.crashes this rank already went through (a restarted rank), ``append``:
     keep its events; ``pace``: the time scale a launch runs at (a training job then lasts the scenario's
     modelled time times it, real.primitives); ``links``: messages take the scenario's links' time, times
-    ``pace`` (real.paced_links)."""
+    ``pace`` (real.paced_links): "scenario" (rates and latency) or "latency" (its latency alone)."""
     wall_start = time.perf_counter()
     torch.set_num_threads(threads or scenario.threads)
     name = scenario.node_names[rank]
@@ -65,7 +65,7 @@ def run_node(scenario: Scenario, rank: int, out: str | Path, *, init: bytes | No
 
 
 def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, init, domain_id, profile, key,
-         fired, wall_start: float, pace: float | None = None, links: bool = False) -> dict:
+         fired, wall_start: float, pace: float | None = None, links: str | None = None) -> dict:
     if steps_with_torch_optim(scenario):
         warm_up()  # torch.optim's one-off costs now, not in the first round against its timeout
     spec = role_of(scenario, rank, work, load_population(scenario) if rank == 0 else None)
@@ -78,7 +78,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         epoch = wait_for_start(run.path)
         prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch, pace=pace,
                                readers=readers_of(scenario),
-                               links=PacedLinks(scenario, name, pace or 1.0) if links else None)
+                               links=PacedLinks(scenario, name, pace or 1.0, rates=links != "latency") if links else None)
         faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
                                      faultlib.CrashPlan(scenario.faults, set(fired)))
         driver = Driver(prims, faults, key)
@@ -96,6 +96,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
                "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
                                   "writer_history": whc_high,
                                   "clocks": clocks,  # each peer's clock minus this rank's (real.clock_sync)
+                                  "timers": prims.lateness.record(),  # how late its timers woke (real.monitors)
                                   "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}
     run.write_json("summary.json", summary)
     return summary

@@ -17,6 +17,10 @@ the scale, as it paces its training (real.primitives):
   was written (``latency(src) + latency(dst)``, plus both WANs' between sites):
   when emu delivers it.
 
+On the testbed's machines (``real launch --machines``), tc shapes the rates; where the kernel has
+no netem to delay packets, only the receiving half runs (``rates=False``): a message is held for
+the path's latency, and leaves at once.
+
 What emu's max-min fluid model has and this has not: a receiver's downlink
 shared among several senders (a FIFO per sender cannot see the others), loss,
 and the rtps framing's headers.  For the shipped FL scenarios these move a
@@ -33,8 +37,9 @@ from dtemu.core.scenario import Scenario
 class PacedLinks:
     """One node's view of the scenario's network, in seconds of its runtime's clock, times ``pace``."""
 
-    def __init__(self, scenario: Scenario, node: str, pace: float):
+    def __init__(self, scenario: Scenario, node: str, pace: float, rates: bool = True):
         self.node = node
+        self.rates = rates
         self.pace = pace
         self.multicast = scenario.network.delivery == "multicast"
         self._links = {name: scenario.link(name) for name in scenario.node_names}
@@ -45,8 +50,8 @@ class PacedLinks:
     def send_done(self, now: float, nbytes: int, receivers: list[str]) -> float:
         """When a message of ``nbytes`` to ``receivers``, sent at ``now``, has left this node."""
         others = [r for r in receivers if r != self.node and r in self._links]
-        if not others:
-            return now  # to oneself, or to no one: at once, as in emu
+        if not others or not self.rates:
+            return now  # to oneself, or to no one: at once, as in emu (or the network's rates are real)
         copies = 1 if self.multicast else len(others)
         bits = 8.0 * nbytes
         up = self._links[self.node].up_mbps
@@ -55,11 +60,15 @@ class PacedLinks:
         self._uplink_free = start + self.pace * seconds
         return self._uplink_free
 
-    def due(self, src: str, sent_at: float) -> float:
-        """When a message ``src`` wrote at ``sent_at`` reaches this node's role."""
+    def due(self, src: str, sent_at: float, arrived_at: float | None = None) -> float:
+        """When a message ``src`` wrote at ``sent_at`` (and the network brought at ``arrived_at``)
+        reaches this node's role.  Paced rates: the sender wrote it once its bits were through, so
+        the latency runs from ``sent_at``.  The network's own rates (``rates=False``): the bits took
+        the real link's time, and the latency runs from their arrival."""
+        start = sent_at if self.rates or arrived_at is None else arrived_at
         if src == self.node or src not in self._links:
-            return sent_at
-        return sent_at + self.pace * self._latency_s(src)
+            return start
+        return start + self.pace * self._latency_s(src)
 
     def _wans(self, src: str, dst: str) -> tuple:
         """The WAN attachments a message from ``src`` to ``dst`` crosses: its site's and the other's, or none."""

@@ -37,6 +37,7 @@ from .aside import Aside
 from .clock_sync import WAIT_S as CLOCK_WAIT_S
 from .paced_links import PacedLinks
 from .reassembly import RejectLimiter
+from .timer_lateness import Lateness
 from .transport import DdsTransport
 
 # A process that crashes at faults.crashes[i] exits with CRASH_EXIT + i (i < 100).
@@ -69,6 +70,7 @@ class RealPrimitives:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.bytes_rejected = 0  # of messages its role refused (the driver counts them here)
+        self.lateness = Lateness()  # how late its timers woke (a fidelity monitor: real.monitors)
         # Frames the transport drops (malformed, orphan, incomplete) become frame_rejected
         # events, rate-limited per reason so a flood cannot fill the disk.
         transport.on_reject = RejectLimiter(self._emit)  # called from the receive thread
@@ -89,7 +91,7 @@ class RealPrimitives:
     def send(self, topic: str, data: bytes, to: str | tuple[str, ...] | None) -> int:
         if self.links is not None:  # the message leaves once the scenario's uplink has carried it
             receivers = list(to) if isinstance(to, tuple) else [to] if to is not None else self._reader_list(topic)
-            time.sleep(max(0.0, self.links.send_done(self.now(), len(data), receivers) - self.now()))
+            self._sleep_until(self.links.send_done(self.now(), len(data), receivers))
         if isinstance(to, tuple):  # a sampled round's command: one write per client asked
             for dst in to:
                 self.transport.send(topic, data, to=dst)
@@ -135,13 +137,15 @@ class RealPrimitives:
                     continue  # the held message is due now
                 return None
             self._arrivals += 1
-            self._held.append((self.links.due(msg.src, msg.sent_at), self._arrivals, msg))
+            self._held.append((self.links.due(msg.src, msg.sent_at, msg.received_at), self._arrivals, msg))
 
     def _take(self, topics: tuple[str, ...], deadline: float | None) -> Message | None:
         """The transport's next message on ``topics`` before ``deadline``, on this rank's clock."""
         timeout = None if deadline is None else max(0.0, deadline - self.now())
         msg = self.transport.recv(list(topics), timeout_s=timeout)
         if msg is None:
+            if deadline is not None:
+                self.lateness.note(self.now() - deadline)
             return None
         self.bytes_received += len(msg.data)
         received_at = msg.received_at - self.t0
@@ -156,16 +160,21 @@ class RealPrimitives:
             # machine.  Stretching the *measured* time instead misplaces a straggler when ranks
             # share the cores: its idling frees the cores, so the others train faster meanwhile,
             # and its own measured time is short (it trained while others were done).
-            target = self.pace * self.timer.duration(req.samples, req.kind, now=started)
-            time.sleep(max(0.0, target - elapsed))
+            self._sleep_until(started + self.pace * self.timer.duration(req.samples, req.kind, now=started))
             return
         stretch = self.timer.stretch(req.kind, now=started)
         if stretch != 1.0:
-            time.sleep(max(0.0, (stretch - 1) * elapsed))
+            self._sleep_until(started + stretch * elapsed)
 
     @blocking
     def idle(self, seconds: float) -> None:
-        time.sleep(seconds)
+        self._sleep_until(self.now() + seconds)
+
+    def _sleep_until(self, t: float) -> None:
+        wait = t - self.now()
+        if wait > 0:
+            time.sleep(wait)
+            self.lateness.note(self.now() - t)
 
     def evaluate_aside(self, fn, done) -> None:
         """An evaluation off the role's path (real.aside): the rounds after it start on time."""

@@ -1,0 +1,144 @@
+"""Machines on one box, without root: the plan, the monitors' rules, the refusal (real.machines,
+real.monitors).  What needs root (the namespaces, the groups, the monitors on a live testbed) is
+tests/test_machines_root.py."""
+
+import json
+
+import pytest
+
+from dtemu.host.scenario_file import load_scenario
+from dtemu.real import machines as M
+from dtemu.real.machine_net import parse_qdiscs
+from dtemu.real.monitors import CpuTrack, Limits, LinkTrack, Samples, cpu_window, judge, link_window
+from dtemu.real.timer_lateness import Lateness
+
+
+def test_every_fl_node_is_a_machine_behind_its_link_slowed_by_the_time_scale():
+    s = load_scenario("scenarios/fl_straggler.yaml")
+    p = M.plan(s, scale=10.0, cores=2)
+    assert p.machines == ["controller", "client1", "client2", "client3", "client4"]
+    assert p.of_node == {n: i for i, n in enumerate(p.machines)}
+    # 50 up / 100 down / 10 ms by default; client2's uplink is 5 Mbit/s
+    assert p.links[1] == M.LinkPlan(5.0, 10.0, 100.0, 0.0)
+    assert p.links[2].up_mbps == pytest.approx(0.5)
+    # 0.8 of the box's two cores, split five ways
+    assert p.cpus == [0.32] * 5
+
+
+def test_a_geo_site_is_one_machine_behind_its_wan():
+    s = load_scenario("scenarios/geo_hips.yaml")
+    p = M.plan(s, cores=2)
+    site_of = s.site_of
+    assert p.machines == list(dict.fromkeys(site_of[n] for n in s.node_names))
+    for node, m in p.of_node.items():
+        assert p.machines[m] == site_of[node]
+    for name, link in zip(p.machines, p.links):
+        wan = s.network.sites[name].wan
+        assert (link.up_mbps, link.down_mbps, link.latency_ms) == (wan.up_mbps, wan.down_mbps, wan.latency_ms)
+    assert sum(p.cpus) <= 1.6 + 1e-9
+
+
+def test_shares_over_the_box_are_refused():
+    s = load_scenario("scenarios/fl_straggler.yaml")
+    with pytest.raises(M.MachinesRefused, match="machines that share cores"):
+        M.plan(s, cpus=0.5, cores=2)
+    assert M.plan(s, cpus=0.3, cores=2).cpus == [0.3] * 5
+
+
+def test_without_root_launch_refuses_in_one_line(monkeypatch, capsys):
+    from dtemu.real import cli
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    code = cli.main(["launch", "scenarios/fl_straggler.yaml", "--machines", "netns", "--no-tui"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == ["real launch: --machines netns refused: needs root (ip netns, tc)"]
+
+
+def _clean(seconds: float = 10.0) -> Samples:
+    s = Samples(seconds=seconds, count=40)
+    s.cpu["a"] = CpuTrack(0.4, used_s=4.0, throttled_s=5.0, wanted_s=4.0, short_s=0.1)
+    s.links["a.up"] = LinkTrack(10e6, set_bps=10e6, bytes=10_000_000, busy_bytes=2_500_000, busy_s=2.0)
+    return s
+
+
+def test_a_clean_testbed_is_faithful():
+    v = judge(_clean(), {"a": {"count": 50, "p99_ms": 2.0, "max_ms": 4.0}})
+    assert v["faithful"] and v["why"] == []
+    assert v["machines"]["a"]["starved"] == pytest.approx(0.025)
+    assert v["links"]["a.up"]["busy_mbps"] == pytest.approx(10.0)
+
+
+def test_each_monitor_trips_on_its_own():
+    starved = _clean()
+    starved.cpu["a"].short_s = 1.0
+    assert "machine a received 25% less CPU" in judge(starved)["why"][0]
+
+    wrong_rate = _clean()
+    wrong_rate.links["a.up"].set_bps = 5e6
+    assert judge(wrong_rate)["why"] == ["link a.up is set to 5 Mbit/s, the scenario's is 10"]
+
+    slow = _clean()
+    slow.links["a.up"].busy_bytes = 1_250_000  # 5 Mbit/s over its 2 busy seconds
+    assert judge(slow)["why"] == ["link a.up moved 5 Mbit/s while busy, the scenario's rate is 10"]
+
+    dropped = _clean()
+    dropped.links["a.up"].drops = 3
+    assert judge(dropped)["why"] == ["link a.up dropped 3 packets (its queue overflowed)"]
+    assert judge(dropped, planned_loss=0.01)["faithful"]  # drops the scenario asked for
+
+    late = judge(_clean(), {"a": {"count": 9, "p99_ms": 30.0, "max_ms": 40.0}})
+    assert late["why"] == ["the roles' timers woke late: p99 30.0 ms, max 40.0 ms"]
+
+    gone = _clean()
+    gone.links["a.up"].gone = True
+    assert "went away" in judge(gone)["why"][0]
+
+
+def test_a_short_busy_spell_is_not_judged():
+    s = _clean()
+    s.links["a.up"].busy_s, s.links["a.up"].busy_bytes = 0.2, 10_000  # too little to judge a rate on
+    assert judge(s, limits=Limits())["faithful"]
+
+
+def test_cpu_windows_count_only_the_time_the_machine_wanted_cpu():
+    t = CpuTrack(0.5)
+    cpu_window(t, (0.0, 0.0, 0.0, {1: (0.0, 0.0)}))
+    # 1 s window: thread 1 ran 0.3 s and waited 0.3 s (runnable 0.6 s); the group used 0.3 s
+    cpu_window(t, (1.0, 0.3, 0.2, {1: (0.3, 0.3)}))
+    assert t.wanted_s == pytest.approx(0.3) and t.short_s == pytest.approx(0.0)
+    # next second: runnable all of it, but used only 0.2 s of the 0.5 its share gives
+    cpu_window(t, (2.0, 0.5, 0.2, {1: (0.5, 1.1), 2: (0.0, 0.1)}))
+    assert t.wanted_s == pytest.approx(0.8) and t.short_s == pytest.approx(0.3)
+    assert t.used_s == pytest.approx(0.5) and t.throttled_s == pytest.approx(0.2)
+
+
+def test_link_windows_measure_the_rate_only_while_queued():
+    k = LinkTrack(8e6)
+    link_window(k, 0.0, {"bytes": 0, "backlog": 0, "drops": 0, "rate_bps": 8e6})
+    link_window(k, 1.0, {"bytes": 500_000, "backlog": 3000, "drops": 0, "rate_bps": 8e6})  # idle at the start
+    link_window(k, 2.0, {"bytes": 1_500_000, "backlog": 9000, "drops": 0, "rate_bps": 8e6})
+    assert (k.bytes, k.busy_bytes, k.busy_s) == (1_500_000, 1_000_000, 1.0)
+
+
+def test_tc_json_is_read_per_device_with_the_drops_of_a_netem_in_front():
+    text = json.dumps([
+        {"kind": "noqueue", "dev": "lo", "bytes": 0},
+        {"kind": "netem", "dev": "eth0", "drops": 2, "bytes": 100},
+        {"kind": "tbf", "dev": "eth0", "options": {"rate": 1250000}, "bytes": 7000, "packets": 5, "drops": 1,
+         "backlog": 1514},
+        {"kind": "tbf", "dev": "p1", "options": {"rate": "100Mbit"}, "bytes": 1, "packets": 1}])
+    stats = parse_qdiscs(text)
+    assert stats["eth0"] == {"bytes": 7000, "packets": 5, "drops": 3, "backlog": 1514, "rate_bps": 10e6}
+    assert stats["p1"]["rate_bps"] == 100e6 and "lo" not in stats
+    assert parse_qdiscs("not json") == {}
+
+
+def test_timer_lateness_keeps_its_percentiles():
+    late = Lateness()
+    assert late.record() == {"count": 0}
+    for ms in range(100):
+        late.note(ms / 1e3)
+    late.note(-0.001)  # a hair early is on time
+    r = late.record()
+    assert r["count"] == 101 and r["max_ms"] == 99.0 and r["p50_ms"] == 49.0 and r["p99_ms"] == 98.0

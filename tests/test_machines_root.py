@@ -1,0 +1,173 @@
+"""Machines on one box, as root: made isolated, removed on every way out, and monitors that trip on a
+testbed made unfaithful on purpose (real.machines, real.monitors).
+
+Skipped, with the reason, where namespaces, tc or the cgroup-v1 cpu controller cannot be used (not
+root).  Every packet stays inside the test's own namespaces (10.231.0.0/16, no route out).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import HAVE_MNIST
+
+from dtemu.host import cpu_shares
+from dtemu.host.scenario_file import load_scenario
+from dtemu.real import machine_net
+from dtemu.real import machines as M
+from dtemu.real.monitors import judge
+
+ROOT = Path(__file__).resolve().parent.parent
+WHY = M.unavailable()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"machines on one box: {WHY}")
+
+BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
+
+
+def _two_machines(mbps: float = 20.0, cpus: float = 0.4) -> M.Plan:
+    return M.Plan(machines=["a", "b"], of_node={"a": 0, "b": 1},
+                  links=[machine_net.LinkPlan(mbps, mbps), machine_net.LinkPlan(mbps, mbps)],
+                  cpus=[cpus, cpus], scale=1.0)
+
+
+def _ours(tag: str) -> tuple[set, set]:
+    return ({n for n in machine_net.namespaces() if n.startswith(tag + "-")},
+            {g for g in cpu_shares.groups() if g.startswith(tag + "-")})
+
+
+def test_machines_are_isolated_shaped_capped_and_removed():
+    with M.Machines(_two_machines(mbps=25.0, cpus=0.3)) as m:
+        assert _ours(m.tag) == ({f"{m.tag}-sw", f"{m.tag}-m0", f"{m.tag}-m1"}, {f"{m.tag}-m0", f"{m.tag}-m1"})
+        no_way_out = subprocess.run(m.command("a", ["ip", "route", "get", "1.1.1.1"]), capture_output=True)
+        assert no_way_out.returncode != 0
+        to_b = subprocess.run(m.command("a", ["ip", "route", "get", m.net.addresses[1]]), capture_output=True, text=True)
+        assert to_b.returncode == 0 and "dev eth0" in to_b.stdout  # (packets cross: the link test below)
+        quota = (cpu_shares.ROOT / "cpu" / cpu_shares.PARENT / f"{m.tag}-m0" / "cpu.cfs_quota_us").read_text()
+        assert int(quota) == 1500  # 0.3 of a 5 ms period
+        rates = {name: machine_net.parse_qdiscs(subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"],
+                                                               capture_output=True, text=True).stdout)[dev]["rate_bps"]
+                 for name, ns, dev, _ in m.net.ports()}
+        assert rates == {"a.up": 25e6, "a.down": 25e6, "b.up": 25e6, "b.down": 25e6}
+        # a process started into a machine is in its group, and is killed with it
+        p = subprocess.Popen(m.command("a", [sys.executable, "-c", BUSY.format(s=60)]), preexec_fn=m.preexec("a"))
+        time.sleep(0.3)
+        assert p.pid in m.groups[0].tasks()
+    assert _ours(m.tag) == (set(), set())
+    assert p.wait(timeout=5) == -signal.SIGKILL
+
+
+def _busy_machines(m: M.Machines, seconds: float, hogs: int) -> dict:
+    monitor = m.start_monitor()
+    ranks = [subprocess.Popen(m.command(node, [sys.executable, "-c", BUSY.format(s=seconds)]),
+                              preexec_fn=m.preexec(node)) for node in ("a", "b")]
+    hogging = [subprocess.Popen([sys.executable, "-c", BUSY.format(s=seconds)]) for _ in range(hogs)]
+    for p in ranks + hogging:
+        p.wait()
+    return judge(monitor.stop())
+
+
+def test_a_machine_starved_by_a_cpu_hog_beside_it_is_flagged():
+    with M.Machines(_two_machines(cpus=0.6)) as m:
+        alone = _busy_machines(m, 2.0, hogs=0)
+    with M.Machines(_two_machines(cpus=0.6)) as m:
+        hogged = _busy_machines(m, 2.0, hogs=3 * os.cpu_count())
+    assert alone["faithful"], alone["why"]
+    assert all(v["starved"] < 0.1 for v in alone["machines"].values())
+    assert not hogged["faithful"]
+    assert any("received" in w and "less CPU than its share" in w for w in hogged["why"])
+
+
+BLAST = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rate, end, sent = float(sys.argv[2]), time.time() + float(sys.argv[3]), 0
+start = time.time()
+while time.time() < end:
+    if sent * 8 < rate * (time.time() - start):
+        s.sendto(b"x" * 1400, (sys.argv[1], 9))
+        sent += 1428
+    else:
+        time.sleep(0.001)
+"""
+
+
+def test_a_link_shaped_to_another_rate_than_the_scenarios_is_flagged():
+    with M.Machines(_two_machines(mbps=20.0)) as m:
+        # someone (or something) changes a's uplink to half the scenario's rate
+        machine_net.tc(m.net.names[0], "qdisc", "change", "dev", "eth0", "root", "tbf", "rate", "10mbit",
+                       "burst", str(machine_net.BURST_BYTES), "limit", machine_net.QUEUE)
+        monitor = m.start_monitor()
+        # 16 Mbit/s offered for 2 s: a queue builds on the 10 Mbit/s link and it sends flat out
+        subprocess.run(m.command("a", [sys.executable, "-c", BLAST, m.net.addresses[1], "16e6", "2.0"]), check=True)
+        verdict = judge(monitor.stop())
+    assert not verdict["faithful"]
+    assert "link a.up is set to 10 Mbit/s, the scenario's is 20" in verdict["why"]
+    moved = [w for w in verdict["why"] if w.startswith("link a.up moved")]
+    assert moved and verdict["links"]["a.up"]["busy_mbps"] == pytest.approx(10.0, rel=0.1)
+    assert not any(w.startswith("link b.") for w in verdict["why"])
+
+
+def _launch(out: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, DTEMU_DATA=os.environ.get("DTEMU_DATA", str(ROOT.parent / "shared" / "data")))
+    return subprocess.Popen([sys.executable, "-m", "dtemu.real.cli", "launch", "scenarios/fl_straggler.yaml",
+                             "--machines", "netns", "--no-tui", "--out", str(out), "--time-scale", "4",
+                             "--set", "fl.rounds=30", *extra], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_for_ranks(tag: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        groups = _ours(tag)[1]
+        if groups and all(cpu_shares.CpuGroup(g, 1.0).tasks() for g in groups):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the ranks of {tag} did not start in {timeout_s} s")
+
+
+@pytest.mark.skipif(not HAVE_MNIST, reason="MNIST archives not found (set DTEMU_DATA)")
+def test_a_killed_launch_is_cleaned_up_by_the_next_and_an_interrupted_one_by_itself(tmp_path):
+    killed = _launch(tmp_path / "killed")
+    tag = f"dtm{killed.pid}"
+    _wait_for_ranks(tag)
+    killed.kill()
+    killed.wait()
+    deadline = time.monotonic() + 10   # its ranks die with it (PR_SET_PDEATHSIG) ...
+    while any(cpu_shares.CpuGroup(g, 1.0).tasks() for g in _ours(tag)[1]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(cpu_shares.CpuGroup(g, 1.0).tasks() for g in _ours(tag)[1])
+    assert _ours(tag)[0]   # ... but its namespaces and groups stay, until the next launch sweeps them
+    interrupted = _launch(tmp_path / "interrupted")
+    _wait_for_ranks(f"dtm{interrupted.pid}")
+    assert _ours(tag) == (set(), set())
+    interrupted.send_signal(signal.SIGINT)
+    out = interrupted.communicate(timeout=60)[0].decode()
+    assert "removed what a killed launch left" in out
+    assert _ours(f"dtm{interrupted.pid}") == (set(), set())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_MNIST, reason="MNIST archives not found (set DTEMU_DATA)")
+def test_the_main_job_on_machines_is_faithful_and_ends_with_emus_model(tmp_path):
+    """The issue's acceptance run, cut to 6 rounds (about 2 minutes at this box's time scale)."""
+    sets = ["fl.rounds=6"]
+    env = dict(os.environ, DTEMU_DATA=os.environ.get("DTEMU_DATA", str(ROOT.parent / "shared" / "data")))
+    real = subprocess.run([sys.executable, "-m", "dtemu.real.cli", "launch", "scenarios/fl_straggler.yaml",
+                           "--machines", "netns", "--no-tui", "--out", str(tmp_path / "real")]
+                          + [a for s in sets for a in ("--set", s)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert real.returncode == 0, real.stderr[-3000:]
+    emu = subprocess.run([sys.executable, "-m", "dtemu.emu.cli", "run", "scenarios/fl_straggler.yaml", "--no-tui",
+                          "--out", str(tmp_path / "emu")] + [a for s in sets for a in ("--set", s)],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert emu.returncode == 0, emu.stderr[-3000:]
+    import json
+
+    r = json.loads((tmp_path / "real" / "summary.json").read_text())
+    e = json.loads((tmp_path / "emu" / "summary.json").read_text())
+    assert r["testbed"]["faithful"], r["testbed"]["why"]
+    assert r["model_sha256"] == e["model_sha256"]
