@@ -187,6 +187,8 @@ class Scenario:
             del d["compute"]["default"]["cpu"]
         if not d["compute"]["shared_cores"]:
             del d["compute"]["shared_cores"]
+        if d["compute"]["machines"] == "nodes":  # (the default: the digests of scenarios before the key)
+            del d["compute"]["machines"]
         del d["compute"]["profile"]  # where the costs came from; the costs themselves are above
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 

@@ -25,6 +25,7 @@ from dtemu.core.fl.residuals import Residuals
 from .executor import open_executor
 from .faults import schedule_offline, schedule_partitions
 from .network import Network, link_from_spec
+from .machines import machines_of
 from .world import EmuNode, World
 
 
@@ -42,7 +43,9 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
                       sites=scenario.site_of, wan=wan, framing=scenario.network.framing,
                       send_window=scenario.network.send_window_bytes)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed,
-                  shared_cores=scenario.compute.shared_cores, key=key)
+                  shared_cores=scenario.compute.shared_cores, key=key,
+                  machines=machines_of(scenario.site_of, scenario.node_names, env)
+                  if scenario.compute.machines == "sites" else None)
     for spec in roles(scenario, work, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank])
         if not timer.modelled:

@@ -14,6 +14,8 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
              timeouts do not depend on how fast this machine is.
 - cores:     with ``compute.shared_cores`` N, the CPU work priced per MB (decoding,
              ``compute.cpu``'s ops) of every node queues for N shared cores (FIFO).
+- machines:  with ``compute.machines: sites``, the jobs of a site's nodes share its one
+             machine's CPU (emu.machines: processor sharing), as on the testbed's machines.
 - wait_peers: until the peers are up (matched), or the deadline.
 - die:       the node goes down (state, inbox and flows lost) and, if the
              crash says so, restarts later.
@@ -139,7 +141,10 @@ class EmuNode:
 
     def computed(self, req, elapsed: float):
         seconds = self.timer.duration(req.samples, req.kind, now=self.world.env.now, nbytes=req.nbytes)
-        if req.kind in CPU_OPS:   # CPU work priced per MB: on the shared cores, if the scenario has them
+        machine = self.world.machines.get(self.node)
+        if machine is not None and req.kind != "eval":   # (evaluation is the experimenter's, not the run's)
+            yield from machine.run(seconds)
+        elif req.kind in CPU_OPS:   # CPU work priced per MB: on the shared cores, if the scenario has them
             yield from self.world.on_cpu(seconds)
         else:
             yield self.world.env.timeout(seconds)
@@ -204,8 +209,11 @@ class World:
 
     def __init__(self, env: simpy.Environment, network: Network,
                  log: Callable[[dict], None], save_checkpoint: Callable[[bytes], str],
-                 faults: FaultSpec | None = None, seed: int = 0, shared_cores: int = 0, key: bytes | None = None):
+                 faults: FaultSpec | None = None, seed: int = 0, shared_cores: int = 0, key: bytes | None = None,
+                 machines: dict | None = None):
         self.env = env
+        # compute.machines: sites: each node's shared machine (emu.machines); a node without one has its own.
+        self.machines = machines or {}
         self.key = key  # the run's key: every node's driver seals with it (None: nothing is sealed)
         # compute.shared_cores: the cores every node's CPU work priced per MB queues for (None: no queue).
         self.cores = simpy.Resource(env, capacity=shared_cores) if shared_cores else None

@@ -4,6 +4,7 @@ how its speed changes (core.runtime.compute applies them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 from dtemu.core.schema import check, non_negative, positive, probability
 
@@ -85,6 +86,10 @@ class ComputeModel:
     # ``decode_s_per_mb``): at most that many such jobs run at once, the others wait their turn
     # (as real ranks on one machine do); 0: every node has cores of its own.
     shared_cores: int = field(default=0, metadata=check(non_negative))
+    # Emu only: which nodes share a machine's CPU (emu.machines: processor sharing of their jobs).
+    # nodes: each node is a machine of its own; sites: the nodes of a site share one, as on the
+    # testbed of real launch --machines (a geo site's PS beside its workers).
+    machines: Literal["nodes", "sites"] = "nodes"
     # A calibration profile (``emu calibrate``) whose costs the loader applied (host.profile): its
     # path, made absolute; the values it set are in the keys above.
     profile: str | None = None

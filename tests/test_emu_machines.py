@@ -1,0 +1,85 @@
+"""emu's machines shared by a site's nodes (compute.machines: sites; emu.machines): processor sharing."""
+
+import pytest
+import simpy
+
+from dtemu.emu.machines import SharedMachine, machines_of
+
+
+def _ends(jobs: list[tuple[float, float]]) -> list[float]:
+    """Each job (start, seconds) on one machine: when it ended."""
+    env = simpy.Environment()
+    machine = SharedMachine(env)
+    ends = [None] * len(jobs)
+
+    def job(i, start, seconds):
+        yield env.timeout(start)
+        yield from machine.run(seconds)
+        ends[i] = env.now
+
+    for i, (start, seconds) in enumerate(jobs):
+        env.process(job(i, start, seconds))
+    env.run()
+    return ends
+
+
+def test_jobs_share_the_machine_as_processor_sharing():
+    assert _ends([(0, 1.0)]) == [1.0]
+    assert _ends([(0, 1.0), (0, 1.0)]) == pytest.approx([2.0, 2.0])
+    # the short job ends at 1.0 (half speed); the long one then runs alone: 0.5 left at 1.0 -> 1.5
+    assert _ends([(0, 1.0), (0, 0.5)]) == pytest.approx([1.5, 1.0])
+    # a job that comes later: alone for 0.5 s, then both at half speed
+    assert _ends([(0, 1.0), (0.5, 1.0)]) == pytest.approx([1.5, 2.0])
+    assert _ends([(0, 1.0), (0, 1.0), (0, 1.0)]) == pytest.approx([3.0, 3.0, 3.0])
+
+
+def test_an_interrupted_job_leaves_the_machine_to_the_others():
+    env = simpy.Environment()
+    machine = SharedMachine(env)
+    ends = {}
+
+    def job(name, seconds):
+        try:
+            yield from machine.run(seconds)
+            ends[name] = env.now
+        except simpy.Interrupt:
+            ends[name] = ("crashed", env.now)
+
+    env.process(job("a", 1.0))
+    doomed = env.process(job("b", 10.0))
+
+    def crash():
+        yield env.timeout(0.4)
+        doomed.interrupt()
+
+    env.process(crash())
+    env.run()
+    # a ran at half speed until 0.4 (0.2 done), then alone: 0.8 more
+    assert ends == {"a": pytest.approx(1.2), "b": ("crashed", pytest.approx(0.4))}
+    assert machine.left == {}
+
+
+def test_a_site_is_one_machine_and_a_node_outside_the_sites_has_its_own():
+    env = simpy.Environment()
+    m = machines_of({"a-ps": "a", "a-w0": "a", "b-w0": "b"}, ["master", "a-ps", "a-w0", "b-w0"], env)
+    assert m["a-ps"] is m["a-w0"] and m["a-ps"] is not m["b-w0"] and "master" not in m
+
+
+def test_a_geo_site_sharing_its_machine_is_slower_and_trains_the_same_model(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from helpers import HAVE_MNIST
+
+    if not HAVE_MNIST:
+        pytest.skip("MNIST archives not found (set DTEMU_DATA)")
+    sets = ["geo.rounds=3", "geo.eval_every=1000", "data.test_samples=200", "geo.workers_per_site=2"]
+    out = {}
+    for machines in ("nodes", "sites"):
+        cmd = [sys.executable, "-m", "dtemu.emu.cli", "run", "scenarios/geo_hips.yaml", "--no-tui",
+               "--out", str(tmp_path / machines), "--set", f"compute.machines={machines}"]
+        subprocess.run(cmd + [a for s in sets for a in ("--set", s)], check=True, capture_output=True)
+        out[machines] = json.loads((tmp_path / machines / "summary.json").read_text())
+    assert out["sites"]["model_sha256"] == out["nodes"]["model_sha256"]   # FSA: the same sums, later
+    assert out["sites"]["time_s"] > out["nodes"]["time_s"]
