@@ -74,19 +74,21 @@ def _domain_id() -> int:
 def launch(args, scenario: Scenario) -> int:
     if not getattr(args, "machines", None):
         return _launch(args, scenario)
-    from .machines import Machines, MachinesRefused, plan, unavailable
+    from dtemu.core.runtime.machine_plan import MachinesRefused, plan
+    from dtemu.host.testbed_check import unavailable
+
+    from .machines import Machines
 
     why = unavailable()
     try:
         if why:
             raise MachinesRefused(why)
-        first = plan(scenario, 1.0, args.cpu_share)
+        first = plan(scenario, cores.available(), 1.0, args.cpu_share)
     except MachinesRefused as err:
         print(f"real launch: --machines {args.machines} refused: {err}", file=sys.stderr)
         return 2
     # Each trainer's share of its machine (a site's workers share theirs): the step is timed under it.
-    trainers = {m: sum(1 for n in scenario.training_nodes if first.of_node[n] == m) for m in set(first.of_node.values())}
-    share = min(first.cpus[m] / k for m, k in trainers.items() if k)
+    share = first.trainer_share(scenario.training_nodes)
     scale = args.time_scale
     if scale is None:
         from .calibrate import time_scale
@@ -96,7 +98,7 @@ def launch(args, scenario: Scenario) -> int:
         print(f"real launch: time scale {scale:g} ({how}); every scenario duration is stretched by it and every "
               f"link slowed by it (--time-scale 1 turns this off)", file=sys.stderr)
     args.time_scale = scale
-    testbed = Machines(plan(scenario, scale, args.cpu_share))
+    testbed = Machines(plan(scenario, cores.available(), scale, args.cpu_share))
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with testbed:  # removed on every way out; a SIGKILLed launcher's leftovers go at the next launch

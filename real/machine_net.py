@@ -23,10 +23,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-from dataclasses import dataclass
+
+from dtemu.core.runtime.machine_plan import LinkPlan
 
 SUBNET = "10.231"
 PREFIX = 16
@@ -39,31 +39,11 @@ class NetError(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class LinkPlan:
-    """A machine's access link as the scenario gives it (rates already divided by a time scale)."""
-
-    up_mbps: float
-    down_mbps: float
-    latency_ms: float = 0.0
-    loss: float = 0.0
-
-
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     p = subprocess.run(list(cmd), capture_output=True, text=True)
     if check and p.returncode != 0:
         raise NetError(f"{' '.join(cmd)}: {p.stderr.strip() or p.stdout.strip()}")
     return p
-
-
-def unavailable() -> str | None:
-    """Why namespaces and tc cannot be used here, or None."""
-    if os.geteuid() != 0:
-        return "needs root (ip netns, tc)"
-    for tool in ("ip", "tc"):
-        if subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode != 0:
-            return f"{tool} (iproute2) is not installed"
-    return None
 
 
 def address(i: int) -> str:

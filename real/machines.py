@@ -1,20 +1,8 @@
 """Machines on one box: ``real launch SCENARIO --machines netns``.
 
 Each machine is a network namespace behind a shaped link (real.machine_net) and a CPU share
-(host.cpu_shares), after Mininet-HiFi's container-based hosts.  Where the scenario has sites (geo
-always; FL or DDP with ``network.sites``), a site is one machine with its nodes inside, talking over
-the namespace's own loopback, and its link is the site's WAN attachment; otherwise every node is a
-machine of its own behind its access link.
-
-Under a time scale X (real launch measures how much slower this box trains than the scenario's
-compute model; real.calibrate), every duration of the scenario is X times as long, so every link is
-X times as slow (rate / X, latency x X): the testbed is the scenario's machines run X times slower,
-and its run keeps the scenario's relative timing (the same rounds close with the same clients).
-
-CPU: each machine gets ``cpus`` of a core (``--cpu-share``; by default the box's cores, less a tenth
-kept for the launcher, its monitors and the kernel's packet path, split evenly), never more than its
-nodes' threads can use.  The shares must fit the box's cores; a plan that oversubscribes them is
-refused, since machines that share cores are not separate machines.
+(host.cpu_shares), after Mininet-HiFi's container-based hosts.  Which node runs on which machine,
+behind which link and with how much CPU is the plan's (core.runtime.machine_plan).
 
 Every way out removes what was made (``Machines.__exit__``, and the launcher's signal handlers), and
 a rank dies with its launcher (``PR_SET_PDEATHSIG``).  A launcher killed with SIGKILL leaves its
@@ -26,74 +14,14 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from dataclasses import dataclass
 
-from dtemu.core.runtime.network_spec import LinkSpec
-from dtemu.core.scenario import Scenario
-from dtemu.host import cores as host_cores
+from dtemu.core.runtime.machine_plan import Plan
 from dtemu.host import cpu_shares
 from dtemu.host.cpu_shares import CpuGroup
 
 from . import machine_net
-from .machine_net import LinkPlan, MachineNet
+from .machine_net import MachineNet
 from .monitors import Monitor
-
-RESERVE = 0.2   # of the box's cores, kept out of the machines' shares (at 0.1 busy machines received 92-95% of their shares; at 0.2, 98-99%: notebook 31)
-
-
-class MachinesRefused(RuntimeError):
-    """The testbed cannot be made here (no root, no controller, shares over the cores): exit 2."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    machines: list[str]          # each machine's name: a site's, or its one node's
-    of_node: dict[str, int]      # node -> its machine's index
-    links: list[LinkPlan]
-    cpus: list[float]
-    scale: float
-
-    def describe(self) -> list[dict]:
-        return [{"machine": name, "nodes": sorted(n for n, m in self.of_node.items() if m == i),
-                 "cpus": self.cpus[i], "up_mbps": self.links[i].up_mbps, "down_mbps": self.links[i].down_mbps,
-                 "latency_ms": self.links[i].latency_ms, "loss": self.links[i].loss}
-                for i, name in enumerate(self.machines)]
-
-
-def plan(scenario: Scenario, scale: float = 1.0, cpus: float | None = None, cores: int | None = None) -> Plan:
-    """Which node runs on which machine, each machine's link and CPU share."""
-    site_of = scenario.site_of
-    machines: list[str] = []
-    of_node: dict[str, int] = {}
-    for node in scenario.node_names:
-        name = site_of.get(node, node)
-        if name not in machines:
-            machines.append(name)
-        of_node[node] = machines.index(name)
-    links = []
-    for i, name in enumerate(machines):
-        if name in scenario.network.sites:
-            wan = scenario.network.sites[name].wan
-            spec = LinkSpec(up_mbps=wan.up_mbps, down_mbps=wan.down_mbps, latency_ms=wan.latency_ms,
-                            loss=scenario.network.default.loss)
-        else:
-            spec = scenario.link(name)
-        links.append(LinkPlan(spec.up_mbps / scale, spec.down_mbps / scale, spec.latency_ms * scale, spec.loss))
-    cores = cores or host_cores.available()
-    room = round(cores * (1 - RESERVE), 3)
-    want = []
-    for i in range(len(machines)):
-        usable = scenario.threads * sum(1 for m in of_node.values() if m == i)  # what its nodes' threads can use
-        want.append(round(min(usable, cpus if cpus is not None else room / len(machines)), 3))
-    if sum(want) > room + 1e-9:
-        raise MachinesRefused(f"{len(machines)} machines at {max(want):g} CPU each need {sum(want):g} cores; this box "
-                              f"gives the machines {room:g} of its {cores} (--cpu-share {room / len(machines):.3g} "
-                              f"or less): machines that share cores are not separate machines")
-    return Plan(machines, of_node, links, want, scale)
-
-
-def unavailable() -> str | None:
-    return machine_net.unavailable() or cpu_shares.unavailable()
 
 
 def sweep() -> list[str]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dtemu.host.scenario_file import load_scenario
-from dtemu.real import machines as M
+from dtemu.core.runtime import machine_plan as M
 from dtemu.real.machine_net import parse_qdiscs
 from dtemu.real.monitors import CpuTrack, Limits, LinkTrack, Samples, cpu_window, judge, link_window
 from dtemu.real.timer_lateness import Lateness
@@ -15,7 +15,7 @@ from dtemu.real.timer_lateness import Lateness
 
 def test_every_fl_node_is_a_machine_behind_its_link_slowed_by_the_time_scale():
     s = load_scenario("scenarios/fl_straggler.yaml")
-    p = M.plan(s, scale=10.0, cores=2)
+    p = M.plan(s, 2, scale=10.0)
     assert p.machines == ["controller", "client1", "client2", "client3", "client4"]
     assert p.of_node == {n: i for i, n in enumerate(p.machines)}
     # 50 up / 100 down / 10 ms by default; client2's uplink is 5 Mbit/s
@@ -27,7 +27,7 @@ def test_every_fl_node_is_a_machine_behind_its_link_slowed_by_the_time_scale():
 
 def test_a_geo_site_is_one_machine_behind_its_wan():
     s = load_scenario("scenarios/geo_hips.yaml")
-    p = M.plan(s, cores=2)
+    p = M.plan(s, 2)
     site_of = s.site_of
     assert p.machines == list(dict.fromkeys(site_of[n] for n in s.node_names))
     for node, m in p.of_node.items():
@@ -41,8 +41,8 @@ def test_a_geo_site_is_one_machine_behind_its_wan():
 def test_shares_over_the_box_are_refused():
     s = load_scenario("scenarios/fl_straggler.yaml")
     with pytest.raises(M.MachinesRefused, match="machines that share cores"):
-        M.plan(s, cpus=0.5, cores=2)
-    assert M.plan(s, cpus=0.3, cores=2).cpus == [0.3] * 5
+        M.plan(s, 2, cpus=0.5)
+    assert M.plan(s, 2, cpus=0.3).cpus == [0.3] * 5
 
 
 def test_without_root_launch_refuses_in_one_line(monkeypatch, capsys):
@@ -52,7 +52,7 @@ def test_without_root_launch_refuses_in_one_line(monkeypatch, capsys):
     code = cli.main(["launch", "scenarios/fl_straggler.yaml", "--machines", "netns", "--no-tui"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert err == ["real launch: --machines netns refused: needs root (ip netns, tc)"]
+    assert err == ["real launch: --machines netns refused: needs root (ip netns, tc, cgroups)"]
 
 
 def _clean(seconds: float = 10.0) -> Samples:

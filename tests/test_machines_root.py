@@ -17,21 +17,22 @@ import pytest
 from helpers import HAVE_MNIST
 
 from dtemu.host import cpu_shares
-from dtemu.host.scenario_file import load_scenario
 from dtemu.real import machine_net
+from dtemu.core.runtime.machine_plan import LinkPlan, Plan
+from dtemu.host.testbed_check import unavailable
 from dtemu.real import machines as M
 from dtemu.real.monitors import judge
 
 ROOT = Path(__file__).resolve().parent.parent
-WHY = M.unavailable()
+WHY = unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"machines on one box: {WHY}")
 
 BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
 
 
-def _two_machines(mbps: float = 20.0, cpus: float = 0.4) -> M.Plan:
-    return M.Plan(machines=["a", "b"], of_node={"a": 0, "b": 1},
-                  links=[machine_net.LinkPlan(mbps, mbps), machine_net.LinkPlan(mbps, mbps)],
+def _two_machines(mbps: float = 20.0, cpus: float = 0.4) -> Plan:
+    return Plan(machines=["a", "b"], of_node={"a": 0, "b": 1},
+                  links=[LinkPlan(mbps, mbps), LinkPlan(mbps, mbps)],
                   cpus=[cpus, cpus], scale=1.0)
 
 
