@@ -121,9 +121,17 @@ def _profile(scenario, assignments: list[str], measured: dict) -> dict:
             "measured": {"scenario": scenario.name, "mode": scenario.mode, **measured}, "sets": sets}
 
 
-def main(args) -> int:
+def write(profile: dict, out: Path, scenario_path: str, how: str, seconds: float) -> None:
+    """The profile as YAML, headed by the command that made it and the one that applies it."""
     import yaml
 
+    out.parent.mkdir(parents=True, exist_ok=True)
+    head = (f"# emu calibrate {scenario_path}{how}  ({seconds:.0f} s)\n"
+            f"# apply: emu run {scenario_path} --profile {out}\n")
+    out.write_text(head + yaml.safe_dump(profile, sort_keys=False))
+
+
+def main(args) -> int:
     from dtemu.core.errors import ScenarioError
     from dtemu.host.scenario_file import check_code, load_scenario
 
@@ -151,11 +159,9 @@ def main(args) -> int:
         profile = measure(scenario, args.reps, together=args.together)
     host = profile["machine"]["cpu"].split(" (")[0].replace(" ", "_")
     out = Path(args.out or f"profiles/{scenario.name}-{host}.yaml")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    head = (f"# emu calibrate {args.scenario}" + "".join(f" --set {s}" for s in args.overrides)
-            + (" --together" if args.together else "") + (f" --cpu-share {share:g}" if share is not None else "")
-            + f"  ({time.perf_counter() - t0:.0f} s)\n# apply: emu run {args.scenario} --profile {out}\n")
-    out.write_text(head + yaml.safe_dump(profile, sort_keys=False))
+    how = ("".join(f" --set {s}" for s in args.overrides) + (" --together" if args.together else "")
+           + (f" --cpu-share {share:g}" if share is not None else ""))
+    write(profile, out, args.scenario, how, time.perf_counter() - t0)
     for key, value in profile["sets"].items():
         print(f"  {key}: {value}")
     print(f"{scenario.name}: profile of {profile['machine']['cpu']} -> {out}")

@@ -22,7 +22,7 @@ from dtemu.report.cli import add_commands
 from dtemu.host import soak
 from dtemu.report.cli import run as run_reader
 
-from . import calibrate, sweep
+from . import calibrate, sweep, validate
 
 DATA_HELP = ("Data: the MNIST / Fashion-MNIST archives are looked up under the scenario's data.root, "
              "else $DTEMU_DATA, else ~/.cache/dtemu (layout <root>/MNIST/raw/*.gz); missing ones are "
@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     soak.add_parser(sub, "emu")
     sweep.add_parser(sub)
     calibrate.add_parser(sub)
+    validate.add_parser(sub)
     return p
 
 
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         return sweep.main(args)
     if args.command == "calibrate":
         return calibrate.main(args)
+    if args.command == "validate":
+        from dtemu.report.fidelity import compare
+
+        return validate.main(args, compare)
     try:
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code, profile=args.profile)
         init = read_init(scenario)

@@ -13,7 +13,9 @@ testbed kept its invariants.  A thread of ``real launch --machines`` samples, ev
   bound is a lower one (a machine of several busy threads could have wanted more), so a flag is
   never a false alarm.
 - **Links.** Each shaped direction's tbf: the rate it is set to (against the scenario's), its
-  drops, and its rate while busy: bytes over the windows that began and ended with a backlog.
+  drops, its rate while busy (bytes over the windows whose queue held, at their start, more than
+  the link could send in them, so it sent all the window) and its peak (no window may carry more
+  than its rate).
 - **Timers.** How late the roles' timers woke (each rank's ``real.timers``, real.primitives),
   joined when the run is over (``judge``).
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from dtemu.host.cpu_shares import CpuGroup, sched_s
 from .machine_net import parse_qdiscs
 
+PEAK_WINDOW_S = 0.2  # windows shorter than this (a sample taken late and one early) judge no peak
 INTERVAL_S = 0.25  # each sample forks one tc per namespace (2.4 ms each here): ~2% of a core at 0.25 s
 
 
@@ -62,6 +65,7 @@ class LinkTrack:
     drops: int = 0
     busy_bytes: int = 0
     busy_s: float = 0.0
+    peak_bps: float = 0.0          # the most it carried in a window (a link faster than its rate shows here)
     last: tuple | None = None      # (t, bytes, backlog)
     gone: bool = False
 
@@ -148,7 +152,12 @@ def link_window(track: LinkTrack, t: float, stats: dict) -> None:
         t0, bytes0, backlog0 = track.last
         moved = stats["bytes"] - bytes0
         track.bytes += moved
-        if backlog0 > 0 and stats["backlog"] > 0:  # queued at both ends: the link sent all the window
+        if t - t0 >= PEAK_WINDOW_S:
+            track.peak_bps = max(track.peak_bps, moved * 8 / (t - t0))
+        # Busy all the window for sure: the queue held at its start more than the link can send in
+        # it (at the faster of its two rates), so it never ran dry.  A backlog at both ends is not
+        # enough: a sender short of CPU lets the queue empty in between, and the link idles.
+        if backlog0 * 8 >= max(track.planned_bps, track.set_bps or 0.0) * (t - t0) and stats["backlog"] > 0:
             track.busy_bytes += moved
             track.busy_s += t - t0
     track.last = (t, stats["bytes"], stats["backlog"])
@@ -180,7 +189,8 @@ def judge(samples: Samples, timers: dict[str, dict] | None = None, limits: Limit
         links[name] = {"planned_mbps": round(k.planned_bps / 1e6, 6),
                        "set_mbps": None if k.set_bps is None else round(k.set_bps / 1e6, 6),
                        "bytes": k.bytes, "drops": k.drops, "busy_s": round(k.busy_s, 3),
-                       "busy_mbps": None if busy_rate is None else round(busy_rate / 1e6, 3)}
+                       "busy_mbps": None if busy_rate is None else round(busy_rate / 1e6, 3),
+                       "peak_mbps": round(k.peak_bps / 1e6, 3)}
         if k.gone:
             why.append(f"link {name}: its shaping went away during the run")
         elif k.set_bps is not None and abs(k.set_bps / k.planned_bps - 1) > limits.rate_setting:
@@ -188,6 +198,9 @@ def judge(samples: Samples, timers: dict[str, dict] | None = None, limits: Limit
         if busy_rate is not None and k.busy_s >= limits.busy_s and abs(busy_rate / k.planned_bps - 1) > limits.rate:
             why.append(f"link {name} moved {busy_rate / 1e6:.3g} Mbit/s while busy, "
                        f"the scenario's rate is {k.planned_bps / 1e6:g}")
+        if k.peak_bps > k.planned_bps * (1 + limits.rate):
+            why.append(f"link {name} carried {k.peak_bps / 1e6:.3g} Mbit/s in a window, "
+                       f"over the scenario's rate of {k.planned_bps / 1e6:g}")
         if k.drops and not planned_loss:
             why.append(f"link {name} dropped {k.drops} packets (its queue overflowed)")
     joined = join_timers(timers or {})

@@ -113,12 +113,13 @@ def test_cpu_windows_count_only_the_time_the_machine_wanted_cpu():
     assert t.used_s == pytest.approx(0.5) and t.throttled_s == pytest.approx(0.2)
 
 
-def test_link_windows_measure_the_rate_only_while_queued():
-    k = LinkTrack(8e6)
+def test_link_windows_measure_the_rate_only_while_the_queue_cannot_run_dry():
+    k = LinkTrack(8e6)   # 1 MB/s
     link_window(k, 0.0, {"bytes": 0, "backlog": 0, "drops": 0, "rate_bps": 8e6})
-    link_window(k, 1.0, {"bytes": 500_000, "backlog": 3000, "drops": 0, "rate_bps": 8e6})  # idle at the start
-    link_window(k, 2.0, {"bytes": 1_500_000, "backlog": 9000, "drops": 0, "rate_bps": 8e6})
-    assert (k.bytes, k.busy_bytes, k.busy_s) == (1_500_000, 1_000_000, 1.0)
+    link_window(k, 1.0, {"bytes": 500_000, "backlog": 300_000, "drops": 0, "rate_bps": 8e6})  # idle at the start
+    link_window(k, 2.0, {"bytes": 900_000, "backlog": 1_200_000, "drops": 0, "rate_bps": 8e6})  # 0.3 MB queued: not enough
+    link_window(k, 3.0, {"bytes": 1_900_000, "backlog": 900_000, "drops": 0, "rate_bps": 8e6})  # 1.2 MB queued: busy
+    assert (k.bytes, k.busy_bytes, k.busy_s) == (1_900_000, 1_000_000, 1.0)
 
 
 def test_tc_json_is_read_per_device_with_the_drops_of_a_netem_in_front():
@@ -142,3 +143,14 @@ def test_timer_lateness_keeps_its_percentiles():
     late.note(-0.001)  # a hair early is on time
     r = late.record()
     assert r["count"] == 101 and r["max_ms"] == 99.0 and r["p50_ms"] == 49.0 and r["p99_ms"] == 98.0
+
+
+def test_a_link_that_carries_more_than_its_rate_is_flagged():
+    k = LinkTrack(8e6)
+    link_window(k, 0.0, {"bytes": 0, "backlog": 0, "drops": 0, "rate_bps": 8e6})
+    link_window(k, 0.5, {"bytes": 1_000_000, "backlog": 0, "drops": 0, "rate_bps": 8e6})  # 16 Mbit/s
+    link_window(k, 0.55, {"bytes": 1_100_000, "backlog": 0, "drops": 0, "rate_bps": 8e6})  # too short to judge
+    assert k.peak_bps == 16e6
+    s = Samples(seconds=1.0)
+    s.links["x.up"] = k
+    assert judge(s)["why"] == ["link x.up carried 16 Mbit/s in a window, over the scenario's rate of 8"]

@@ -86,6 +86,7 @@ def test_a_machine_starved_by_a_cpu_hog_beside_it_is_flagged():
 BLAST = """
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, 32, 16 << 20)  # SO_SNDBUFFORCE (root): let the queue build past the default 208 kB
 rate, end, sent = float(sys.argv[2]), time.time() + float(sys.argv[3]), 0
 start = time.time()
 while time.time() < end:
@@ -103,8 +104,8 @@ def test_a_link_shaped_to_another_rate_than_the_scenarios_is_flagged():
         machine_net.tc(m.net.names[0], "qdisc", "change", "dev", "eth0", "root", "tbf", "rate", "10mbit",
                        "burst", str(machine_net.BURST_BYTES), "limit", machine_net.QUEUE)
         monitor = m.start_monitor()
-        # 16 Mbit/s offered for 2 s: a queue builds on the 10 Mbit/s link and it sends flat out
-        subprocess.run(m.command("a", [sys.executable, "-c", BLAST, m.net.addresses[1], "16e6", "2.0"]), check=True)
+        # 20 Mbit/s offered for 2.5 s: a queue builds on the 10 Mbit/s link and it sends flat out
+        subprocess.run(m.command("a", [sys.executable, "-c", BLAST, m.net.addresses[1], "20e6", "2.5"]), check=True)
         verdict = judge(monitor.stop())
     assert not verdict["faithful"]
     assert "link a.up is set to 10 Mbit/s, the scenario's is 20" in verdict["why"]

@@ -62,6 +62,9 @@ class Mode:
     # importing what reads run folders.
     audit: str | None = None
     report: str = ""
+    # How it counts its units of work in a run's events, to compare two runs unit by unit (emu
+    # validate): "module:function" of report.units, taking the events and the leader's name.
+    units: str = "dtemu.report.units:leader_rounds"
     # What ``emu calibrate`` measures for it beyond the training step ("module:function" of
     # emu.costs, taking the scenario and repetitions, returning --set assignments).
     costs: str = "dtemu.emu.costs:transport_only_sets"

@@ -13,6 +13,7 @@ class DataParallel(Mode):
     all_to_all = True
     audit = "dtemu.report.audit_ddp:check_ddp"
     report = "dtemu.report.ddp:write_ddp_report"
+    units = "dtemu.report.units:ddp_steps"
     costs = "dtemu.emu.costs:ddp_sets"
 
     def node_names(self, s):

@@ -17,6 +17,7 @@ class GeoDistributed(Mode):
     rejoins_after_crash = True  # a site's node back after a crash joins again (core.geo.join)
     audit = "dtemu.report.audit_geo:check_geo"
     report = "dtemu.report.geo:write_geo_report"
+    units = "dtemu.report.units:geo_rounds"
     costs = "dtemu.emu.costs:geo_sets"
 
     def node_names(self, s):

@@ -13,6 +13,7 @@ class ParameterServer(Mode):
     digest_sections = frozenset({"ddp", "ps"})
     audit = "dtemu.report.audit_ps:check_ps"
     report = "dtemu.report.ps:write_ps_report"
+    units = "dtemu.report.units:esync_versions"
 
     def node_names(self, s):
         return [PS, SS] + s.ps.worker_names

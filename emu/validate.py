@@ -1,0 +1,137 @@
+"""``emu validate``: how far emu's a-priori prediction of a scenario is from its run on the testbed.
+
+    emu validate SCENARIO [--set KEY=VALUE]... [--out DIR] [--repeat N] [--cpu-share CPUS]
+
+Root, as the testbed is (real launch --machines netns).  For any scenario of any mode, in this order:
+
+1. **calibrate**: ``emu calibrate`` of the scenario under the CPU share each trainer will have on
+   its machine (core.runtime.machine_plan; a site's trainers split their machine's share), written
+   to ``DIR/profile.yaml``.  Nothing in it comes from the run it predicts.
+2. **predict**: ``emu run --profile`` into ``DIR/emu``, with the testbed's machines
+   (``compute.machines: sites``: a site's nodes share their machine's CPU).  The profile carries real
+   mode's transport (its framing, its writer history).
+3. **run**: ``real launch --machines netns --time-scale 1``, ``--repeat`` times, into
+   ``DIR/real-<i>``: every node (or site) on a machine of its own at the scenario's link rates, and
+   the fidelity monitors' verdict in its summary.
+4. **compare**, unit by unit (report.fidelity, the mode's units: round, step or version):
+   ``DIR/validation.json`` holds one record per repetition with ``time_error`` and ``comm_error``
+   ((emu - real) / real, fractions), ``same_model`` and ``faithful``; the table is printed.
+
+Exit 0 whether or not the targets (time within 10%, communication within 5%) are met; 2 when it
+refuses (no root, a bad scenario, shares over the box's cores).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="emu's prediction of a scenario against its run on the testbed (root)",
+                       description=" ".join(__doc__.split("\n\n")[2:]).replace("\n", " "))
+    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario value, for every run (repeatable)")
+    p.add_argument("--out", help="folder for the profile, the runs and validation.json "
+                                 "(default: runs/validate-<name>-<date>-<time>)")
+    p.add_argument("--repeat", type=int, default=3, metavar="N", help="testbed runs to compare with (default 3)")
+    p.add_argument("--cpu-share", type=float, default=None, metavar="CPUS",
+                   help="each machine's CPU in cores (default: real launch --machines' own)")
+    p.add_argument("--reps", type=int, default=7, help="repetitions of each calibration timing (default 7)")
+    p.add_argument("--key-file", help="seal every message with this key, in both runs")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up on a testbed run after this many seconds")
+    p.add_argument("--no-code", action="store_true", help="refuse a scenario that names code (as emu run)")
+
+
+def main(args, compare) -> int:
+    """``compare(scenario, real_dir, emu_dir)``: report.fidelity's, handed in by the CLI (emu does not
+    import the reports)."""
+    from dtemu.core.errors import ScenarioError
+    from dtemu.core.runtime.machine_plan import MachinesRefused, plan
+    from dtemu.host import cores
+    from dtemu.host.scenario_file import check_code, load_scenario
+    from dtemu.host.testbed_check import unavailable
+
+    try:
+        scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
+        check_code(scenario)
+        why = unavailable()
+        if why:
+            raise MachinesRefused(why)
+        machines = plan(scenario, cores.available(), 1.0, args.cpu_share)
+        if args.repeat < 1:
+            raise MachinesRefused("--repeat must be at least 1")
+    except (ScenarioError, MachinesRefused) as err:
+        print(f"emu validate: refused: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/validate-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    share = machines.trainer_share(scenario.training_nodes)
+    common = [a for s in args.overrides for a in ("--set", s)] + (["--key-file", args.key_file] if args.key_file else [])
+    common += ["--no-code"] if args.no_code else []
+
+    profile = out / "profile.yaml"
+    print(f"emu validate: 1/3 calibrating {scenario.name} under a CPU share of {share:g} -> {profile}", file=sys.stderr)
+    _calibrate(scenario, args, share, profile)
+    print("emu validate: 2/3 predicting (emu run)", file=sys.stderr)
+    sites = ["--set", "compute.machines=sites"] if len(machines.machines) < len(scenario.node_names) else []
+    _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(out / "emu"),
+          "--profile", str(profile), *common, *sites], out / "emu.log", args.timeout)
+    records = []
+    for i in range(1, args.repeat + 1):
+        real = out / f"real-{i}"
+        print(f"emu validate: 3/3 testbed run {i} of {args.repeat} (real launch --machines netns) -> {real}",
+              file=sys.stderr)
+        share_args = ["--cpu-share", repr(args.cpu_share)] if args.cpu_share is not None else []
+        code = _run([sys.executable, "-m", "dtemu.real.cli", "launch", args.scenario, "--machines", "netns",
+                     "--time-scale", "1", "--no-tui", "--out", str(real), "--timeout", repr(args.timeout),
+                     *share_args, *common], out / f"real-{i}.log", args.timeout + 120, check=False)
+        record = {"repetition": i, "scenario": args.scenario, "mode": scenario.mode, "sets": list(args.overrides),
+                  "real_exit": code, **compare(scenario, real, out / "emu")}
+        records.append(record)
+        (out / "validation.json").write_text(json.dumps(records, indent=1))
+    print(table(records))
+    print(f"emu validate: {sum(r['within_targets'] for r in records)} of {len(records)} repetitions within the "
+          f"targets (time 10%, comm 5%); records in {out / 'validation.json'}")
+    return 0
+
+
+def _calibrate(scenario, args, share: float, profile: Path) -> None:
+    from dtemu.host import cpu_shares
+
+    from .calibrate import measure, write
+
+    t0 = time.perf_counter()
+    with cpu_shares.confined(share):
+        measured = measure(scenario, args.reps)
+    measured["measured"]["cpu_share"] = share
+    how = "".join(f" --set {s}" for s in args.overrides) + f" --cpu-share {share:g}"
+    write(measured, profile, args.scenario, how, time.perf_counter() - t0)
+
+
+def _run(cmd: list[str], log: Path, timeout_s: float, check: bool = True) -> int:
+    with open(log, "wb") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+    if check and p.returncode != 0:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise SystemExit(f"emu validate: {' '.join(cmd[2:5])} failed with exit {p.returncode}; {log}:\n{tail}")
+    return p.returncode
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+def table(records: list[dict]) -> str:
+    lines = ["| run | units | real s | emu s | time error | real comm s | emu comm s | comm error | same model | "
+             "faithful |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in records:
+        lines.append(f"| {r['repetition']} | {r['units']} {r['unit']}s | {r.get('real_s', 0):.3f} | "
+                     f"{r.get('emu_s', 0):.3f} | {_pct(r['time_error'])} | {r.get('real_comm_s', 0):.3f} | "
+                     f"{r.get('emu_comm_s', 0):.3f} | {_pct(r['comm_error'])} | {'yes' if r['same_model'] else 'no'} | "
+                     f"{'yes' if r['faithful'] else 'NO: ' + '; '.join(r['testbed_why'])} |")
+    return "\n".join(lines)

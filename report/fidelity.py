@@ -1,0 +1,57 @@
+"""How far emu's prediction is from a testbed run, unit by unit (emu validate's comparison).
+
+``compare`` reads the two run folders' events, counts each one's units the mode's way
+(report.units), and, over the units both have, gives ``time_error`` and ``comm_error``: (emu - real)
+/ real of the means, as fractions; the spread per unit; and whether they trained the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from dtemu.host.rundir import read_events_partial
+from dtemu.report.resolve import resolve
+
+TIME_TARGET = 0.10   # a unit's time within 10% of the testbed's
+COMM_TARGET = 0.05   # its communication within 5%
+
+
+def _error(emu: float, real: float) -> float | None:
+    return None if real <= 0 else round((emu - real) / real, 4)
+
+
+def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
+    count = resolve(scenario.kind.units)
+    leader = scenario.node_names[0]
+    real = count(read_events_partial(real_dir)[0], leader)
+    emu = count(read_events_partial(emu_dir)[0], leader)
+    both = sorted(set(real) & set(emu))
+    rows = [{"unit": u, "real_s": round(real[u][0], 6), "emu_s": round(emu[u][0], 6),
+             "real_comm_s": round(real[u][1], 6), "emu_comm_s": round(emu[u][1], 6)} for u in both]
+    record = {"unit": scenario.kind.unit, "units": len(rows), "units_real": len(real), "units_emu": len(emu)}
+    if rows:
+        mean = {k: statistics.fmean(r[k] for r in rows) for k in ("real_s", "emu_s", "real_comm_s", "emu_comm_s")}
+        per_unit = [abs(r["emu_s"] - r["real_s"]) / r["real_s"] for r in rows if r["real_s"] > 0]
+        record.update({k: round(v, 6) for k, v in mean.items()})
+        record.update(time_error=_error(mean["emu_s"], mean["real_s"]),
+                      comm_error=_error(mean["emu_comm_s"], mean["real_comm_s"]),
+                      abs_time_error_per_unit=round(statistics.fmean(per_unit), 4) if per_unit else None)
+    else:
+        record.update(time_error=None, comm_error=None)
+    sums = [_summary(d) for d in (real_dir, emu_dir)]
+    record["same_model"] = bool(sums[0].get("model_sha256")) and sums[0].get("model_sha256") == sums[1].get("model_sha256")
+    record["faithful"] = bool((sums[0].get("testbed") or {}).get("faithful"))
+    record["testbed_why"] = (sums[0].get("testbed") or {}).get("why", [])
+    record["within_targets"] = (record["time_error"] is not None and abs(record["time_error"]) <= TIME_TARGET
+                                and record["comm_error"] is not None and abs(record["comm_error"]) <= COMM_TARGET)
+    record["per_unit"] = rows
+    return record
+
+
+def _summary(folder: Path) -> dict:
+    try:
+        return json.loads((Path(folder) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
