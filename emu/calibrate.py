@@ -51,9 +51,10 @@ def add_parser(sub) -> None:
                         "--machines has (host.cpu_shares: the same quota and 5 ms period); recorded in the profile")
 
 
-def measure(scenario, reps: int = 7, together: bool = False) -> dict:
+def measure(scenario, reps: int = 7, together: bool = False, share: float | None = None) -> dict:
     """The profile of ``scenario`` on this machine (host.profile's format); ``together``: its
-    training timed with every training rank at once (``--together``)."""
+    training timed with every training rank at once (``--together``); ``share``: each of those in a
+    CPU share of its own (the caller runs the rest under the same share: host.cpu_shares.confined)."""
     from dtemu.host import devices
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of
@@ -74,7 +75,7 @@ def measure(scenario, reps: int = 7, together: bool = False) -> dict:
     if ranks > 1:
         # The ranks' other CPU work (decoding, codecs, each message) is slowed as their training
         # is: every cost below, timed alone, takes the factor the training took together.
-        alone, train = train, measured_together(scenario, ranks, sample)
+        alone, train = train, measured_together(scenario, ranks, sample, share=share)
         contention = max(1.0, train / alone)
     costs = [_times(a, contention) for a in [*resolve(scenario.kind.costs)(scenario, reps), *messages]]
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", *costs]
@@ -153,7 +154,7 @@ def main(args) -> int:
             return 2
         # Every timing below, and the reader process the message costs start, runs under the share.
         with cpu_shares.confined(share):
-            profile = measure(scenario, args.reps, together=args.together)
+            profile = measure(scenario, args.reps, together=args.together, share=share)
         profile["measured"]["cpu_share"] = share
     else:
         profile = measure(scenario, args.reps, together=args.together)

@@ -4,9 +4,10 @@
 
 Root, as the testbed is (real launch --machines netns).  For any scenario of any mode, in this order:
 
-1. **calibrate**: ``emu calibrate`` of the scenario under the CPU share each trainer will have on
-   its machine (core.runtime.machine_plan; a site's trainers split their machine's share), written
-   to ``DIR/profile.yaml``.  Nothing in it comes from the run it predicts.
+1. **calibrate**: ``emu calibrate --together`` of the scenario under the CPU share each trainer will
+   have on its machine (core.runtime.machine_plan; a site's trainers split their machine's share):
+   every trainer at once, each in a share of its own, as on the testbed.  Written to
+   ``DIR/profile.yaml``; nothing in it comes from the run it predicts.
 2. **predict**: ``emu run --profile`` into ``DIR/emu``, with the testbed's machines
    (``compute.machines: sites``: a site's nodes share their machine's CPU).  The profile carries real
    mode's transport (its framing, its writer history).
@@ -106,10 +107,12 @@ def _calibrate(scenario, args, share: float, profile: Path) -> None:
     from .calibrate import measure, write
 
     t0 = time.perf_counter()
+    # Every trainer of the testbed trains at once, each on its own share: timed so (the caches and
+    # memory its machines still share are a fact of the testbed, known before it runs).
     with cpu_shares.confined(share):
-        measured = measure(scenario, args.reps)
+        measured = measure(scenario, args.reps, together=True, share=share)
     measured["measured"]["cpu_share"] = share
-    how = "".join(f" --set {s}" for s in args.overrides) + f" --cpu-share {share:g}"
+    how = "".join(f" --set {s}" for s in args.overrides) + f" --together --cpu-share {share:g}"
     write(measured, profile, args.scenario, how, time.perf_counter() - t0)
 
 

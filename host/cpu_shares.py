@@ -143,7 +143,7 @@ def confined(cpus: float, tag: str | None = None):
     """Run this process under a CPU share for a while (``emu calibrate --cpu-share``: the step timed
     on the share the testbed's machine will have), then back in the group it came from."""
     back = {h: _own_group(h) for h in HIERARCHIES}
-    group = CpuGroup(tag or f"calib{os.getpid()}-m0", cpus).create()
+    group = CpuGroup(tag or f"dtm{os.getpid()}-calibrate", cpus).create()  # (swept as a launch's are)
     try:
         group.join()
         yield group

@@ -11,6 +11,7 @@ otherwise: the same cost for the built-in MNIST models).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 
 import torch
@@ -68,22 +69,31 @@ def sample_of(data, scenario: Scenario):
     return data.x_train[:batch].clone(), data.y_train[:batch].clone()
 
 
-def _timed_together(scenario: Scenario, barrier, results, sample=None) -> None:
-    """One of several processes that train at once (a child of ``measured_together``)."""
+def _timed_together(scenario: Scenario, barrier, results, sample=None, group=None) -> None:
+    """One of several processes that train at once (a child of ``measured_together``), in its own
+    CPU group where it has one (a testbed machine's share)."""
+    if group is not None:
+        group.join()
     torch.set_num_threads(scenario.threads)
     results.put(measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample))
 
 
-def measured_together(scenario: Scenario, ranks: int, sample=None) -> float:
+def measured_together(scenario: Scenario, ranks: int, sample=None, share: float | None = None) -> float:
     """Seconds per training sample when ``ranks`` processes train at once, as a launch's do (median).
 
     Oversubscribed cores cost more than their share: eight torch threads on two cores spin and
     wait for one another, so four ranks of two threads each train ten times slower or worse, not
-    four.  Only measuring it says how much."""
+    four.  Only measuring it says how much.  ``share``: each process has that much of a core of its
+    own (host.cpu_shares), as the testbed's machines have: a quota isolates CPU time, not the caches
+    and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once)."""
+    from dtemu.host import cpu_shares
+
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(ranks), ctx.Queue()
-    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample), daemon=True)
-             for _ in range(ranks)]
+    groups = [cpu_shares.CpuGroup(f"dtm{os.getpid()}-together{i}", share).create() if share else None
+              for i in range(ranks)]
+    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g), daemon=True)
+             for g in groups]
     for p in procs:
         p.start()
     try:
@@ -93,6 +103,9 @@ def measured_together(scenario: Scenario, ranks: int, sample=None) -> float:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+        for g in groups:
+            if g is not None:
+                g.remove()
     return costs[len(costs) // 2]
 
 

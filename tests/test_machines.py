@@ -9,7 +9,8 @@ import pytest
 from dtemu.host.scenario_file import load_scenario
 from dtemu.core.runtime import machine_plan as M
 from dtemu.real.machine_net import parse_qdiscs
-from dtemu.real.monitors import CpuTrack, Limits, LinkTrack, Samples, cpu_window, judge, link_window
+from dtemu.real.monitors import (BoxTrack, CpuTrack, Limits, LinkTrack, Samples, box_window, cpu_window, judge,
+                                 link_window)
 from dtemu.real.timer_lateness import Lateness
 
 
@@ -94,11 +95,25 @@ def test_each_monitor_trips_on_its_own():
     gone.links["a.up"].gone = True
     assert "went away" in judge(gone)["why"][0]
 
+    stolen = _clean()
+    stolen.box = BoxTrack(seconds=20.0, steal_s=2.0, busy_s=10.0)
+    assert judge(stolen)["why"] == ["the hypervisor took 10% of the box's CPU (steal time): every machine and link "
+                                    "ran slower than its share and rate say"]
+    assert judge(stolen)["box"]["outside_machines_cpus"] == pytest.approx(0.6)  # 10 busy - 4 used, over 10 s
+
 
 def test_a_short_busy_spell_is_not_judged():
     s = _clean()
     s.links["a.up"].busy_s, s.links["a.up"].busy_bytes = 0.2, 10_000  # too little to judge a rate on
     assert judge(s, limits=Limits())["faithful"]
+
+
+def test_the_box_counts_steal_from_proc_stat_ticks():
+    box = BoxTrack()
+    box_window(box, (1000, 400, 10))
+    box_window(box, (1200, 500, 16))
+    hz = __import__("os").sysconf("SC_CLK_TCK")
+    assert (box.seconds, box.busy_s, box.steal_s) == (200 / hz, 100 / hz, 6 / hz)
 
 
 def test_cpu_windows_count_only_the_time_the_machine_wanted_cpu():
