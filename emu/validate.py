@@ -25,6 +25,7 @@ refuses (no root, a bad scenario, shares over the box's cores).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -69,6 +70,12 @@ def main(args, compare) -> int:
     except (ScenarioError, MachinesRefused) as err:
         print(f"emu validate: refused: {err}", file=sys.stderr)
         return 2
+    from dtemu.host import cpu_shares
+
+    cpu_shares.sweep()   # what a killed calibration left
+    # SIGTERM and SIGHUP end it as Ctrl-C does: the calibration's groups are removed on the way out.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     out = Path(args.out or f"runs/validate-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     share = machines.trainer_share(scenario.training_nodes)
@@ -99,6 +106,10 @@ def main(args, compare) -> int:
     print(f"emu validate: {sum(r['within_targets'] for r in records)} of {len(records)} repetitions within the "
           f"targets (time 10%, comm 5%); records in {out / 'validation.json'}")
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _calibrate(scenario, args, share: float, profile: Path) -> None:

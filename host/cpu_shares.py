@@ -16,6 +16,7 @@ running (``/proc/<tid>/schedstat``'s second field).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from contextlib import contextmanager
@@ -138,12 +139,36 @@ def remove_named(name: str) -> None:
     remove_group({h: ROOT / h / PARENT / name for h in HIERARCHIES})
 
 
+OWNER = re.compile(r"^dtm(\d+)-")   # every group's name starts with its maker's pid
+
+
+def sweep() -> list[str]:
+    """Remove the groups whose maker no longer runs (a launch or a calibration killed with SIGKILL)."""
+    removed = []
+    for name in groups():
+        m = OWNER.match(name)
+        if m and not alive(int(m.group(1))):
+            remove_named(name)
+            removed.append(f"cgroup {name}")
+    return removed
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextmanager
 def confined(cpus: float, tag: str | None = None):
     """Run this process under a CPU share for a while (``emu calibrate --cpu-share``: the step timed
     on the share the testbed's machine will have), then back in the group it came from."""
     back = {h: _own_group(h) for h in HIERARCHIES}
-    group = CpuGroup(tag or f"dtm{os.getpid()}-calibrate", cpus).create()  # (swept as a launch's are)
+    group = CpuGroup(tag or f"dtm{os.getpid()}-calibrate", cpus).create()  # (``sweep`` finds it if we die)
     try:
         group.join()
         yield group

@@ -290,7 +290,7 @@ def _testbed(machines, out: Path, scenario: Scenario) -> dict:
         except (OSError, ValueError, KeyError, TypeError):
             pass
     samples = machines.monitor.stop() if machines.monitor is not None else Samples()
-    made = machines.describe()
+    made = {**machines.describe(), "emu_sets": _emu_sets(machines, out, scenario)}
     verdict = judge(samples, timers, planned_loss=max(link.loss for link in machines.plan.links))
     for key in made["not_applied"]:  # (loss needs netem, which this kernel may lack)
         verdict["why"].append(f"the scenario's {key} could not be applied to the links (no netem in this kernel)")
@@ -299,6 +299,25 @@ def _testbed(machines, out: Path, scenario: Scenario) -> dict:
         print("real launch: the testbed was NOT faithful, so this run does not stand for separate machines:\n  "
               + "\n  ".join(verdict["why"]), file=sys.stderr)
     return {**made, **verdict}
+
+
+def _emu_sets(machines, out: Path, scenario: Scenario) -> list[str]:
+    """What emu is given to model this testbed (emu run --set ...): real mode's transport (its
+    framing, the writer history the ranks had: a send returns once its last history's worth is on
+    the wire, not when it is delivered) and a site's nodes sharing their machine's CPU."""
+    from .config import whc_high_bytes
+
+    history = None
+    for rank in range(len(scenario.node_names)):
+        try:
+            history = json.loads((out / f"rank{rank}" / "summary.json").read_text())["real"]["writer_history"]
+            break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    sets = ["network.framing=rtps"] + ([f"network.send_window_bytes={whc_high_bytes(history)}"] if history else [])
+    if len(machines.plan.machines) < len(scenario.node_names):
+        sets.append("compute.machines=sites")
+    return sets
 
 
 def _failed_rounds(out: Path) -> str:

@@ -25,29 +25,14 @@ from .monitors import Monitor
 
 
 def sweep() -> list[str]:
-    """Remove the namespaces and CPU groups of launchers that no longer run; what was removed."""
+    """Remove the namespaces and CPU groups of launchers (and calibrations) that no longer run."""
     removed = []
     for ns in machine_net.namespaces():
         m = machine_net.TAG.match(ns)
-        if m and not _alive(int(m.group(1))):
+        if m and not cpu_shares.alive(int(m.group(1))):
             machine_net._run("ip", "netns", "del", ns, check=False)
             removed.append(ns)
-    for group in cpu_shares.groups():
-        m = machine_net.TAG.match(group)
-        if m and not _alive(int(m.group(1))):
-            cpu_shares.remove_named(group)
-            removed.append(f"cgroup {group}")
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return removed + cpu_shares.sweep()
 
 
 class Machines:

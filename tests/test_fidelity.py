@@ -1,12 +1,21 @@
-"""tools/fidelity.py's reading of an ESync run: a version's time on the parameter server's clock,
-less the slowest worker's compute on it (each worker's total on its own clock, differenced)."""
+"""emu validate's comparison: each mode's units (report.units) and the errors over them
+(report.fidelity); the rows of docs/fidelity.md (tools/fidelity.py)."""
+
+import json
 
 import pytest
 
-from tools.fidelity import ROWS, compare_esync, esync_compute, esync_versions
+from dtemu.host.scenario_file import load_scenario
+from dtemu.report import units
+from dtemu.report.fidelity import compare
+from dtemu.report.resolve import resolve
 
 
-def _run(version_s: float, computes: dict[str, list[float]]) -> list[dict]:
+def _flat(u: dict) -> dict:
+    return {k: pytest.approx(v) for k, v in u.items()}
+
+
+def _esync(version_s: float, computes: dict[str, list[float]]) -> list[dict]:
     events = [{"kind": "ps_round", "node": "ps", "version": v, "t": 10.0 + v * version_s} for v in range(4)]
     for worker, per in computes.items():
         total = 0.0
@@ -16,22 +25,64 @@ def _run(version_s: float, computes: dict[str, list[float]]) -> list[dict]:
     return events
 
 
-def test_versions_and_their_slowest_compute():
-    events = _run(2.0, {"worker1": [0.5, 0.6, 0.7, 0.8], "worker2": [1.0, 0.2, 0.2, 0.2]})
-    assert esync_versions(events) == {1: 2.0, 2: 2.0, 3: 2.0}
-    assert esync_compute(events) == pytest.approx({0: 1.0, 1: 0.6, 2: 0.7, 3: 0.8})
+def test_esync_versions_and_their_slowest_compute():
+    u = units.esync_versions(_esync(2.0, {"worker1": [0.5, 0.6, 0.7, 0.8], "worker2": [1.0, 0.2, 0.2, 0.2]}), "ps")
+    assert u == _flat({1: (2.0, 1.4), 2: (2.0, 1.3), 3: (2.0, 1.2)})
 
 
-def test_errors_are_emu_against_real():
-    real = _run(2.0, {"worker1": [1.0] * 4})
-    emu = _run(2.2, {"worker1": [1.0] * 4})
-    cmp = compare_esync(real, emu)
-    assert [r["round"] for r in cmp["rounds"]] == [1, 2, 3]
-    assert cmp["mean"]["error_pct"] == pytest.approx(10.0)
-    assert cmp["mean"]["real_comm_s"] == pytest.approx(1.0) and cmp["mean"]["comm_error_pct"] == pytest.approx(20.0)
+def test_fl_rounds_run_from_close_to_close_less_the_slowest_training():
+    events = [{"kind": "round_close", "node": "controller", "round": r, "t": 3.0 * r} for r in (1, 2, 3)]
+    events += [{"kind": "train_start", "node": c, "round": 2, "t": 3.5} for c in ("client1", "client2")]
+    events += [{"kind": "upload_start", "node": "client1", "round": 2, "t": 4.5},
+               {"kind": "upload_start", "node": "client2", "round": 2, "t": 5.5}]
+    assert units.leader_rounds(events, "controller") == {2: (3.0, 1.0), 3: (3.0, 3.0)}
 
 
-def test_the_six_rows_of_the_issue():
-    assert [(r.mode, r.scenario.split("/")[-1]) for r in ROWS.values()] == [
-        ("fl", "fl_codecs.yaml"), ("ddp", "ddp_baseline.yaml"), ("ddp", "ddp_dgc.yaml"), ("ps", "esync.yaml"),
-        ("geo", "geo_hips.yaml"), ("geo", "geo_bisparse_fp16.yaml")]
+def test_ddp_steps_are_the_workers_mean():
+    events = [{"kind": "step", "node": w, "step": 1, "compute_s": 0.2, "compress_s": c, "comm_s": m}
+              for w, c, m in (("worker1", 0.0, 0.5), ("worker2", 0.1, 0.3))]
+    assert units.ddp_steps(events, "worker1") == _flat({1: (0.65, 0.4)})
+
+
+def test_geo_rounds_are_the_root_ps_closes():
+    events = [{"kind": "geo_round", "node": "global-ps", "round": r, "t": r * 0.8} for r in (1, 2, 3)]
+    events += [{"kind": "geo_round", "node": "a-ps", "round": 2, "t": 99.0, "role": "local_ps", "wan_s": 0.1}]
+    events += [{"kind": "geo_step", "node": "a-w0", "round": 2, "compute_s": 0.3}]
+    assert units.geo_rounds(events, "master") == _flat({2: (0.8, 0.5), 3: (0.8, 0.8)})
+
+
+def test_every_mode_names_its_units():
+    for path in ("scenarios/fl_codecs.yaml", "scenarios/ddp_baseline.yaml", "scenarios/esync.yaml",
+                 "scenarios/geo_hips.yaml"):
+        assert callable(resolve(load_scenario(path).kind.units))
+
+
+def _folder(tmp_path, name, close_every, sha, testbed=None):
+    folder = tmp_path / name
+    folder.mkdir()
+    events = [{"kind": "round_close", "node": "controller", "round": r, "t": close_every * r} for r in range(1, 5)]
+    folder.joinpath("events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    folder.joinpath("summary.json").write_text(json.dumps({"model_sha256": sha, **({"testbed": testbed} if testbed else {})}))
+    return folder
+
+
+def test_errors_are_emu_against_real_with_the_testbeds_verdict(tmp_path):
+    s = load_scenario("scenarios/fl_codecs.yaml")
+    real = _folder(tmp_path, "real", 2.0, "abc", {"faithful": True, "why": []})
+    emu = _folder(tmp_path, "emu", 2.1, "abc")
+    r = compare(s, real, emu)
+    assert r["units"] == 3 and r["unit"] == "round"
+    assert r["time_error"] == pytest.approx(0.05) and r["comm_error"] == pytest.approx(0.05)
+    assert r["same_model"] and r["faithful"] and r["within_targets"]   # (5.0% is within 5%)
+    r = compare(s, _folder(tmp_path, "real2", 2.0, "abc", {"faithful": False, "why": ["x"]}),
+                _folder(tmp_path, "emu2", 2.0, "abd"))
+    assert r["time_error"] == 0.0 and not r["same_model"] and not r["faithful"] and r["testbed_why"] == ["x"]
+
+
+def test_the_rows_of_the_issue():
+    from tools.fidelity import ROWS
+
+    assert list(ROWS) == ["fl_fp32", "fl_q8_sampled_sealed", "fedasync", "ddp_dense", "ddp_dgc", "esync",
+                          "geo_hips", "geo_bisparse_fp16", "flower"]
+    for row in ROWS.values():
+        load_scenario(row.scenario, row.sets)   # each row's settings are a valid scenario
