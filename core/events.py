@@ -91,6 +91,8 @@ CHECKPOINT = _kind("checkpoint", "round path")
 EVAL = _kind("eval", "accuracy", "round epoch step loss",
              doc="test accuracy (FL: after a round; DDP: an epoch; ps: a global version, with the test loss)")
 RUN_END = _kind("run_end", "reason rounds_completed rounds_failed model_sha256 counts")
+# real launch --machines: the fidelity monitors' verdict changed (real.monitors; the dashboard's, not a rank's)
+TESTBED = _kind("testbed", "faithful why")
 
 # --- federated learning: a client ------------------------------------------------
 TRAIN_START = _kind("train_start", "round samples")

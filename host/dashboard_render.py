@@ -58,6 +58,8 @@ def _header(state: DashboardState, title: str, elapsed_s: float | None) -> Panel
     body = Text("   ".join(parts) + "\n" + counts)
     if state.end_reason is not None:
         body.append(f"\nfinished: {state.end_reason}", style="bold green")
+    for why in state.testbed_why:
+        body.append(f"\ntestbed NOT faithful: {why}", style="bold red")
     if state.bad_events:
         body.append(f"\n{state.bad_events} malformed events ignored", style="red")
     return Panel(body, title=title, title_align="left")

@@ -102,6 +102,7 @@ class DashboardState:
         self.late = 0
         self.rejected = 0
         self.end_reason: str | None = None
+        self.testbed_why: list[str] = []  # real launch --machines: what the fidelity monitors say is wrong
         self.events_seen = 0
         # Events that could not be folded in (a malformed field): counted, never raised.
         self.bad_events = 0
@@ -135,6 +136,10 @@ class DashboardState:
     def _apply(self, ev: dict) -> None:
         self.events_seen += 1
         kind = ev.get("kind")
+        if kind == kinds.TESTBED:   # the launcher's monitors, about no node
+            why = ev.get("why")
+            self.testbed_why = [str(w) for w in why] if isinstance(why, list) and not ev.get("faithful") else []
+            return
         t = ev.get("t")
         if isinstance(t, (int, float)):
             self.t = float(t)

@@ -186,6 +186,7 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
     # Across shaped links DDS discovery takes a while after the ranks are up; roles that send at once
     # (geo's) would otherwise lose their first messages to it.
     settle = SETTLE_S if machines is not None else 0.0
+    verdict = _LiveVerdict()
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
@@ -249,6 +250,8 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
                     print(f"real launch: timed out after {args.timeout:g}s", file=sys.stderr)
                     _stop(procs, codes)
                     break
+                if machines is not None:
+                    verdict.check(machines, dashboard)
                 time.sleep(0.1)
     except KeyboardInterrupt:
         _stop(procs, codes, sig=signal.SIGINT)
@@ -277,6 +280,28 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
           f"down {summary.get('bytes_down', 0) / 1e6:.2f} MB, wall {summary['wall_time_s']:.1f} s"
           f"{_failed_rounds(out)} -> {out}")
     return 0
+
+
+class _LiveVerdict:
+    """The monitors' verdict so far, shown on the dashboard when it changes (every few seconds)."""
+
+    EVERY_S = 2.0
+
+    def __init__(self):
+        self.last: list[str] | None = None
+        self.next = 0.0
+
+    def check(self, machines, dashboard) -> None:
+        monitor = machines.monitor
+        if monitor is None or time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + self.EVERY_S
+        from .monitors import judge
+
+        why = judge(monitor.snapshot())["why"]
+        if why != self.last:
+            self.last = why
+            dashboard.observe({"kind": ev.TESTBED, "faithful": not why, "why": why})
 
 
 def _testbed(machines, out: Path, scenario: Scenario) -> dict:

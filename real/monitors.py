@@ -125,6 +125,11 @@ class Monitor(threading.Thread):
         self.samples.seconds = time.monotonic() - self._t0
         return self.samples
 
+    def snapshot(self) -> Samples:
+        """The samples so far, for a verdict while the run goes on (judge reads them, never changes them)."""
+        self.samples.seconds = time.monotonic() - self._t0
+        return self.samples
+
     def sample(self) -> None:
         self.samples.count += 1
         try:

@@ -169,3 +169,18 @@ def test_a_link_that_carries_more_than_its_rate_is_flagged():
     s = Samples(seconds=1.0)
     s.links["x.up"] = k
     assert judge(s)["why"] == ["link x.up carried 16 Mbit/s in a window, over the scenario's rate of 8"]
+
+
+def test_the_dashboard_says_when_the_testbed_stopped_being_faithful():
+    from dtemu.host.dashboard_render import render
+    from dtemu.host.dashboard_state import DashboardState
+    from rich.console import Console
+
+    state = DashboardState(load_scenario("scenarios/fl_straggler.yaml").node_names)
+    state.observe({"kind": "testbed", "faithful": False, "why": ["machine client1 received 30% less CPU"]})
+    assert state.testbed_why == ["machine client1 received 30% less CPU"] and "testbed" not in state.nodes
+    console = Console(record=True, width=160)
+    console.print(render(state))
+    assert "testbed NOT faithful: machine client1 received 30% less CPU" in console.export_text()
+    state.observe({"kind": "testbed", "faithful": True, "why": []})
+    assert state.testbed_why == []
