@@ -36,7 +36,6 @@ from dtemu.real.primitives import CRASH_EXIT
 from dtemu.real.start_line import HOLD, START_FILE, is_ready, write_start
 
 GRACE_S = 15.0  # how long clients may take to exit after the controller did
-SETTLE_S = 3.0  # on the testbed's machines: DDS discovery across the shaped links, after every rank is ready
 
 
 class _Follower:
@@ -72,46 +71,11 @@ def _domain_id() -> int:
 
 
 def launch(args, scenario: Scenario) -> int:
-    if not getattr(args, "machines", None):
-        return _launch(args, scenario)
-    from dtemu.core.runtime.machine_plan import MachinesRefused, plan
-    from dtemu.host.testbed_check import unavailable
+    if getattr(args, "machines", None):   # the ranks on machines of their own (real.on_machines)
+        from .on_machines import launch_on_machines
 
-    from .machines import Machines
-
-    why = unavailable()
-    try:
-        if why:
-            raise MachinesRefused(why)
-        first = plan(scenario, cores.available(), 1.0, args.cpu_share)
-    except MachinesRefused as err:
-        print(f"real launch: --machines {args.machines} refused: {err}", file=sys.stderr)
-        return 2
-    # Each trainer's share of its machine (a site's workers share theirs): the step is timed under it.
-    share = first.trainer_share(scenario.training_nodes)
-    scale = args.time_scale
-    if scale is None:
-        from .calibrate import time_scale
-
-        with cores.spawn_env(cores.wait_policy(1, args.threads or scenario.threads)):
-            scale, how = time_scale(scenario, share=share)
-        print(f"real launch: time scale {scale:g} ({how}); every scenario duration is stretched by it and every "
-              f"link slowed by it (--time-scale 1 turns this off)", file=sys.stderr)
-    args.time_scale = scale
-    testbed = Machines(plan(scenario, cores.available(), scale, args.cpu_share))
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with testbed:  # removed on every way out; a SIGKILLed launcher's leftovers go at the next launch
-            if testbed.swept:
-                print(f"real launch: removed what a killed launch left: {', '.join(testbed.swept)}", file=sys.stderr)
-            return _launch(args, scenario, testbed)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM and SIGHUP end a launch as Ctrl-C does: its machines are removed
+        return launch_on_machines(args, scenario, _launch)
+    return _launch(args, scenario)
 
 
 def _launch(args, scenario: Scenario, machines=None) -> int:
@@ -185,8 +149,12 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
     ready_at: float | None = None
     # Across shaped links DDS discovery takes a while after the ranks are up; roles that send at once
     # (geo's) would otherwise lose their first messages to it.
-    settle = SETTLE_S if machines is not None else 0.0
-    verdict = _LiveVerdict()
+    settle = machines.settle_s if machines is not None else 0.0
+    watch = None
+    if machines is not None:
+        from .on_machines import LiveVerdict, testbed_summary
+
+        watch = LiveVerdict()
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
@@ -250,8 +218,8 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
                     print(f"real launch: timed out after {args.timeout:g}s", file=sys.stderr)
                     _stop(procs, codes)
                     break
-                if machines is not None:
-                    verdict.check(machines, dashboard)
+                if watch is not None:
+                    watch.check(machines, dashboard)
                 time.sleep(0.1)
     except KeyboardInterrupt:
         _stop(procs, codes, sig=signal.SIGINT)
@@ -264,7 +232,7 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
                 codes[rank] = p.returncode
     summary = gather(out, scenario, time.monotonic() - started, codes, scale)
     if machines is not None:
-        summary["testbed"] = _testbed(machines, out, scenario)
+        summary["testbed"] = testbed_summary(machines, out, scenario)
     bad = {r: c for r, c in codes.items() if c not in (0, "down", "stopped")}
     write_json(out, "summary.json", summary)
     if bad:
@@ -280,69 +248,6 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
           f"down {summary.get('bytes_down', 0) / 1e6:.2f} MB, wall {summary['wall_time_s']:.1f} s"
           f"{_failed_rounds(out)} -> {out}")
     return 0
-
-
-class _LiveVerdict:
-    """The monitors' verdict so far, shown on the dashboard when it changes (every few seconds)."""
-
-    EVERY_S = 2.0
-
-    def __init__(self):
-        self.last: list[str] | None = None
-        self.next = 0.0
-
-    def check(self, machines, dashboard) -> None:
-        monitor = machines.monitor
-        if monitor is None or time.monotonic() < self.next:
-            return
-        self.next = time.monotonic() + self.EVERY_S
-        from .monitors import judge
-
-        why = judge(monitor.snapshot())["why"]
-        if why != self.last:
-            self.last = why
-            dashboard.observe({"kind": ev.TESTBED, "faithful": not why, "why": why})
-
-
-def _testbed(machines, out: Path, scenario: Scenario) -> dict:
-    """summary.json's ``testbed``: the machines as made, and the monitors' verdict (real.monitors)."""
-    from .monitors import Samples, judge
-
-    timers = {}
-    for rank, node in enumerate(scenario.node_names):
-        try:
-            timers[node] = json.loads((out / f"rank{rank}" / "summary.json").read_text())["real"]["timers"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    samples = machines.monitor.stop() if machines.monitor is not None else Samples()
-    made = {**machines.describe(), "emu_sets": _emu_sets(machines, out, scenario)}
-    verdict = judge(samples, timers, planned_loss=max(link.loss for link in machines.plan.links))
-    for key in made["not_applied"]:  # (loss needs netem, which this kernel may lack)
-        verdict["why"].append(f"the scenario's {key} could not be applied to the links (no netem in this kernel)")
-        verdict["faithful"] = False
-    if not verdict["faithful"]:
-        print("real launch: the testbed was NOT faithful, so this run does not stand for separate machines:\n  "
-              + "\n  ".join(verdict["why"]), file=sys.stderr)
-    return {**made, **verdict}
-
-
-def _emu_sets(machines, out: Path, scenario: Scenario) -> list[str]:
-    """What emu is given to model this testbed (emu run --set ...): real mode's transport (its
-    framing, the writer history the ranks had: a send returns once its last history's worth is on
-    the wire, not when it is delivered) and a site's nodes sharing their machine's CPU."""
-    from .config import whc_high_bytes
-
-    history = None
-    for rank in range(len(scenario.node_names)):
-        try:
-            history = json.loads((out / f"rank{rank}" / "summary.json").read_text())["real"]["writer_history"]
-            break
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    sets = ["network.framing=rtps"] + ([f"network.send_window_bytes={whc_high_bytes(history)}"] if history else [])
-    if len(machines.plan.machines) < len(scenario.node_names):
-        sets.append("compute.machines=sites")
-    return sets
 
 
 def _failed_rounds(out: Path) -> str:

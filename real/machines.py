@@ -38,6 +38,10 @@ def sweep() -> list[str]:
 class Machines:
     """The testbed of a ``plan``: a context manager that makes it, and removes it on every way out."""
 
+    # After every rank is ready, DDS discovery across the shaped links takes a while; roles that send
+    # at once (geo's) would otherwise lose their first messages to it.  The run's clock starts after it.
+    settle_s = 3.0
+
     def __init__(self, p: Plan, mtu: int = 1500, tag: str | None = None):
         self.plan = p
         self.tag = tag or f"dtm{os.getpid()}"
