@@ -49,15 +49,16 @@ class NetSetup:
 
     def __init__(self, nodes: int, mbps: float, delay_ms: float, mtu: int, bridge_nf: bool = False,
                  dds_profile: str = "lan"):
+        from dtemu.real.machine_net import tc
         from tools.netns_fl import Testbed
 
         class BenchBed(Testbed):
-            def _shape(self, ns, dev):
-                if self.mbps > 0:                 # tbf (behind netem if delayed), as netns_fl
-                    return super()._shape(ns, dev)
-                if self.netem:                    # delay only
-                    self._tc(ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{self.delay_ms:g}ms",
-                             "limit", "100000")
+            def _shape(self, ns, dev, mbps, link):
+                if mbps > 0:                      # tbf (behind netem if delayed), as real.machine_net
+                    return super()._shape(ns, dev, mbps, link)
+                if self.netem and link.latency_ms:   # delay only
+                    tc(ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{link.latency_ms:g}ms",
+                       "limit", "100000")
 
         self.bed = BenchBed(nodes=nodes, mbps=mbps, delay_ms=delay_ms, mtu=mtu, tag=f"dtbc{os.getpid() % 100000}")
         self.bridge_nf = bridge_nf
@@ -124,4 +125,4 @@ class NetSetup:
         rate = f"{b.mbps:g} Mbit/s (tbf)" if b.mbps > 0 else "unshaped"
         delay = f", delay {b.delay_ms:g} ms per link and direction (netem)" if b.netem else ""
         nf = "bridge netfilter on" if self.bridge_nf else "no bridge netfilter"
-        return f"{len(b.names)} namespaces on 10.231.0.0/24 behind one bridge ({nf}), veth MTU {b.mtu}, {rate}{delay}"
+        return f"{len(b.names)} namespaces on 10.231.0.0/16 behind one bridge ({nf}), veth MTU {b.mtu}, {rate}{delay}"

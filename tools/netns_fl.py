@@ -4,26 +4,13 @@
         [--rounds 4] [--subset 1000] [--mbps 100] [--delay-ms 2] [--set KEY=VALUE ...]
         [--out DIR] [--md FILE.md] [--keep]
 
-Needs root (``ip netns``, ``tc``).  What it builds, all of it torn down at the
-end (``finally`` + SIGTERM/SIGINT handlers; ``--keep`` leaves it up to look at)::
+Needs root.  The testbed is real.machine_net's (what ``real launch --machines netns``
+makes; docs/netns.md): a namespace per node on 10.231.0.0/16 behind one veth to a bridge,
+no route out, each link shaped both ways with tbf at ``--mbps`` (netem delay in front where
+the kernel has it; this box's has none, and emu is then given the measured base latency),
+torn down at the end (``finally`` + SIGTERM/SIGINT handlers; ``--keep`` leaves it up).
+This tool keeps what the product does not: runs of its own, its replays and comparisons.
 
-    ns <tag>-n0 (controller) eth0 10.231.0.1/24 ─┐
-    ns <tag>-n1 (client1)    eth0 10.231.0.2/24 ─┼─ p0,p1,p2 ── br0   (ns <tag>-sw)
-    ns <tag>-n2 (client2)    eth0 10.231.0.3/24 ─┘
-
-* one namespace per node, each with one veth to a bridge in a "switch"
-  namespace; the switch has no address, the nodes only the connected route of
-  10.231.0.0/24: no default route, no NAT, no link to the root namespace, so
-  no packet can leave these namespaces (the tool checks the routes);
-* every link shaped in both directions: the node side of the veth (uplink)
-  and the switch side (downlink) each get ``tbf rate <mbps>mbit`` with a
-  16 MB queue (DDS bursts a writer's 2 MiB history per reader; a shallow
-  queue would drop and make DDS retransmit, which emu does not model) and,
-  when the kernel has ``sch_netem``, ``netem delay <delay-ms>`` in front of it.
-  One-way latency between two nodes is then 2 x delay-ms, as in emu (sender's
-  link latency + receiver's link latency).  Kernels without netem (e.g. this
-  box's: CONFIG_NET_SCH_NETEM is not set) get rate only; the tool says so and
-  emu is given the measured base latency instead;
 * rank N runs ``python -m dtemu.real.cli run SCEN --rank N --profile lan --peers
   <the other nodes' addresses> --domain D --no-tui`` under ``ip netns exec``
   with ``DTEMU_DDS_INTERFACE=eth0``.
@@ -54,69 +41,36 @@ import sys
 import time
 from pathlib import Path
 
+from dtemu.core.runtime.machine_plan import LinkPlan
 from dtemu.host.rundir import read_events_partial
+from dtemu.host.testbed_check import unavailable
+from dtemu.real.machine_net import PREFIX, SUBNET, MachineNet, NetError
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBNET = "10.231.0"
-PREFIX = 24
 DOMAIN = 7
-QUEUE = "16mb"
 DEFAULT_SETS = ()
 
 
-class NetnsError(RuntimeError):
-    pass
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and p.returncode != 0:
-        raise NetnsError(f"ip {' '.join(args)}: {p.stderr.strip() or p.stdout.strip()}")
-    return p
+NetnsError = NetError   # (the tools' name for it)
 
 
 def netns_available() -> tuple[bool, str]:
-    """(True, "") if this process may create network namespaces, else (False, why)."""
-    if os.geteuid() != 0:
-        return False, "needs root (ip netns, tc)"
-    for tool in ("ip", "tc"):
-        if subprocess.run(["which", tool], capture_output=True).returncode != 0:
-            return False, f"{tool} (iproute2) is not installed"
-    name = f"dtemu-probe-{os.getpid()}"
-    p = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if p.returncode != 0:
-        return False, f"ip netns add failed: {p.stderr.strip()}"
-    try:
-        q = subprocess.run(["ip", "-n", name, "link", "add", "vprobe0", "type", "veth", "peer", "name", "vprobe1"],
-                           capture_output=True, text=True)
-        if q.returncode != 0:
-            return False, f"cannot create a veth pair: {q.stderr.strip()}"
-        q = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "vprobe0", "root", "tbf",
-                            "rate", "100mbit", "burst", "32kb", "limit", QUEUE], capture_output=True, text=True)
-        if q.returncode != 0:
-            return False, f"tc tbf is not available: {q.stderr.strip()}"
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return True, ""
+    """(True, "") if this process may make the testbed's namespaces, veths, tc and groups, else (False, why)."""
+    why = unavailable()
+    return why is None, why or ""
 
 
-class Testbed:
-    """The namespaces, veths, bridge and shaping; a context manager that always cleans up."""
+class Testbed(MachineNet):
+    """real.machine_net's namespaces, veths, bridge and shaping (what real launch --machines makes), with
+    every node's link at ``mbps`` both ways (or ``links``, one per node), as a context manager that always
+    cleans up; and the measurements the tools take of it (round trips, counters)."""
 
     def __init__(self, nodes: int = 3, mbps: float = 100.0, delay_ms: float = 2.0, tag: str | None = None,
-                 mtu: int = 1500):
-        self.nodes = nodes
-        self.mbps = mbps
-        self.delay_ms = delay_ms
-        self.mtu = mtu
-        self.tag = tag or f"dtfl{os.getpid() % 100000}"
-        self.switch = f"{self.tag}-sw"
-        self.names = [f"{self.tag}-n{i}" for i in range(nodes)]
-        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(nodes)]
-        self.netem = False
-        self.created: list[str] = []
+                 mtu: int = 1500, links: list[LinkPlan] | None = None):
+        links = links or [LinkPlan(mbps, mbps, delay_ms)] * nodes
+        super().__init__(tag or f"dtfl{os.getpid() % 100000}", links, mtu)
+        self.nodes, self.mbps, self.delay_ms = len(links), mbps, delay_ms
 
-    # --- life cycle ----------------------------------------------------
     def __enter__(self) -> "Testbed":
         try:
             self.up()
@@ -128,87 +82,9 @@ class Testbed:
     def __exit__(self, *exc) -> None:
         self.down()
 
-    def _add_ns(self, name: str) -> None:
-        _ip("netns", "add", name)
-        self.created.append(name)
-        _ip("-n", name, "link", "set", "lo", "up")
-        # IPv4 only: no IPv6 link-local chatter on the test links (a per-namespace setting).
-        subprocess.run(["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
-                        "net.ipv6.conf.default.disable_ipv6=1"], capture_output=True)
-
-    def up(self) -> None:
-        self.netem = self._has_netem()
-        self._add_ns(self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
-        for i, (ns, addr) in enumerate(zip(self.names, self.addresses)):
-            self._add_ns(ns)
-            port = f"p{i}"
-            _ip("-n", self.switch, "link", "add", port, "mtu", str(self.mtu), "type", "veth",
-                "peer", "name", "eth0", "netns", ns)
-            _ip("-n", self.switch, "link", "set", port, "master", "br0")
-            _ip("-n", self.switch, "link", "set", port, "up")
-            _ip("-n", ns, "link", "set", "eth0", "mtu", str(self.mtu))
-            _ip("-n", ns, "addr", "add", f"{addr}/{PREFIX}", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            self._shape(ns, "eth0")           # uplink: node -> switch
-            self._shape(self.switch, port)    # downlink: switch -> node
-        self.check_isolated()
-
-    def down(self) -> None:
-        for ns in reversed(self.created):
-            _ip("netns", "del", ns, check=False)
-        self.created = []
-
-    # --- shaping -------------------------------------------------------
-    def _has_netem(self) -> bool:
-        if self.delay_ms <= 0:
-            return False
-        name = f"{self.tag}-probe"
-        _ip("netns", "add", name)
-        try:
-            _ip("-n", name, "link", "add", "vq0", "type", "veth", "peer", "name", "vq1")
-            p = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "vq0", "root", "netem",
-                                "delay", "1ms"], capture_output=True, text=True)
-            return p.returncode == 0
-        finally:
-            _ip("netns", "del", name, check=False)
-
-    def _tc(self, ns: str, *args: str) -> None:
-        p = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise NetnsError(f"tc {' '.join(args)} in {ns}: {p.stderr.strip()}")
-
-    def _shape(self, ns: str, dev: str) -> None:
-        tbf = ["tbf", "rate", f"{self.mbps:g}mbit", "burst", "32kb", "limit", QUEUE]
-        if self.netem:
-            # netem (delay, unlimited rate) as root, tbf as its child: delay then rate.
-            self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
-                     f"{self.delay_ms:g}ms", "limit", "100000")
-            self._tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf)
-        else:
-            self._tc(ns, "qdisc", "add", "dev", dev, "root", *tbf)
-
     @property
     def applied_delay_ms(self) -> float:
         return self.delay_ms if self.netem else 0.0
-
-    # --- checks --------------------------------------------------------
-    def check_isolated(self) -> None:
-        """Only the private subnet's connected route in every node namespace; nothing in the switch."""
-        for ns in self.names:
-            routes = _ip("-n", ns, "-4", "route", "show", "table", "all").stdout.splitlines()
-            bad = [r for r in routes if not (r.startswith(f"{SUBNET}.0/{PREFIX} ")
-                                             or r.startswith("local ") or r.startswith("broadcast ")
-                                             or " dev lo " in f" {r} " or r.startswith(f"{SUBNET}.255"))]
-            if bad or any(r.startswith("default") for r in routes):
-                raise NetnsError(f"{ns} has routes beyond {SUBNET}.0/{PREFIX}: {bad}")
-        addrs = _ip("-n", self.switch, "-4", "addr", "show").stdout
-        if "inet " in addrs.replace("inet 127.0.0.1", ""):
-            raise NetnsError(f"the switch namespace {self.switch} has an address")
-
-    def exec_prefix(self, i: int) -> list[str]:
-        return ["ip", "netns", "exec", self.names[i]]
 
     def qdisc_stats(self) -> dict[str, str]:
         out = {}
@@ -567,7 +443,7 @@ def run_testbed(scenario_path: str, sets: list[str], out: Path, *, mbps: float, 
     try:
         bed.up()
         rtt = bed.rtt_ms(1, 0)
-        print(f"netns: {bed.names} on {SUBNET}.0/{PREFIX}, {mbps:g} Mbit/s, delay "
+        print(f"netns: {bed.names} on {SUBNET}.0.0/{PREFIX}, {mbps:g} Mbit/s, delay "
               f"{bed.applied_delay_ms:g} ms/link/direction (netem: {bed.netem}), UDP RTT {rtt:.3f} ms",
               file=sys.stderr, flush=True)
         t0 = time.monotonic()

@@ -83,41 +83,24 @@ import time
 from pathlib import Path
 
 from dtemu.host.rundir import read_events_partial
-from tools.netns_fl import (QUEUE, ROOT, NetnsError, Testbed, mean_cells, run_comparison, run_emu, run_testbed,
+from dtemu.core.runtime.machine_plan import LinkPlan
+from tools.netns_fl import (ROOT, NetnsError, Testbed, mean_cells, run_comparison, run_emu, run_testbed,
                             testbed_parser)
 
 ROOT_PS = ("global-ps", "ps")
-BURST_BYTES = 2 * 1514   # the token bucket of a WAN link: two Ethernet frames
 START_LINE_S = 3.0   # after every rank is ready: DDS discovery over the shaped WAN settles (run_real)
 
 
 class SiteTestbed(Testbed):
-    """One namespace per site; site i's veth shaped to its WAN (up on its side, down on the switch's)."""
+    """One namespace per site behind its WAN (real.machine_net: up on its side, down on the switch's)."""
 
     def __init__(self, sites: list[str], wan_mbps: list[tuple[float, float]], delay_ms: float = 0.0,
                  tag: str | None = None):
-        super().__init__(nodes=len(sites), mbps=max(max(w) for w in wan_mbps), delay_ms=delay_ms,
-                         tag=tag or f"dtgeo{os.getpid() % 100000}")
+        super().__init__(tag=tag or f"dtgeo{os.getpid() % 100000}", delay_ms=delay_ms,
+                         links=[LinkPlan(up, down, delay_ms) for up, down in wan_mbps])
         self.sites = list(sites)
         self.wan_mbps = list(wan_mbps)
-        self.names = [f"{self.tag}-n{i}" for i in range(len(sites))]
         self.lan: dict[str, float] = {}
-
-    def _shape(self, ns: str, dev: str) -> None:
-        if ns == self.switch:                      # the switch's port p<i>: site i's WAN downlink
-            rate = self.wan_mbps[int(dev[1:])][1]
-        else:                                      # site i's eth0: its WAN uplink
-            rate = self.wan_mbps[self.names.index(ns)][0]
-        # A small bucket (two full frames): netns_fl's 32 kB is nothing next to its 4.8 MB model, but
-        # a geo message of the small CNN is 73.5 kB, and a link idle between rounds refills the
-        # bucket, so 32 kB of every message would leave at line rate (measured: rounds 20% short).
-        tbf = ["tbf", "rate", f"{rate:g}mbit", "burst", str(BURST_BYTES), "limit", QUEUE]
-        if self.netem:
-            self._tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
-                     f"{self.delay_ms:g}ms", "limit", "100000")
-            self._tc(ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf)
-        else:
-            self._tc(ns, "qdisc", "add", "dev", dev, "root", *tbf)
 
     def up(self) -> None:
         super().up()
