@@ -81,7 +81,7 @@ SAMPLED = _kind("sampled", "round attempt available asked clients",
 UPDATE_ACCEPTED = _kind("update_accepted", "client round bytes num_samples sent_at comm_s", "staleness")
 UPDATE_LATE = _kind("update_late", "client round current", limit=REFUSALS_PER_S)
 UPDATE_REJECTED = _kind("update_rejected", "reason", "src client round error", limit=REFUSALS_PER_S)
-ROUND_CLOSE = _kind("round_close", "round ready expected min clients timed_out note")
+ROUND_CLOSE = _kind("round_close", "round ready expected min clients timed_out note", "ended")
 AGGREGATED = _kind("aggregated", "round model_sha256")
 MODEL_SENT = _kind("model_sent", "round codec bytes base full_to",
                    doc="fl.downlink_codec: the model went down as a delta on round base's (bytes each); "
@@ -141,9 +141,11 @@ GEO_END = _kind("geo_end", "role rounds wan_sent wan_received rejected", "model_
 FLOWER_SENT = _kind("flower_sent", "round type asked bytes", "unavailable",
                     doc="the ServerApp's grid sent instructions of one round and message type to `asked` "
                         "clients (unavailable: not sent, the client being offline under fl.availability)")
-FLOWER_REPLIES = _kind("flower_replies", "round type asked replies errors timed_out",
+FLOWER_REPLIES = _kind("flower_replies", "round type asked replies errors timed_out", "ended",
                        doc="a grid call closed: `replies` answers (errors of them the ClientApp's failures) "
-                           "to `asked` instructions, before its deadline or not")
+                           "to `asked` instructions; `ended`: all_in (every one answered and was taken), "
+                           "refused (every one answered, some refused: flower.check_arrays, forged, ...) "
+                           "or timed_out (its deadline passed with answers missing: then timed_out is true)")
 CLIENT_APP_FAILED = _kind("client_app_failed", "round type error", "hung",
                           doc="the ClientApp raised, returned no reply to its message, or hung past "
                               "flower.call_limit_s: the client answers an error (hung: nothing)")

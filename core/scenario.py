@@ -24,7 +24,7 @@ from typing import Any, Literal
 from dtemu.core import bounded_yaml
 from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.strategy import RULE_KEYS
-from dtemu.core.flower.spec import FlowerSpec
+from dtemu.core.flower.spec import FlowerSpec, flatten_run_config
 from dtemu.core.geo.spec import GeoSpec, central_site
 from dtemu.core.ml.user_code import BUILTIN_TASKS as TASKS, model_spec
 from dtemu.core.modes import MODES, Mode
@@ -165,6 +165,8 @@ class Scenario:
         for section in ("fl", "ddp", "ps", "geo", "flower"):  # what its mode does not train with
             if section not in self.kind.digest_sections:
                 d.pop(section)
+        if d.get("flower", {}).get("app_dir"):   # the app, not where this checkout keeps it
+            d["flower"]["app_dir"] = d["flower"]["app_dir"].replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
         if not self.network.sites:
             del d["network"]["sites"], d["network"]["central"]
         # Emu's timing of real mode's transport (issue 15): at their defaults a scenario keeps
@@ -173,7 +175,7 @@ class Scenario:
             del d["network"]["framing"]
         if not d["network"]["send_window_bytes"]:
             del d["network"]["send_window_bytes"]
-        for key in ("decode_s_per_mb", "send_s_per_message", "recv_s_per_message"):
+        for key in ("decode_s_per_mb", "send_s_per_message", "recv_s_per_message", "eval_s_per_sample", "query_s"):
             if not d["compute"]["default"][key]:
                 del d["compute"]["default"][key]
             for node in d["compute"]["nodes"].values():
@@ -258,6 +260,7 @@ def parse_scenario(raw: Any, overrides: list[str] = ()) -> Scenario:
     raw = json.loads(json.dumps(raw))  # a deep copy that we may modify
     for assignment in overrides:
         apply_override(raw, assignment)
+    flatten_run_config(raw.get("flower"))  # (Flower's run config is flat: model.name, not {model: {name}})
     scenario = build(Scenario, raw)
     validate(scenario)
     return scenario

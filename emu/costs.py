@@ -299,9 +299,9 @@ def geo_sets(scenario, reps: int = 7) -> list[str]:
 
 
 def flower_sets(scenario, reps: int = 7) -> list[str]:
-    """A Flower app's training cost per example: its ClientApp's train calls timed in a short emulated
-    run of the app itself (one round, ``reps`` + 1 clients; the first call, which loads the data, left
-    out), the median of wall seconds over the examples each reports.  An app's model is its own, so
+    """A Flower app's training and evaluation cost per example: its ClientApp's train and evaluate calls
+    timed in a short emulated run of the app itself (one round, ``reps`` + 1 clients; the first call,
+    which loads the data, left out), the median of wall seconds over the examples each reports.  An app's model is its own, so
     this is the only way to time it; its messages' costs are not measured yet."""
     import tempfile
     from pathlib import Path
@@ -323,4 +323,10 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
     if len(rates) < 2:
         raise ScenarioError("flower", "the app's train calls report no examples (flower.examples_key): "
                                       "nothing to price its training by")
-    return [f"compute.default.train_s_per_sample={statistics.median(rates[1:]):.6e}"]
+    sets = [f"compute.default.train_s_per_sample={statistics.median(rates[1:]):.6e}"]
+    # Its evaluate calls likewise (the first of them loads the test data: left out where there are more)
+    evals = [e["wall_s"] / e["examples"] for e in calls
+             if e["kind"] == ev.FLOWER_CALL and e["type"].split(".")[0] == "evaluate" and e["examples"]]
+    if evals:
+        sets.append(f"compute.default.eval_s_per_sample={statistics.median(evals[1:] or evals):.6e}")
+    return sets

@@ -3,7 +3,8 @@ an app, or from the scenario's specs.
 
 An app folder holds a pyproject.toml whose ``[tool.flwr.app.components]`` names the ``serverapp`` and
 ``clientapp`` ("package.module:attribute") and whose ``[tool.flwr.app.config]`` gives the run config's
-defaults; the scenario's ``flower.run_config`` goes over them.  The folder goes first on sys.path, so
+defaults, flattened as Flower flattens them (a nested table's keys joined with dots); the scenario's
+``flower.run_config`` goes over them, and may only use their keys, as Flower's overrides may.  The folder goes first on sys.path, so
 its package imports as Flower's tools import it.  Anything that fails (no such folder, a pyproject
 that does not parse, an app that does not import or is not a ServerApp / ClientApp) is a
 ScenarioError naming its key: exit 2, before a run folder exists.
@@ -18,6 +19,7 @@ from pathlib import Path
 from dtemu.core.errors import ScenarioError
 from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, Outcome
+from dtemu.core.flower.spec import flat_config
 from dtemu.host import flower_thread
 from dtemu.host.flower_jobs import app_named, on_path
 
@@ -111,6 +113,10 @@ def load_app(scenario) -> FlowerApp:
                                               "[tool.flwr.app.components]; or set flower.server_app and flower.client_app")
     server_app = app_named("flower.server_app" if spec.server_app else "flower.app_dir", server_spec, "ServerApp")
     client_app = app_named("flower.client_app" if spec.client_app else "flower.app_dir", client_spec, "ClientApp")
+    unknown = sorted(set(spec.run_config) - set(config)) if spec.app_dir else []
+    if unknown:   # as Flower refuses an override of a key the app does not have
+        raise ScenarioError(f"flower.run_config.{unknown[0]}", f"the app has no such key; its pyproject.toml's "
+                                                              f"[tool.flwr.app.config] has {', '.join(sorted(config)) or 'none'}")
     return LoadedApp(server_app, client_app, {**config, **spec.run_config}, scenario.fl.clients, spec.call_limit_s,
                      names=(spec.app_dir and str(Path(spec.app_dir).resolve()), client_spec))
 
@@ -126,4 +132,4 @@ def _folder(app_dir: str) -> tuple[dict, dict]:
         raise ScenarioError("flower.app_dir", f"{folder / 'pyproject.toml'} does not parse: {err}") from None
     app = meta.get("tool", {}).get("flwr", {}).get("app", {})
     on_path(str(folder))
-    return dict(app.get("components", {})), dict(app.get("config", {}))
+    return dict(app.get("components", {})), flat_config(dict(app.get("config", {})))

@@ -39,7 +39,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ScenarioError("", f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
-    raw = bounded_yaml.load(text, str(path))
+    raw = _paths_from_file(bounded_yaml.load(text, str(path)), path)
     scenario = parse_scenario(raw, overrides)
     if profile is not None or scenario.compute.profile:
         where = Path(profile).resolve() if profile is not None else profiles.resolve(scenario.compute.profile, path)
@@ -49,6 +49,21 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
     if not allow_code:
         user_code.refuse_code(scenario)
     return scenario
+
+
+# Keys that name a folder relative to the scenario file that holds them (a --set names one from here).
+FILE_RELATIVE = (("flower", "app_dir"),)
+
+
+def _paths_from_file(raw, path: Path):
+    """``raw`` with the FILE_RELATIVE keys it holds made absolute against ``path``'s folder, so that
+    the scenario runs from any working directory."""
+    for section, key in FILE_RELATIVE:
+        block = raw.get(section) if isinstance(raw, dict) else None
+        value = block.get(key) if isinstance(block, dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            block[key] = str((path.parent / value).resolve())
+    return raw
 
 
 def read_init(scenario: Scenario, resuming_a_crash: bool = False) -> bytes | None:

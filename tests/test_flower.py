@@ -68,12 +68,22 @@ def test_a_clientapp_that_raises_costs_its_round_one_update(tmp_path):
 
 @pytest.mark.parametrize("bad, counted", [("wrong_type", "client_error"), ("nan", "invalid")])
 def test_a_wrong_reply_is_counted_and_the_round_goes_on(tmp_path, bad, counted):
-    summary, events = run(tmp_path, toy({"bad": bad, "bad-client": 0, "bad-round": 2}))
+    raw = toy({"bad": bad, "bad-client": 0, "bad-round": 2})
+    raw["flower"]["check_arrays"] = True
+    summary, events = run(tmp_path, raw)
     assert summary["rounds"] == 2 and summary["updates"][counted] == 1 and summary["updates"]["accepted"] == 5
     if bad == "nan":  # refused by the server's inbox: the strategy never sees it, its bytes are charged
         assert "not finite" in kinds(events, "update_rejected")[0]["error"]
         assert summary["bytes_rejected"] > 0
+        closed = kinds(events, "round_close")[1]
+        assert closed["ended"] == "refused" and closed["timed_out"] is False   # every client answered
     assert audit(tmp_path / "run")["problems"] == []
+
+
+def test_without_check_arrays_a_nan_reply_reaches_the_strategy_as_in_flower(tmp_path):
+    summary, events = run(tmp_path, toy({"bad": "nan", "bad-client": 0, "bad-round": 2}))
+    assert summary["updates"]["accepted"] == 6 and "invalid" not in summary["updates"]
+    assert [e["ended"] for e in kinds(events, "round_close")] == ["all_in", "all_in"]
 
 
 def test_a_clientapp_that_hangs_is_left_behind_and_the_round_closes_at_its_timeout(tmp_path):
@@ -175,6 +185,61 @@ def test_no_code_refuses_a_flower_app_and_a_bad_app_is_a_scenario_error(tmp_path
         load_app(parse_scenario(raw))
 
 
+APP_TOML = """
+[tool.flwr.app.components]
+serverapp = "tests.flower_toy:server"
+clientapp = "tests.flower_toy:client"
+
+[tool.flwr.app.config]
+num-server-rounds = 2
+lr = 0.1
+
+[tool.flwr.app.config.model]
+name = "cnn"
+width = 8
+"""
+
+
+def _app_scenario(tmp_path, run_config: str = "") -> Path:
+    """An app folder with a nested run config, and a scenario beside it naming it relative to itself."""
+    (tmp_path / "apps" / "myapp").mkdir(parents=True)
+    (tmp_path / "apps" / "myapp" / "pyproject.toml").write_text(APP_TOML)
+    path = tmp_path / "apps" / "run.yaml"
+    path.write_text("name: myapp\nmode: flower\nflower:\n  app_dir: myapp\n" + run_config
+                    + "fl: {clients: 2}\ncompute: {default: {train_s_per_sample: 0.001}}\n")
+    return path
+
+
+def test_the_run_config_is_flat_as_flowers_and_app_dir_is_relative_to_the_scenario(tmp_path, monkeypatch):
+    from dtemu.host.flower_app import load_app
+    from dtemu.host.scenario_file import load_scenario
+
+    path = _app_scenario(tmp_path, "  run_config: {model: {width: 16}}\n")
+    monkeypatch.chdir(tmp_path)   # another working directory than the repository's
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))   # (tests.flower_toy)
+    s = load_scenario(path, ["flower.run_config.lr=0.2"])
+    assert Path(s.flower.app_dir) == (tmp_path / "apps" / "myapp").resolve()
+    assert s.flower.run_config == {"model.width": 16, "lr": 0.2}
+    app = load_app(s)
+    assert app.client_context(1).run_config == {"num-server-rounds": 2, "lr": 0.2, "model.name": "cnn",
+                                                "model.width": 16}
+    # where it lies is not what it trains: the digest is the app's, wherever the checkout is
+    assert s.digest() == load_scenario(path, ["flower.run_config.lr=0.2", f"flower.app_dir={tmp_path}/x/myapp"]).digest()
+    with pytest.raises(ScenarioError) as err:
+        load_app(load_scenario(path, ["flower.run_config.model.depth=3"]))
+    assert err.value.path == "flower.run_config.model.depth" and "model.name, model.width" in str(err.value)
+
+
+def test_a_nested_run_config_ships_to_worker_processes(tmp_path, monkeypatch):
+    from dtemu.host.flower_jobs import context_bytes, context_from_bytes
+    from dtemu.host.flower_app import load_app
+    from dtemu.host.scenario_file import load_scenario
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))
+    context = load_app(load_scenario(_app_scenario(tmp_path))).client_context(1)
+    assert context_from_bytes(context_bytes(context)).run_config["model.name"] == "cnn"
+
+
 def test_without_the_extra_the_run_is_refused_naming_it(monkeypatch):
     import importlib.util
 
@@ -209,7 +274,7 @@ def test_the_inbox_answers_what_every_reply_is():
     from dtemu.core.wire.topics import FLOWER_RES
 
     ins = _instruction(7)
-    inbox = ReplyInbox(Sealer(None, "server"))
+    inbox = ReplyInbox(Sealer(None, "server"), check_arrays=True)
     inbox.expect("dtemu-1", Asked("client1", 1, "train", wire.arrays_of(ins)))
 
     def reply(values):
@@ -230,6 +295,29 @@ def test_the_inbox_answers_what_every_reply_is():
     assert offer("client1", reply(np.ones(3, np.float32))).kind == LATE
     sealed = ReplyInbox(Sealer(b"k" * 32, "server"))
     assert sealed.offer(FLOWER_RES, "client1", reply(np.ones(3, np.float32))).reason == "unsigned"
+
+
+def test_a_replys_arrays_are_the_apps_to_judge_unless_dtemu_is_asked_to_check_them():
+    """As Flower delivers them: another dtype (FedAdam's float64 under NumPy 2, answered in float32),
+    another shape, NaN, part of the model.  flower.check_arrays refuses them, as before."""
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, RecordDict
+
+    from dtemu.core.flower import wire
+    from dtemu.core.flower.inbox import ACCEPTED, REFUSED, Asked, ReplyInbox
+    from dtemu.core.wire.auth import Sealer
+    from dtemu.core.wire.topics import FLOWER_RES
+
+    ins = _instruction(7, np.zeros(3, np.float64))
+    odd = [np.ones(3, np.float32), np.ones(4, np.float64), np.array([np.nan, 1.0, 2.0])]
+    for check, verdict in ((False, ACCEPTED), (True, REFUSED)):
+        for values in odd:
+            inbox = ReplyInbox(Sealer(None, "server"), check_arrays=check)
+            inbox.expect("dtemu-1", Asked("client1", 1, "train", wire.arrays_of(ins)))
+            reply = wire.encode(wire.REPLY, Message(RecordDict({"arrays": ArrayRecord([values])}), reply_to=ins))
+            got = inbox.offer(FLOWER_RES, "client1", reply)
+            assert got.kind == verdict, (check, values.dtype, values.shape, got.error)
+            assert check or got.reply.content.array_records["arrays"]  # the app gets them as sent
 
 
 def test_the_dashboard_reads_every_event_of_a_flower_run(tmp_path):

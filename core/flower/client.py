@@ -2,9 +2,11 @@
 call of the app's ClientApp, and its reply goes back.
 
 The call is the client's compute.  Its time on the runtime's clock: for real, what it takes (a
-straggler's slowdown staged on top, as for dtemu's own training); in emu, a train call costs the
-examples its reply reports (``flower.examples_key``) times the node's cost per sample, with its
-slowdown and jitter; an evaluate call costs nothing, as dtemu's own evaluation.
+straggler's slowdown staged on top of a train call, as for dtemu's own training); in emu, a train
+call costs the examples its reply reports (``flower.examples_key``) times the node's cost per sample,
+with its slowdown and jitter; an evaluate call its examples times ``compute.eval_s_per_sample``, and
+a query call ``compute.query_s``, with the node's slowdown (``emu calibrate`` times an app's train
+and evaluate calls).
 
 The app's failures are the client's to report, not to die of (Flower's simulation answers the
 same way):
@@ -30,6 +32,7 @@ from dtemu.core.flower.replies import examples_of, is_train, round_of
 from dtemu.core.flower.spec import SERVER
 from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime import points
+from dtemu.core.runtime.compute import CLIENT_EVAL, QUERY
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send
 from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
@@ -63,8 +66,9 @@ def client(ctx, scenario, app: FlowerApp, index: int):
                 continue
         examples = examples_of(outcome.reply, scenario.flower.examples_key)
         ctx.emit(ev.FLOWER_CALL, round=round_, type=type_, examples=examples, wall_s=round(outcome.wall_s, 6))
-        if training and examples and not outcome.error:  # its time in the compute model (emu), known now
-            yield Compute(_nothing, samples=examples)
+        kind = "train" if training else QUERY if type_.split(".")[0] == QUERY else CLIENT_EVAL
+        if not outcome.error and (examples or kind == QUERY):  # its time in the compute model (emu), known now
+            yield Compute(_nothing, samples=examples or 0, kind=kind)
         data = ctx.seal(FLOWER_RES, round_, wire.encode(wire.REPLY, outcome.reply))
         if training:
             yield Point(points.UPLOAD, round_)

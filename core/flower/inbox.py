@@ -4,12 +4,15 @@ and it answers what the bytes are to the run.
 An instruction the server sent is *open* until the grid call that sent it closes (its replies are all
 in, or its deadline passed).  A reply is then one of:
 
-- accepted: an authentic, well-formed reply from the node asked, to an open instruction; its arrays
-  load, are finite and match what the instruction carried (core.flower.wire.check_reply);
+- accepted: an authentic, well-formed reply from the node asked, to an open instruction.  Its arrays
+  are the app's to judge, as in Flower: NaN, another dtype (FedAdam's float64 under NumPy 2 answered
+  in float32), other shapes, other keys or part of the model reach the strategy.  With
+  ``flower.check_arrays`` they must load, be finite and match what the instruction carried
+  (core.flower.wire.check_reply), else the reply is refused as invalid and counted;
 - late: to an instruction whose call has closed (the app has moved on);
 - duplicate: a second reply to the same instruction;
 - refused, with a reason: unsigned or forged (sealed runs), malformed, not a reply, a reply to
-  nothing the server sent, from a node that was not asked, or invalid arrays.
+  nothing the server sent, from a node that was not asked, or invalid arrays (``check_arrays``).
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ class Verdict:
 
 
 class ReplyInbox:
-    def __init__(self, sealer):
+    def __init__(self, sealer, check_arrays: bool = False):
         self._sealer = sealer  # opens sealed frames (core.wire.auth; the identity without a key)
+        self._check_arrays = check_arrays
         self._open: dict[str, Asked] = {}
         self._closed: dict[str, Asked] = {}
         self._answered: set[str] = set()
@@ -80,7 +84,7 @@ class ReplyInbox:
         if mid in self._closed:
             self._answered.add(mid)
             return Verdict(LATE, reply, asked, reason="late")
-        if not reply.has_error():
+        if self._check_arrays and not reply.has_error():
             try:
                 wire.check_reply(reply, asked.arrays)
             except DecodeError as err:

@@ -106,7 +106,7 @@ class _Carrier:
         self.index_of = {name: i for i, name in enumerate(scenario.client_names, 1)}
         self.name_of = name_of
         self.population = population if scenario.fl.availability.kind != "always" else None
-        self.inbox = ReplyInbox(ctx.sealer)
+        self.inbox = ReplyInbox(ctx.sealer, check_arrays=scenario.flower.check_arrays)
         self.arrived: dict[str, object] = {}  # message id -> accepted reply, in arrival order
         self.result = ServerResult()
         self.seq = 0
@@ -128,7 +128,10 @@ class _Carrier:
         # In the order the instructions went out, not the order of arrival: the app sums what it gets in
         # this order, and arrival order is timing (real mode's differs from emu's, run to run)
         replies = [self.arrived.pop(mid) for mid in sent if mid in self.arrived]
-        self._closed(messages, replies, timed_out=len(replies) < len(sent))
+        # How it ended, truthfully: a call whose every instruction was answered did not time out, even
+        # where some answers were refused.
+        ended = "timed_out" if self.inbox.waiting(sent) else "all_in" if len(replies) == len(sent) else "refused"
+        self._closed(messages, replies, ended)
         return replies
 
     def _pull(self, message_ids):
@@ -221,7 +224,7 @@ class _Carrier:
                 refuse(ctx, counts, msg, verdict.reason, ev.UPDATE_REJECTED, src=msg.src, reason=verdict.reason,
                        error=verdict.error)
 
-    def _closed(self, messages, replies, timed_out: bool) -> None:
+    def _closed(self, messages, replies, ended: str) -> None:
         """Log a closed send_and_receive: as an FL round (train) or the round's accuracy (evaluate)."""
         ctx, result = self.ctx, self.result
         if not messages:
@@ -229,11 +232,12 @@ class _Carrier:
         round_, type_ = round_of(messages[0]), messages[0].metadata.message_type
         good = [r for r in replies if not r.has_error()]
         ctx.emit(ev.FLOWER_REPLIES, round=round_, type=type_, asked=len(messages), replies=len(replies),
-                 errors=len(replies) - len(good), timed_out=timed_out)
+                 errors=len(replies) - len(good), timed_out=ended == "timed_out", ended=ended)
         if is_train(type_):
             names = sorted(self.inbox.asked(r.metadata.reply_to_message_id).node for r in good)
             ctx.emit(ev.ROUND_CLOSE, round=round_, ready=len(good), expected=len(messages), min=1, clients=names,
-                     timed_out=timed_out, note=f"final-ready={len(good)}/{len(messages)} (errors={len(replies) - len(good)})")
+                     timed_out=ended == "timed_out", ended=ended,
+                     note=f"final-ready={len(good)}/{len(messages)} (errors={len(replies) - len(good)})")
             if good:
                 result.rounds_completed += 1
             else:

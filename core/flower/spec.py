@@ -25,7 +25,9 @@ class FlowerSpec:
     # Or the apps themselves, "package.module:attribute" (they override the folder's components).
     server_app: str | None = None
     client_app: str | None = None
-    # The run config the apps read (context.run_config): over the folder's [tool.flwr.app.config].
+    # The run config the apps read (context.run_config): over the folder's [tool.flwr.app.config], whose
+    # keys it must use.  Flat, as Flower's: a nested table's keys are joined with dots ({model: {name: x}}
+    # is model.name, and so is --set flower.run_config.model.name=x).
     run_config: dict[str, bool | int | float | str] = field(default_factory=dict)
     # What a ClientApp train call costs in the emulator's time: the reply's metric ``examples_key``
     # (Flower's convention: num-examples) times compute.<node>.train_s_per_sample, with the node's
@@ -38,3 +40,25 @@ class FlowerSpec:
     # Wall seconds a ClientApp call may take before the client gives up on it (a hung app): it then
     # answers nothing, as a hung client would, and the call's thread is left behind.
     call_limit_s: float = field(default=600.0, metadata=check(positive))
+    # Replies reach the app as Flower delivers them: their arrays are the app's to judge.  True: dtemu
+    # refuses (and counts) a reply whose arrays do not load, are not finite, or differ in dtype, shape
+    # or keys from what its instruction carried.
+    check_arrays: bool = False
+
+
+def flat_config(config: dict, prefix: str = "") -> dict:
+    """A run config as Flower builds it: nested tables flattened, their keys joined with dots."""
+    out: dict = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_config(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def flatten_run_config(raw_section) -> None:
+    """The scenario's ``flower`` mapping with its run_config made flat, before its keys are checked."""
+    if isinstance(raw_section, dict) and isinstance(raw_section.get("run_config"), dict):
+        raw_section["run_config"] = flat_config(raw_section["run_config"])

@@ -15,8 +15,11 @@ Real mode uses the same model to stage a straggler (``stretch``) and to time
 a crash halfway through a job (``core.runtime.driver``).
 
 ``train_s_per_sample`` defaults to the model's reference cost (core.models),
-measured on the reference machine.  Evaluation is the experimenter's
-instrument, not part of the emulated system, so it takes no virtual time.
+measured on the reference machine.  dtemu's own evaluation is the experimenter's
+instrument, not part of the emulated system, so it takes no virtual time; a
+client's evaluation that the federation asks for (a Flower app's evaluate call,
+``client_eval``) costs its examples times ``eval_s_per_sample``, and a query call
+``query_s``, each with the node's slowdown.
 
 The work a role does outside training (``CPU_OPS``: encoding a payload, summing,
 sparsifying, applying the update) takes, in emu, the bytes it works on times
@@ -35,6 +38,8 @@ from dtemu.core.runtime.compute_spec import ComputeSpec
 
 # Kinds of Compute that are CPU work outside training, priced per MB (``Compute.nbytes``).
 CPU_OPS = ("encode", "sum", "sparsify", "merge", "densify", "apply")
+# A client's evaluation the federation asks for, and a query call: priced by their own keys.
+CLIENT_EVAL, QUERY = "client_eval", "query"
 
 
 class ComputeTimer:
@@ -54,6 +59,8 @@ class ComputeTimer:
         # Emu: CPU seconds per message sent and received, whatever its size (0: none).
         self.send_s_per_message = getattr(spec, "send_s_per_message", 0.0) or 0.0
         self.recv_s_per_message = getattr(spec, "recv_s_per_message", 0.0) or 0.0
+        self.eval_s_per_sample = getattr(spec, "eval_s_per_sample", 0.0) or 0.0
+        self.query_s = getattr(spec, "query_s", 0.0) or 0.0
         # Emu: CPU seconds per MB of each op outside training (CPU_OPS; 0: free).
         cpu = getattr(spec, "cpu", None)
         self.cpu_s_per_mb = {op: getattr(cpu, f"{op}_s_per_mb", 0.0) if cpu is not None else 0.0
@@ -90,6 +97,10 @@ class ComputeTimer:
         or of an op of CPU_OPS on ``nbytes`` bytes; other kinds take no time."""
         if kind in self.cpu_s_per_mb:
             return nbytes * self.cpu_s_per_mb[kind] / 1e6
+        if kind == CLIENT_EVAL:
+            return samples * self.eval_s_per_sample * self.slowdown_at(now)
+        if kind == QUERY:
+            return self.query_s * self.slowdown_at(now)
         if kind != "train" or samples <= 0:
             return 0.0
         if self.cost is None:

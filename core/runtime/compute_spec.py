@@ -54,6 +54,11 @@ class ComputeSpec:
     # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
     schedule: list[SlowdownStep] = field(default_factory=list)
     varying: VaryingSlowdown | None = None
+    # A client's evaluation in a federation that asks for it (a Flower app's evaluate calls): seconds per
+    # example it reports, with the node's slowdown (``emu calibrate`` times a Flower app's); 0: free.
+    eval_s_per_sample: float = field(default=0.0, metadata=check(non_negative))
+    # A Flower app's query call (a message of type "query"): seconds each; 0: free.
+    query_s: float = field(default=0.0, metadata=check(non_negative))
     # Emu only: seconds of CPU per MB (1e6 bytes) of every message a node receives (reassembly,
     # decoding, checks) before its role gets it; 0: none (real mode spends what it spends).
     decode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
@@ -72,6 +77,8 @@ class ComputeOverride:
     jitter: float | None = field(default=None, metadata=check(probability))
     schedule: list[SlowdownStep] | None = None
     varying: VaryingSlowdown | None = None
+    eval_s_per_sample: float | None = field(default=None, metadata=check(non_negative))
+    query_s: float | None = field(default=None, metadata=check(non_negative))
     decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     send_s_per_message: float | None = field(default=None, metadata=check(non_negative))
     recv_s_per_message: float | None = field(default=None, metadata=check(non_negative))
