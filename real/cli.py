@@ -96,9 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one rank of a scenario", epilog=DATA_HELP)
     _common(run, "runs/<name>-real-<date>-<time>/rank<N>")
-    run.add_argument("--rank", type=int, required=True,
+    run.add_argument("--rank", type=int, default=None,
                      help="which rank this process runs: FL, 0 is the controller and 1..N the clients; "
-                          "DDP, 0..W-1 are the workers")
+                          "DDP, 0..W-1 are the workers. Default: from torchrun's environment (RANK, WORLD_SIZE, "
+                          "MASTER_ADDR: the peers meet at its store) or SLURM's (SLURM_PROCID, SLURM_NTASKS, "
+                          "SLURM_NODELIST), with the lan profile and those peers (real/cluster_env.py)")
     run.add_argument("--fired", default="", help=argparse.SUPPRESS)  # restarted by launch: crashes done
     run.add_argument("--append", action="store_true", help=argparse.SUPPRESS)  # restarted: keep events
     launch = sub.add_parser("launch", help="run every rank on this machine and gather the run folders",
@@ -151,8 +153,36 @@ def main(argv: list[str] | None = None) -> int:
     return run_rank(args, scenario)
 
 
+def _place_from_launcher(args, ranks: int) -> int:
+    """``--rank`` and ``--peers`` from torchrun's or SLURM's environment (0, or an exit code)."""
+    from dtemu.real.cluster_env import ClusterEnvError, placement
+
+    try:
+        place = placement()
+    except ClusterEnvError as err:
+        print(f"real: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if place is None:
+        print("real: run needs --rank, or the environment of torchrun (RANK, WORLD_SIZE, MASTER_ADDR) or "
+              "SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_NODELIST)", file=sys.stderr)
+        return EXIT_USAGE
+    if place.world != ranks:
+        print(f"real: {place.launcher} started {place.world} processes; the scenario has {ranks} ranks", file=sys.stderr)
+        return EXIT_USAGE
+    args.rank = place.rank
+    if args.peers is None:
+        args.peers, args.profile = ",".join(dict.fromkeys(place.peers)), "lan"
+    if place.address and not os.environ.get("DTEMU_DDS_INTERFACE"):
+        os.environ["DTEMU_DDS_INTERFACE"] = place.address
+    return 0
+
+
 def run_rank(args, scenario) -> int:
     names = scenario.node_names
+    if args.rank is None:
+        code = _place_from_launcher(args, len(names))
+        if code:
+            return code
     if not 0 <= args.rank < len(names):
         print(f"real: --rank {args.rank} is out of range: {scenario.name} has ranks 0..{len(names) - 1}",
               file=sys.stderr)
