@@ -51,10 +51,14 @@ def add_parser(sub) -> None:
                         "--machines has (host.cpu_shares: the same quota and 5 ms period); recorded in the profile")
 
 
-def measure(scenario, reps: int = 7, together: bool = False, share: float | None = None) -> dict:
+def measure(scenario, reps: int = 7, together: bool = False, share: float | None = None,
+            per_machine: int = 1) -> dict:
     """The profile of ``scenario`` on this machine (host.profile's format); ``together``: its
-    training timed with every training rank at once (``--together``); ``share``: each of those in a
-    CPU share of its own (the caller runs the rest under the same share: host.cpu_shares.confined)."""
+    training timed with every training rank at once (``--together``); ``share``: in CPU shares
+    (the caller runs the rest under one: host.cpu_shares.confined), ``per_machine`` ranks to a share,
+    as the testbed places them.  A machine's ranks then share it, and the step is given per machine
+    (the time measured over ``per_machine``): emu shares a machine among its jobs itself
+    (compute.machines: sites)."""
     from dtemu.host import devices
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of
@@ -75,14 +79,16 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     if ranks > 1:
         # The ranks' other CPU work (decoding, codecs, each message) is slowed as their training
         # is: every cost below, timed alone, takes the factor the training took together.
-        alone, train = train, measured_together(scenario, ranks, sample, share=share)
+        alone, train = train, measured_together(scenario, ranks, sample, share=share,
+                                                per_group=per_machine) / per_machine
         contention = max(1.0, train / alone)
     costs = [_times(a, contention) for a in [*resolve(scenario.kind.costs)(scenario, reps), *messages]]
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", *costs]
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
                                             "input_dtype": str(sample[0].dtype), "reps": reps,
-                                            "ranks_training_at_once": ranks, "contention": round(contention, 3),
+                                            "ranks_training_at_once": ranks, "ranks_per_machine": per_machine,
+                                            "contention": round(contention, 3),
                                             # where the step was timed: a GPU's profile predicts a GPU's
                                             # runs, wherever emu runs them
                                             "device": device, **devices.describe(device)})

@@ -4,9 +4,9 @@
 
 Root, as the testbed is (real launch --machines netns).  For any scenario of any mode, in this order:
 
-1. **calibrate**: ``emu calibrate --together`` of the scenario under the CPU share each trainer will
-   have on its machine (core.runtime.machine_plan; a site's trainers split their machine's share):
-   every trainer at once, each in a share of its own, as on the testbed.  Written to
+1. **calibrate**: ``emu calibrate --together`` of the scenario in the testbed's CPU shares
+   (core.runtime.machine_plan): every trainer at once, a machine's trainers in its one share, the
+   step given per machine (emu shares a machine among its jobs itself).  Written to
    ``DIR/profile.yaml``; nothing in it comes from the run it predicts.
 2. **predict**: ``emu run --profile`` into ``DIR/emu``, with the testbed's machines
    (``compute.machines: sites``: a site's nodes share their machine's CPU).  The profile carries real
@@ -78,13 +78,18 @@ def main(args, compare) -> int:
         signal.signal(sig, _interrupt)
     out = Path(args.out or f"runs/validate-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    share = machines.trainer_share(scenario.training_nodes)
+    # Every trainer at once, as the testbed places them: a machine's trainers in its one share.  Emu
+    # shares a machine among its jobs itself (compute.machines: sites), so the profile's step is the
+    # machine's: the time each took, over how many shared it.
+    busy = sorted({machines.of_node[n] for n in scenario.training_nodes})
+    share = min(machines.cpus[m] for m in busy)
+    per_machine = max(1, round(len(scenario.training_nodes) / len(busy)))
     common = [a for s in args.overrides for a in ("--set", s)] + (["--key-file", args.key_file] if args.key_file else [])
     common += ["--no-code"] if args.no_code else []
 
     profile = out / "profile.yaml"
     print(f"emu validate: 1/3 calibrating {scenario.name} under a CPU share of {share:g} -> {profile}", file=sys.stderr)
-    _calibrate(scenario, args, share, profile)
+    _calibrate(scenario, args, share, per_machine, profile)
     print("emu validate: 2/3 predicting (emu run)", file=sys.stderr)
     sites = ["--set", "compute.machines=sites"] if len(machines.machines) < len(scenario.node_names) else []
     _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(out / "emu"),
@@ -112,16 +117,15 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _calibrate(scenario, args, share: float, profile: Path) -> None:
+def _calibrate(scenario, args, share: float, per_machine: int, profile: Path) -> None:
     from dtemu.host import cpu_shares
 
     from .calibrate import measure, write
 
     t0 = time.perf_counter()
-    # Every trainer of the testbed trains at once, each on its own share: timed so (the caches and
-    # memory its machines still share are a fact of the testbed, known before it runs).
+    # (The caches and memory the machines still share are a fact of the testbed, known before it runs.)
     with cpu_shares.confined(share):
-        measured = measure(scenario, args.reps, together=True, share=share)
+        measured = measure(scenario, args.reps, together=True, share=share, per_machine=per_machine)
     measured["measured"]["cpu_share"] = share
     how = "".join(f" --set {s}" for s in args.overrides) + f" --together --cpu-share {share:g}"
     write(measured, profile, args.scenario, how, time.perf_counter() - t0)
@@ -129,7 +133,16 @@ def _calibrate(scenario, args, share: float, profile: Path) -> None:
 
 def _run(cmd: list[str], log: Path, timeout_s: float, check: bool = True) -> int:
     with open(log, "wb") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            p.wait(timeout=timeout_s)
+        except BaseException:   # (Ctrl-C, SIGTERM, the timeout) ended as they end a launch, so that its
+            p.terminate()       # machines are removed: SIGKILL would leave them to the next launch
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise
     if check and p.returncode != 0:
         tail = log.read_text(errors="replace")[-1500:]
         raise SystemExit(f"emu validate: {' '.join(cmd[2:5])} failed with exit {p.returncode}; {log}:\n{tail}")

@@ -78,22 +78,24 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     results.put(measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample))
 
 
-def measured_together(scenario: Scenario, ranks: int, sample=None, share: float | None = None) -> float:
+def measured_together(scenario: Scenario, ranks: int, sample=None, share: float | None = None,
+                      per_group: int = 1) -> float:
     """Seconds per training sample when ``ranks`` processes train at once, as a launch's do (median).
 
     Oversubscribed cores cost more than their share: eight torch threads on two cores spin and
     wait for one another, so four ranks of two threads each train ten times slower or worse, not
     four.  Only measuring it says how much.  ``share``: each process has that much of a core of its
     own (host.cpu_shares), as the testbed's machines have: a quota isolates CPU time, not the caches
-    and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once)."""
+    and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once).
+    ``per_group``: that many of the processes share each group, as a site's workers share its machine."""
     from dtemu.host import cpu_shares
 
     ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(ranks), ctx.Queue()
     groups = [cpu_shares.CpuGroup(f"dtm{os.getpid()}-together{i}", share).create() if share else None
-              for i in range(ranks)]
+              for i in range(max(1, ranks // per_group))]
+    barrier, results = ctx.Barrier(len(groups) * per_group), ctx.Queue()
     procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g), daemon=True)
-             for g in groups]
+             for g in groups for _ in range(per_group)]
     for p in procs:
         p.start()
     try:

@@ -26,7 +26,7 @@ import json
 import re
 import subprocess
 
-from dtemu.core.runtime.machine_plan import LinkPlan
+from dtemu.core.runtime.network_spec import LinkSpec
 
 SUBNET = "10.231"
 PREFIX = 16
@@ -53,7 +53,7 @@ def address(i: int) -> str:
 class MachineNet:
     """The namespaces, veths, bridge and shaping of ``links`` (one per machine)."""
 
-    def __init__(self, tag: str, links: list[LinkPlan], mtu: int = 1500, labels: list[str] | None = None):
+    def __init__(self, tag: str, links: list[LinkSpec], mtu: int = 1500, labels: list[str] | None = None):
         self.tag = tag
         self.labels = labels or [f"m{i}" for i in range(len(links))]
         self.links = list(links)
@@ -63,6 +63,17 @@ class MachineNet:
         self.addresses = [address(i) for i in range(len(links))]
         self.created: list[str] = []
         self.netem = False
+
+    def __enter__(self) -> "MachineNet":
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
 
     def up(self) -> "MachineNet":
         self.netem = _has_netem(self.tag)
@@ -97,7 +108,7 @@ class MachineNet:
         _run("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
              "net.ipv6.conf.default.disable_ipv6=1", check=False)
 
-    def _shape(self, ns: str, dev: str, mbps: float, link: LinkPlan) -> None:
+    def _shape(self, ns: str, dev: str, mbps: float, link: LinkSpec) -> None:
         tbf = ["tbf", "rate", f"{mbps * 1e6:.0f}bit", "burst", str(BURST_BYTES), "limit", QUEUE]
         if self.netem and (link.latency_ms > 0 or link.loss > 0):
             netem = ["netem", "delay", f"{link.latency_ms:g}ms"] + (["loss", f"{link.loss * 100:g}%"] if link.loss else [])

@@ -35,8 +35,9 @@ import time
 from dataclasses import dataclass, field
 
 from dtemu.host.cpu_shares import CpuGroup, sched_s
-from .machine_net import parse_qdiscs
+from .machine_net import BURST_BYTES, parse_qdiscs
 
+BUCKET_SLACK = BURST_BYTES + 1514   # a window may carry a full token bucket and a frame beyond its rate
 PEAK_WINDOW_S = 0.2  # windows shorter than this (a sample taken late and one early) judge no peak
 INTERVAL_S = 0.25  # each sample forks one tc per namespace (2.4 ms each here): ~2% of a core at 0.25 s
 
@@ -197,8 +198,8 @@ def link_window(track: LinkTrack, t: float, stats: dict) -> None:
         t0, bytes0, backlog0 = track.last
         moved = stats["bytes"] - bytes0
         track.bytes += moved
-        if t - t0 >= PEAK_WINDOW_S:
-            track.peak_bps = max(track.peak_bps, moved * 8 / (t - t0))
+        if t - t0 >= PEAK_WINDOW_S:   # (less what a full bucket and a frame in flight may add at once)
+            track.peak_bps = max(track.peak_bps, max(0, moved - BUCKET_SLACK) * 8 / (t - t0))
         # Busy all the window for sure: the queue held at its start more than the link can send in
         # it (at the faster of its two rates), so it never ran dry.  A backlog at both ends is not
         # enough: a sender short of CPU lets the queue empty in between, and the link idles.

@@ -7,8 +7,9 @@ its function (``Mode.units``), so that nothing here branches on a mode's name.
 - FL and Flower: a round is the leader's ``round_close`` less the one before (rounds 2..: round 1
   also carries the start-up), so it holds the model's way out, the training, the updates' way back
   and what the controller does between rounds.  An asynchronous rule (FedAsync, ASGD) closes a
-  "round" per version, so its unit is a version.  Compute: the slowest client's training of the
-  round (``train_start`` to ``upload_start``, its encoding included).
+  "round" per version, so its unit is a version.  Compute: the slowest training among the clients
+  the round took (``train_start`` to ``upload_start``, its encoding included; each client's last
+  before the close).
 - DDP: a step, the mean over the workers of each one's own compute, compression and ``comm_s``.
 - ps (ESync): a global version at the parameter server (``ps_round`` less the one before); compute:
   the slowest worker's on it.
@@ -27,22 +28,32 @@ def _gaps(times: dict[int, float]) -> dict[int, float]:
     return {u: times[u] - times[u - 1] for u in sorted(times) if u - 1 in times}
 
 
-def _train_times(events: list[dict]) -> dict[int, float]:
-    """round -> the slowest client's training (upload_start - train_start)."""
+def _trainings(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """client -> its trainings as (when its upload started, how long it trained), in time order."""
     start: dict = {}
-    out: dict[int, float] = {}
+    out: dict[str, list[tuple[float, float]]] = {}
     for e in events:
         if e["kind"] == "train_start":
             start[(e["node"], e["round"])] = e["t"]
         elif e["kind"] == "upload_start" and (e["node"], e["round"]) in start:
-            out[e["round"]] = max(out.get(e["round"], 0.0), e["t"] - start[(e["node"], e["round"])])
-    return out
+            out.setdefault(e["node"], []).append((e["t"], e["t"] - start[(e["node"], e["round"])]))
+    return {c: sorted(v) for c, v in out.items()}
+
+
+def _last_before(trainings: list[tuple[float, float]], t: float) -> float:
+    """How long the last of a client's trainings whose upload started by ``t`` took (0: none)."""
+    done = [d for at, d in trainings if at <= t]
+    return done[-1] if done else 0.0
 
 
 def leader_rounds(events: list[dict], leader: str) -> Units:
-    closes = {e["round"]: e["t"] for e in events if e["kind"] == "round_close" and e.get("node") == leader}
-    train = _train_times(events)
-    return {r: (t, t - train.get(r, 0.0)) for r, t in _gaps(closes).items()}
+    """Compute: the slowest training among the clients whose updates the round (or version) took, each
+    its last before the close: a synchronous round's, or the one update an asynchronous version took."""
+    closes = {e["round"]: e for e in events if e["kind"] == "round_close" and e.get("node") == leader}
+    trainings = _trainings(events)
+    times = _gaps({r: e["t"] for r, e in closes.items()})
+    return {r: (t, t - max((_last_before(trainings.get(c, []), closes[r]["t"]) for c in closes[r].get("clients", [])),
+                           default=0.0)) for r, t in times.items()}
 
 
 def ddp_steps(events: list[dict], leader: str) -> Units:

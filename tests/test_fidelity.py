@@ -30,12 +30,22 @@ def test_esync_versions_and_their_slowest_compute():
     assert u == _flat({1: (2.0, 1.4), 2: (2.0, 1.3), 3: (2.0, 1.2)})
 
 
-def test_fl_rounds_run_from_close_to_close_less_the_slowest_training():
-    events = [{"kind": "round_close", "node": "controller", "round": r, "t": 3.0 * r} for r in (1, 2, 3)]
+def test_fl_rounds_run_from_close_to_close_less_the_slowest_training_they_took():
+    events = [{"kind": "round_close", "node": "controller", "round": r, "t": 3.0 * r,
+               "clients": ["client1", "client2"] if r == 2 else []} for r in (1, 2, 3)]
     events += [{"kind": "train_start", "node": c, "round": 2, "t": 3.5} for c in ("client1", "client2")]
     events += [{"kind": "upload_start", "node": "client1", "round": 2, "t": 4.5},
                {"kind": "upload_start", "node": "client2", "round": 2, "t": 5.5}]
     assert units.leader_rounds(events, "controller") == {2: (3.0, 1.0), 3: (3.0, 3.0)}
+
+
+def test_an_asynchronous_version_takes_the_training_of_the_update_it_applied():
+    # FedAsync: version 5 closes at 10.0 with client2's update, trained on version 3 from 8.0 to 9.5
+    events = [{"kind": "round_close", "node": "controller", "round": 4, "t": 9.0, "clients": ["client1"]},
+              {"kind": "round_close", "node": "controller", "round": 5, "t": 10.0, "clients": ["client2"]},
+              {"kind": "train_start", "node": "client2", "round": 3, "t": 8.0},
+              {"kind": "upload_start", "node": "client2", "round": 3, "t": 9.5}]
+    assert units.leader_rounds(events, "controller") == _flat({5: (1.0, -0.5)})
 
 
 def test_ddp_steps_are_the_workers_mean():

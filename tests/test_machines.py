@@ -9,7 +9,7 @@ import pytest
 from dtemu.host.scenario_file import load_scenario
 from dtemu.core.runtime import machine_plan as M
 from dtemu.real.machine_net import parse_qdiscs
-from dtemu.real.monitors import (BoxTrack, CpuTrack, Limits, LinkTrack, Samples, box_window, cpu_window, judge,
+from dtemu.real.monitors import (BUCKET_SLACK, BoxTrack, CpuTrack, Limits, LinkTrack, Samples, box_window, cpu_window, judge,
                                  link_window)
 from dtemu.real.timer_lateness import Lateness
 
@@ -20,7 +20,7 @@ def test_every_fl_node_is_a_machine_behind_its_link_slowed_by_the_time_scale():
     assert p.machines == ["controller", "client1", "client2", "client3", "client4"]
     assert p.of_node == {n: i for i, n in enumerate(p.machines)}
     # 50 up / 100 down / 10 ms by default; client2's uplink is 5 Mbit/s
-    assert p.links[1] == M.LinkPlan(5.0, 10.0, 100.0, 0.0)
+    assert p.links[1] == M.LinkSpec(5.0, 10.0, 100.0, 0.0)
     assert p.links[2].up_mbps == pytest.approx(0.5)
     # 0.8 of the box's two cores, split five ways
     assert p.cpus == [0.32] * 5
@@ -163,9 +163,13 @@ def test_timer_lateness_keeps_its_percentiles():
 def test_a_link_that_carries_more_than_its_rate_is_flagged():
     k = LinkTrack(8e6)
     link_window(k, 0.0, {"bytes": 0, "backlog": 0, "drops": 0, "rate_bps": 8e6})
-    link_window(k, 0.5, {"bytes": 1_000_000, "backlog": 0, "drops": 0, "rate_bps": 8e6})  # 16 Mbit/s
+    link_window(k, 0.5, {"bytes": 1_000_000 + BUCKET_SLACK, "backlog": 0, "drops": 0, "rate_bps": 8e6})  # 16 Mbit/s
     link_window(k, 0.55, {"bytes": 1_100_000, "backlog": 0, "drops": 0, "rate_bps": 8e6})  # too short to judge
     assert k.peak_bps == 16e6
+    slow = LinkTrack(0.35e6)   # a slow link: its bucket is a quarter of a window's worth, and no excess
+    link_window(slow, 0.0, {"bytes": 0, "backlog": 0, "drops": 0, "rate_bps": 0.35e6})
+    link_window(slow, 0.25, {"bytes": 12_250, "backlog": 0, "drops": 0, "rate_bps": 0.35e6})
+    assert slow.peak_bps < 0.35e6
     s = Samples(seconds=1.0)
     s.links["x.up"] = k
     assert judge(s)["why"] == ["link x.up carried 16 Mbit/s in a window, over the scenario's rate of 8"]

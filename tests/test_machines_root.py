@@ -18,7 +18,8 @@ from helpers import HAVE_MNIST
 
 from dtemu.host import cpu_shares
 from dtemu.real import machine_net
-from dtemu.core.runtime.machine_plan import LinkPlan, Plan
+from dtemu.core.runtime.machine_plan import Plan
+from dtemu.core.runtime.network_spec import LinkSpec
 from dtemu.host.testbed_check import unavailable
 from dtemu.real import machines as M
 from dtemu.real.monitors import judge
@@ -32,7 +33,7 @@ BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
 
 def _two_machines(mbps: float = 20.0, cpus: float = 0.4) -> Plan:
     return Plan(machines=["a", "b"], of_node={"a": 0, "b": 1},
-                  links=[LinkPlan(mbps, mbps), LinkPlan(mbps, mbps)],
+                  links=[LinkSpec(mbps, mbps, 0.0), LinkSpec(mbps, mbps, 0.0)],
                   cpus=[cpus, cpus], scale=1.0)
 
 

@@ -40,7 +40,7 @@ LAN = ["network.default={up_mbps: 100, down_mbps: 100, latency_ms: 0.5}"]
 WAN = [f"network.sites.{s}.wan={{up_mbps: 20, down_mbps: 20, latency_ms: 1}}" for s in ("central", "a", "b")]
 FL = ["fl.rounds=6", "fl.subset=500", "fl.eval_every=1006", "data.test_samples=2000", "threads=1"] + LAN
 DDP = ["ddp.max_steps=16", "data.test_samples=600", "threads=1"] + LAN
-GEO = ["model=mnist_cnn", "threads=1", "geo.rounds=20", "geo.eval_every=1020", "geo.workers_per_site=2",
+GEO = ["model=mnist_cnn", "threads=1", "geo.rounds=10", "geo.eval_every=1010", "geo.workers_per_site=2",
        "data.test_samples=500"] + WAN
 ROWS = {
     "fl_fp32": Row("scenarios/fl_codecs.yaml", FL, "fl, fp32, 2 clients"),
@@ -76,6 +76,14 @@ def validate(name: str, row: Row, out: Path, repeat: int) -> list[dict]:
     with open(folder / "validate.log", "wb") as log:
         subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
     return json.loads((folder / "validation.json").read_text())
+
+
+def recompare(row: Row, folder: Path, records: list[dict]) -> list[dict]:
+    from dtemu.host.scenario_file import load_scenario
+    from dtemu.report.fidelity import compare
+
+    scenario = load_scenario(ROOT / row.scenario, row.sets)
+    return [{**r, **compare(scenario, folder / f"real-{r['repetition']}", folder / "emu")} for r in records]
 
 
 def host() -> str:
@@ -134,6 +142,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", default="runs/fidelity")
     p.add_argument("--from", dest="source", help="only write the documents from an earlier --out")
+    p.add_argument("--recompare", action="store_true",
+                   help="with --from: compare its runs again with this checkout's report.units (its records' "
+                        "comparison only; the runs stay as they were)")
     p.add_argument("--md", help="write the table here (Markdown)")
     p.add_argument("--json", help="write every record here")
     args = p.parse_args(argv)
@@ -144,6 +155,8 @@ def main(argv=None) -> int:
             path = out / name / "validation.json"
             if path.exists():
                 rows[name] = json.loads(path.read_text())
+                if args.recompare:
+                    rows[name] = recompare(ROWS[name], out / name, rows[name])
             continue
         print(f"tools.fidelity: {name} ...", file=sys.stderr, flush=True)
         try:

@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from dtemu.core.runtime.machine_plan import LinkPlan
+from dtemu.core.runtime.network_spec import LinkSpec
 from dtemu.host.rundir import read_events_partial
 from dtemu.host.testbed_check import unavailable
 from dtemu.real.machine_net import PREFIX, SUBNET, MachineNet, NetError
@@ -66,21 +66,10 @@ class Testbed(MachineNet):
     cleans up; and the measurements the tools take of it (round trips, counters)."""
 
     def __init__(self, nodes: int = 3, mbps: float = 100.0, delay_ms: float = 2.0, tag: str | None = None,
-                 mtu: int = 1500, links: list[LinkPlan] | None = None):
-        links = links or [LinkPlan(mbps, mbps, delay_ms)] * nodes
+                 mtu: int = 1500, links: list[LinkSpec] | None = None):
+        links = links or [LinkSpec(mbps, mbps, delay_ms)] * nodes
         super().__init__(tag or f"dtfl{os.getpid() % 100000}", links, mtu)
         self.nodes, self.mbps, self.delay_ms = len(links), mbps, delay_ms
-
-    def __enter__(self) -> "Testbed":
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.down()
 
     @property
     def applied_delay_ms(self) -> float:

@@ -83,7 +83,7 @@ import time
 from pathlib import Path
 
 from dtemu.host.rundir import read_events_partial
-from dtemu.core.runtime.machine_plan import LinkPlan
+from dtemu.core.runtime.network_spec import LinkSpec
 from tools.netns_fl import (ROOT, NetnsError, Testbed, mean_cells, run_comparison, run_emu, run_testbed,
                             testbed_parser)
 
@@ -97,7 +97,7 @@ class SiteTestbed(Testbed):
     def __init__(self, sites: list[str], wan_mbps: list[tuple[float, float]], delay_ms: float = 0.0,
                  tag: str | None = None):
         super().__init__(tag=tag or f"dtgeo{os.getpid() % 100000}", delay_ms=delay_ms,
-                         links=[LinkPlan(up, down, delay_ms) for up, down in wan_mbps])
+                         links=[LinkSpec(up, down, delay_ms) for up, down in wan_mbps])
         self.sites = list(sites)
         self.wan_mbps = list(wan_mbps)
         self.lan: dict[str, float] = {}

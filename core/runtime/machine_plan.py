@@ -30,20 +30,10 @@ class MachinesRefused(DtemuError):
 
 
 @dataclass(frozen=True)
-class LinkPlan:
-    """A machine's access link as the scenario gives it (rates already divided by a time scale)."""
-
-    up_mbps: float
-    down_mbps: float
-    latency_ms: float = 0.0
-    loss: float = 0.0
-
-
-@dataclass(frozen=True)
 class Plan:
     machines: list[str]          # each machine's name: a site's, or its one node's
     of_node: dict[str, int]      # node -> its machine's index
-    links: list[LinkPlan]
+    links: list[LinkSpec]        # each machine's link (its rates already divided by the time scale)
     cpus: list[float]
     scale: float
 
@@ -82,7 +72,7 @@ def plan(scenario, cores: int, scale: float = 1.0, cpus: float | None = None) ->
                             loss=scenario.network.default.loss)
         else:
             spec = scenario.link(name)
-        links.append(LinkPlan(spec.up_mbps / scale, spec.down_mbps / scale, spec.latency_ms * scale, spec.loss))
+        links.append(LinkSpec(spec.up_mbps / scale, spec.down_mbps / scale, spec.latency_ms * scale, spec.loss))
     room = round(cores * (1 - RESERVE), 3)
     want = []
     for i in range(len(machines)):
