@@ -88,7 +88,7 @@ def readme_commands() -> list[str]:
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    verbs = r"(?:emu|real) (?:run|launch|report|audit|soak|sweep|calibrate|rogue)\b"
+    verbs = r"(?:emu|real) (?:run|launch|report|audit|soak|sweep|calibrate|rogue|validate)\b"
     found = re.findall(rf"^{verbs}[^\n#]*", text, flags=re.M)
     found += [m.replace("\n", " ") for m in re.findall(rf"`({verbs}[^`]*)`", text)]
     # a bare verb inline (`real launch` restarts it) names the verb, it is no command
