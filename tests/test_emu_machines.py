@@ -65,6 +65,7 @@ def test_a_site_is_one_machine_and_a_node_outside_the_sites_has_its_own():
     assert m["a-ps"] is m["a-w0"] and m["a-ps"] is not m["b-w0"] and "master" not in m
 
 
+@pytest.mark.slow
 def test_a_geo_site_sharing_its_machine_is_slower_and_trains_the_same_model(tmp_path):
     import json
     import subprocess
