@@ -62,7 +62,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     from dtemu.host import devices
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of
-    from dtemu.report.resolve import resolve
+    from dtemu.host.resolve import resolve
 
     messages = _message_sets()  # every mode's messages cost the transport's CPU, whatever their size
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too

@@ -3,7 +3,7 @@ a "module:function" of host), so neither runtime needs to know."""
 
 from __future__ import annotations
 
-from dtemu.report.resolve import resolve
+from dtemu.host.resolve import resolve
 
 
 def load_work(scenario):

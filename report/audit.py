@@ -19,7 +19,7 @@ from pathlib import Path
 from dtemu.core import events as ev
 from dtemu.host.rundir import read_events_partial, read_summary
 from dtemu.core.modes import MODES
-from dtemu.report.resolve import resolve
+from dtemu.host.resolve import resolve
 
 # A mode's checks: (events, summary, finished, scenario) -> (their fields, the problems found).
 AUDITED = tuple(name for name, mode in MODES.items() if mode.audit)

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from dtemu.host.rundir import read_events_partial
-from dtemu.report.resolve import resolve
+from dtemu.host.resolve import resolve
 
 TIME_TARGET = 0.10   # a unit's time within 10% of the testbed's
 COMM_TARGET = 0.05   # its communication within 5%

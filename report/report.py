@@ -30,7 +30,7 @@ from dtemu.report.ddp import *  # noqa: F401,F403
 from dtemu.report.fl import *  # noqa: F401,F403
 from dtemu.report.runs import *  # noqa: F401,F403
 from dtemu.report.runs import ReportError, Run, load_run
-from dtemu.report.resolve import resolve
+from dtemu.host.resolve import resolve
 from dtemu.core.modes import MODES
 
 

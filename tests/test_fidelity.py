@@ -8,7 +8,7 @@ import pytest
 from dtemu.host.scenario_file import load_scenario
 from dtemu.report import units
 from dtemu.report.fidelity import compare
-from dtemu.report.resolve import resolve
+from dtemu.host.resolve import resolve
 
 
 def _flat(u: dict) -> dict:

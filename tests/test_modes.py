@@ -4,7 +4,7 @@ import pytest
 
 from dtemu.core.modes import MODES
 from dtemu.core.scenario import parse_scenario
-from dtemu.report.resolve import resolve
+from dtemu.host.resolve import resolve
 
 SCENARIOS = {
     "fl": {"name": "m", "fl": {"clients": 3}},

@@ -1,5 +1,5 @@
-"""A "module:function" name, as core.modes names a mode's audit, report page and dashboard panel
-(core names them without importing what reads run folders), made the function."""
+"""A "module:function" name, as core.modes names a mode's audit, report page, costs and units
+(core names them without importing what runs or reads them), made the function: emu, host and report ask it."""
 
 from __future__ import annotations
 
