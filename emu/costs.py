@@ -31,7 +31,7 @@ import numpy as np
 
 from dtemu.core.modes import MODES
 from dtemu.core.runtime.compute import CPU_OPS
-from dtemu.real.config import whc_high_bytes, writer_history
+from dtemu.host.writer_history import whc_high_bytes, writer_history
 
 FL_WINDOW = whc_high_bytes()  # real mode's writer history outside DDP ("2MiB", or $DTEMU_DDS_WHC_HIGH)
 
@@ -49,7 +49,7 @@ def median_s(fn, reps: int = 7) -> float:
 def run_window(mode: str, model_params: int, real_dir=None) -> int:
     """The writer history (bytes) a real run of ``mode`` had: what its ranks' summaries
     recorded (``real.writer_history``), else what real mode would choose now
-    (``real.config.writer_history``).  Emu's ``network.send_window_bytes`` follows it."""
+    (``host.writer_history.writer_history``).  Emu's ``network.send_window_bytes`` follows it."""
     from pathlib import Path
 
     if real_dir is not None:

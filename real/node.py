@@ -22,7 +22,7 @@ from dtemu.host.work import load_work
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
 
-from .config import writer_history
+from dtemu.host.writer_history import writer_history
 from .paced_links import PacedLinks
 from .primitives import RealPrimitives
 from .start_line import hold_until_window_end, wait_for_start

@@ -109,7 +109,7 @@ def _emu_sets(machines, out: Path, scenario: Scenario) -> list[str]:
     """What emu is given to model this testbed (emu run --set ...): real mode's transport (its
     framing, the writer history the ranks had: a send returns once its last history's worth is on
     the wire, not when it is delivered) and a site's nodes sharing their machine's CPU."""
-    from .config import whc_high_bytes
+    from dtemu.host.writer_history import whc_high_bytes
 
     history = None
     for rank in range(len(scenario.node_names)):

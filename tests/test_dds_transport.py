@@ -332,7 +332,8 @@ def test_config_profiles():
 def test_writer_history_holds_a_whole_gradient_for_ddp_only(monkeypatch):
     """DDP ranks all send at once: a history shorter than a gradient makes writers wait for
     acks queued behind the readers' own gradients (docs/netns.md); others keep 2 MiB."""
-    from dtemu.real.config import DEFAULT_WHC_HIGH, config_xml, whc_high_bytes, writer_history
+    from dtemu.host.writer_history import DEFAULT_WHC_HIGH, whc_high_bytes, writer_history
+    from dtemu.real.config import config_xml
     monkeypatch.delenv("DTEMU_DDS_WHC_HIGH", raising=False)
     assert writer_history(False, 10_000_000) == writer_history(False, 1) == writer_history(False, 5) == DEFAULT_WHC_HIGH
     assert writer_history(True, 1_199_882) == "8MiB"          # the 1.2M CNN: 4.8 MB of fp32

@@ -51,7 +51,7 @@ class Mode:
     # Does a node back after a crash join the run again (its new life counts in the results)?
     rejoins_after_crash: bool = False
     # Does every node send to every other at once (DDP's collectives)?  Real mode gives such
-    # senders a writer history as deep as the model (real.config.writer_history).
+    # senders a writer history as deep as the model (host.writer_history.writer_history).
     all_to_all: bool = False
     # Does its leader choose whom to ask each round (fl.sample, fl.availability: core.fl.population;
     # host.traces builds it, with a trace's windows)?
