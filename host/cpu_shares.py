@@ -2,15 +2,15 @@
 
 A testbed machine (real.machines) gets ``cpus`` of the box's cores: ``cpu.cfs_quota_us`` over a
 ``cpu.cfs_period_us`` of 5 ms; ``emu calibrate --cpu-share`` and real launch's time scale time a
-training step under the same share (``confined``).  The period is short on purpose: at the kernel's default 100 ms, a
-capped 3 ms training step was bimodal on this box (p90 42-53 ms: a step that ran out of quota waited
-for the next period); at 5 ms, four capped processes each stepped within 10% of one alone
-(docs/notebook, entry 31).
+training step under the same share (``confined``).  The period is short on purpose: at the
+kernel's default 100 ms a capped 3 ms training step was bimodal on this box (p90 42-53 ms: a step
+that ran out of quota waited for the next period); at 5 ms, four capped processes each stepped
+within 10% of one alone (DEVELOPERS.md's facts of this machine).
 
-Everything made here is named ``dtemu/<tag>-<machine>`` under each hierarchy, so that a later launch
-can find and remove what a killed one left (real.machines.sweep).  The group reads what the
-monitors (real.monitors) need: CPU used, time throttled by the quota, and each of the group's threads' time spent runnable but not
-running (``/proc/<tid>/schedstat``'s second field).
+Every group is ``dtemu/dtm<pid>-<name>`` under each hierarchy, <pid> its maker's, so that ``sweep``
+finds and removes what a killed launch or calibration left.  A group reads what the monitors
+(real.monitors) need: CPU used and time throttled by its quota; ``sched_s`` reads each of its
+threads' time on a CPU and time runnable but waiting (``/proc/<tid>/schedstat``).
 """
 
 from __future__ import annotations
