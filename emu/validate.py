@@ -91,7 +91,7 @@ def main(args, compare) -> int:
     print(f"emu validate: 1/3 calibrating {scenario.name} under a CPU share of {share:g} -> {profile}", file=sys.stderr)
     _calibrate(scenario, args, share, per_machine, profile)
     print("emu validate: 2/3 predicting (emu run)", file=sys.stderr)
-    sites = ["--set", "compute.machines=sites"] if len(machines.machines) < len(scenario.node_names) else []
+    sites = [a for s in machines.emu_sets for a in ("--set", s)]
     _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(out / "emu"),
           "--profile", str(profile), *common, *sites], out / "emu.log", args.timeout)
     records = []

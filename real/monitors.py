@@ -32,7 +32,7 @@ import os
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from dtemu.host.cpu_shares import CpuGroup, sched_s
 from .machine_net import BURST_BYTES, parse_qdiscs
@@ -262,7 +262,7 @@ def judge(samples: Samples, timers: dict[str, dict] | None = None, limits: Limit
     box_record = {"cpu_s": round(box.seconds, 3), "steal": round(steal, 4),
                   "outside_machines_cpus": round((box.busy_s - used) / samples.seconds, 4) if samples.seconds else None}
     return {"faithful": not why, "why": why, "machines": machines, "links": links, "box": box_record, "timers": joined,
-            "samples": samples.count, "limits": vars(limits) if not isinstance(limits, dict) else limits}
+            "samples": samples.count, "limits": asdict(limits)}
 
 
 def join_timers(per_rank: dict[str, dict]) -> dict:

@@ -119,6 +119,4 @@ def _emu_sets(machines, out: Path, scenario: Scenario) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     sets = ["network.framing=rtps"] + ([f"network.send_window_bytes={whc_high_bytes(history)}"] if history else [])
-    if len(machines.plan.machines) < len(scenario.node_names):
-        sets.append("compute.machines=sites")
-    return sets
+    return sets + machines.plan.emu_sets

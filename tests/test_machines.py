@@ -188,3 +188,8 @@ def test_the_dashboard_says_when_the_testbed_stopped_being_faithful():
     assert "testbed NOT faithful: machine client1 received 30% less CPU" in console.export_text()
     state.observe({"kind": "testbed", "faithful": True, "why": []})
     assert state.testbed_why == []
+
+
+def test_the_plan_says_when_emu_shares_a_machine_among_nodes():
+    assert M.plan(load_scenario("scenarios/fl_straggler.yaml"), 2).emu_sets == []
+    assert M.plan(load_scenario("scenarios/geo_hips.yaml"), 2).emu_sets == ["compute.machines=sites"]

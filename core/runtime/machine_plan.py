@@ -37,6 +37,12 @@ class Plan:
     cpus: list[float]
     scale: float
 
+    @property
+    def emu_sets(self) -> list[str]:
+        """What emu is given to model these machines: where one holds several nodes, they share its CPU
+        (compute.machines: sites, emu/machines.py)."""
+        return ["compute.machines=sites"] if len(self.machines) < len(self.of_node) else []
+
     def nodes_on(self, machine: int) -> list[str]:
         return [n for n, m in self.of_node.items() if m == machine]
 
