@@ -16,7 +16,7 @@ It measures, on this machine and with this process's arithmetic:
   MB, geo's decoding and its roles' CPU per op), and real mode's framing and
   writer history;
 - what one message costs the CPU over DDS, each side, whatever its size
-  (emu.message_costs: a writer here, a reader process, on loopback).
+  (real.message_costs, run as a command: a writer and a reader process, on loopback).
 
 It writes them to a profile (host.profile) that records the machine.
 ``emu run SCENARIO --profile FILE``, or ``compute.profile: FILE`` in the
@@ -103,15 +103,21 @@ def _times(assignment: str, factor: float) -> str:
 
 
 def _message_sets() -> list[str]:
-    """A message's own CPU over DDS, each side (emu.message_costs: a writer here, a reader process),
-    or nothing where CycloneDDS is not there (emu needs it for nothing else)."""
+    """A message's own CPU over DDS, each side (real.message_costs, run as a command: a writer and a
+    reader process on loopback), or nothing where CycloneDDS is not there (emu needs it for nothing
+    else)."""
     import importlib.util
+    import json
+    import subprocess
+    import sys
 
     if importlib.util.find_spec("cyclonedds") is None:
         return []
-    from .message_costs import message_costs
-
-    costs = message_costs()
+    done = subprocess.run([sys.executable, "-m", "dtemu.real.message_costs", "--measure"],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring a message's cost over DDS failed: {done.stderr.strip()[-500:]}")
+    costs = json.loads(done.stdout.strip().splitlines()[-1])
     return [f"compute.default.{side}_s_per_message={costs[side]:.6e}" for side in ("send", "recv")]
 
 

@@ -18,9 +18,7 @@ from dtemu.core.errors import AppError, DtemuError, KeyFileError, ScenarioError
 from dtemu.host.keys import load_key
 from dtemu.host import cores
 from dtemu.host.scenario_file import check_code, load_scenario, read_init
-from dtemu.report.cli import add_commands
-from dtemu.host import soak
-from dtemu.report.cli import run as run_reader
+from dtemu.host.verbs import plug
 
 from . import calibrate, sweep, validate
 
@@ -53,8 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local: a process pool on this machine; ray: Ray tasks (pip install 'dtemu[ray]')")
     run.add_argument("--address", help="--executor ray: the Ray cluster to join (default: a local Ray)")
-    add_commands(sub)
-    soak.add_parser(sub, "emu")
+    plug(sub, "emu")  # report, audit, soak (host.verbs)
     sweep.add_parser(sub)
     calibrate.add_parser(sub)
     validate.add_parser(sub)
@@ -70,18 +67,14 @@ def default_out(name: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("report", "audit"):
-        return run_reader(args)
-    if args.command == "soak":
-        return soak.main(args, "emu")
+    if getattr(args, "plugged", None):
+        return args.plugged(args)
     if args.command == "sweep":
         return sweep.main(args)
     if args.command == "calibrate":
         return calibrate.main(args)
     if args.command == "validate":
-        from dtemu.report.fidelity import compare
-
-        return validate.main(args, compare)
+        return validate.main(args)
     try:
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code, profile=args.profile)
         init = read_init(scenario)

@@ -14,7 +14,7 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
 3. **run**: ``real launch --machines netns --time-scale 1``, ``--repeat`` times, into
    ``DIR/real-<i>``: every node (or site) on a machine of its own at the scenario's link rates, and
    the fidelity monitors' verdict in its summary.
-4. **compare**, unit by unit (report.fidelity, the mode's units: round, step or version):
+4. **compare**, unit by unit (emu.fidelity, the mode's units: round, step or version):
    ``DIR/validation.json`` holds one record per repetition with ``time_error`` and ``comm_error``
    ((emu - real) / real, fractions), ``same_model`` and ``faithful``; the table is printed.
 
@@ -49,14 +49,14 @@ def add_parser(sub) -> None:
     p.add_argument("--no-code", action="store_true", help="refuse a scenario that names code (as emu run)")
 
 
-def main(args, compare) -> int:
-    """``compare(scenario, real_dir, emu_dir)``: report.fidelity's, handed in by the CLI (emu does not
-    import the reports)."""
+def main(args) -> int:
     from dtemu.core.errors import ScenarioError
     from dtemu.core.runtime.machine_plan import MachinesRefused, plan
     from dtemu.host import cores
     from dtemu.host.scenario_file import check_code, load_scenario
     from dtemu.host.testbed_check import unavailable
+
+    from .fidelity import compare
 
     try:
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)

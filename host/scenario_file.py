@@ -47,7 +47,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
         scenario = parse_scenario(raw, [*costs, *overrides, f"{profiles.KEY}={where}"])
     devices.resolve(scenario)  # a GPU it cannot have: refused now, not run on the CPU
     if not allow_code:
-        user_code.refuse_code(scenario)
+        refuse_code(scenario)
     return scenario
 
 
@@ -116,3 +116,17 @@ def check_code(scenario: Scenario) -> None:
             load_dataset_factory(scenario.data.factory)
         except DataError as err:  # what it returned is no data set: the scenario's error too
             raise ScenarioError("data.factory", str(err)) from None
+
+
+def code_keys(scenario: Scenario) -> dict[str, str]:
+    """Every key of the scenario that names code, with what it names."""
+    keys = {"task": scenario.task, "model": scenario.model, "data.factory": scenario.data.factory}
+    named = {key: spec for key, spec in keys.items() if user_code.names_code(spec)}
+    return {**named, **scenario.kind.code_keys(scenario)}
+
+
+def refuse_code(scenario: Scenario) -> None:
+    """``--no-code``: refuse a scenario that names code, before any of it is imported."""
+    for key, spec in code_keys(scenario).items():
+        raise ScenarioError(key, f"{spec!r} names code ({user_code.FORM}), and --no-code refuses scenarios that "
+                                 "run code; use a registered name, or drop --no-code for a file you trust")

@@ -22,13 +22,11 @@ from pathlib import Path
 
 from dtemu.host.keys import load_key
 from dtemu.core.errors import AppError, DtemuError, KeyFileError, ScenarioError
-from dtemu.report.cli import add_commands
-from dtemu.report.cli import run as run_reader
 from dtemu.core.ps.spec import PS
 from dtemu.core.scenario import CONTROLLER, stretched
 from dtemu.host.rundir import CHECKPOINT
 from dtemu.host.scenario_file import check_code, load_scenario, read_init
-from dtemu.host import soak
+from dtemu.host.verbs import plug
 from dtemu.real import rogue
 
 EXIT_OK, EXIT_USAGE, EXIT_RUN, EXIT_DDS, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 2, 3, 4, 130, 143
@@ -117,18 +115,15 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--cpu-share", type=float, default=None, metavar="CPUS",
                         help="with --machines: each machine's CPU, in cores (default: 0.9 x this box's cores, split "
                              "evenly)")
-    add_commands(sub)
-    soak.add_parser(sub, "real")
+    plug(sub, "real")  # report, audit, soak (host.verbs)
     rogue.add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("report", "audit"):
-        return run_reader(args)
-    if args.command == "soak":
-        return soak.main(args, "real")
+    if getattr(args, "plugged", None):
+        return args.plugged(args)
     if args.command == "rogue":
         return rogue.main(args)
     try:

@@ -1,8 +1,19 @@
-"""``emu report`` / ``emu audit`` (and the same under ``real``): what reads run folders, as subcommands."""
+"""``report``, ``audit`` and ``soak``: report's verbs, which ``emu`` and ``real`` take from the entry
+point group dtemu.verbs (host.verbs), so that neither runtime imports this layer."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Callable
+
+
+def verbs(sub, command: str) -> dict[str, Callable]:
+    """Add ``report``, ``audit`` and ``soak`` to ``command``'s (emu's or real's) subparsers."""
+    from . import soak
+
+    add_commands(sub)
+    soak.add_parser(sub, command)
+    return {"report": run, "audit": run, "soak": lambda args: soak.main(args, command)}
 
 
 def add_commands(sub) -> None:

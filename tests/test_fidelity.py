@@ -1,13 +1,13 @@
-"""emu validate's comparison: each mode's units (report.units) and the errors over them
-(report.fidelity); the rows of docs/fidelity.md (tools/fidelity.py)."""
+"""emu validate's comparison: each mode's units (core.modes.units) and the errors over them
+(emu.fidelity); the rows of docs/fidelity.md (tools/fidelity.py)."""
 
 import json
 
 import pytest
 
 from dtemu.host.scenario_file import load_scenario
-from dtemu.report import units
-from dtemu.report.fidelity import compare
+from dtemu.core.modes import units
+from dtemu.emu.fidelity import compare
 from dtemu.host.resolve import resolve
 
 

@@ -167,7 +167,7 @@ def test_what_a_flower_run_cannot_do_is_refused_at_load(change, key):
 
 
 def test_no_code_refuses_a_flower_app_and_a_bad_app_is_a_scenario_error(tmp_path):
-    from dtemu.core.ml.user_code import refuse_code
+    from dtemu.host.scenario_file import refuse_code
     from dtemu.host.flower_app import load_app
 
     with pytest.raises(ScenarioError, match="names code"):

@@ -17,11 +17,12 @@ def modules():
             yield "dtemu." + ".".join(parts), path
 
 
-def imports(path: Path) -> set[str]:
-    """What the module imports when it runs (not under ``if TYPE_CHECKING:``: annotations only)."""
+def imports(path: Path, annotations: bool = False) -> set[str]:
+    """What the module imports, at its top or in a function; under ``if TYPE_CHECKING:`` (names for
+    annotations) only with ``annotations``."""
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+        if not annotations and isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             node.body = []
     found = set()
     for node in ast.walk(tree):
@@ -78,9 +79,40 @@ def test_core_does_no_io_and_imports_no_runtime():
     assert {k: v for k, v in bad.items() if v} == {}
 
 
-def test_no_import_cycles():
+# What each layer may not import (annotations included): the runtimes stand beside each other on
+# host and core, and report reads what both write; host serves both runtimes and reads no report.
+BELOW_ONLY = {"dtemu.emu": ("dtemu.real", "dtemu.report"), "dtemu.real": ("dtemu.emu", "dtemu.report"),
+              "dtemu.host": ("dtemu.emu", "dtemu.real", "dtemu.report")}
+
+
+def test_layers_point_down_only():
+    bad = [f"{name} imports {i}" for name, path in modules() for layer, banned in BELOW_ONLY.items()
+           if name.startswith(layer + ".") or name == layer
+           for i in sorted(imports(path, annotations=True)) if i.startswith(banned)]
+    assert bad == []
+
+
+def test_the_scenario_imports_no_role():
+    """A scenario is data: it knows its sections through the registry (core.modes), which names the
+    roles' code by address; importing it brings in no role, however deep."""
     known = dict(modules())
-    graph = {name: {i for i in imports(path) if i in known and i != name} for name, path in known.items()}
+    seen, todo = set(), ["dtemu.core.scenario"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in known:
+            continue
+        seen.add(name)
+        todo += [i for i in imports(known[name], annotations=True) if i in known]
+    roles = {"dtemu.core.fl.client", "dtemu.core.fl.controller", "dtemu.core.ps.state_server",
+             "dtemu.core.ddp.worker", "dtemu.core.geo.roles", "dtemu.core.flower.server", "dtemu.core.flower.client"}
+    assert seen & roles == set()
+
+
+def test_no_import_cycles():
+    """Not even through annotations (``if TYPE_CHECKING:``) or a function's own imports."""
+    known = dict(modules())
+    graph = {name: {i for i in imports(path, annotations=True) if i in known and i != name}
+             for name, path in known.items()}
     state: dict[str, int] = {}
     cycles = []
 

@@ -76,7 +76,7 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     sets = profile["sets"]
     assert sets["compute.default.train_s_per_sample"] > 0 and sets["compute.default.decode_s_per_mb"] > 0
     assert sets["compute.nodes.controller.decode_s_per_mb"] > 0 and sets["network.framing"] == "rtps"
-    # a message's own CPU over DDS, each side (emu.message_costs: a reader process on loopback)
+    # a message's own CPU over DDS, each side (real.message_costs: a reader process on loopback)
     assert 0 < sets["compute.default.send_s_per_message"] < 0.01 and 0 < sets["compute.default.recv_s_per_message"] < 0.01
     assert sets["compute.default.cpu.encode_s_per_mb"] > 0  # an FL client's codec encoding its update
     s = load_scenario(path, profile=tmp_path / "p.yaml")

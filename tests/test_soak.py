@@ -8,7 +8,7 @@ from dtemu.core.scenario import parse_scenario
 from dtemu.emu.run import run_emulation
 from helpers import needs_mnist
 from dtemu.report.audit import audit
-from dtemu.host.soak import soak_scenario
+from dtemu.report.soak import soak_scenario
 
 
 @pytest.mark.parametrize("mode", ["emu", "real"])

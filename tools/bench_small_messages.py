@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 
-from dtemu.emu.message_costs import write
+from dtemu.real.message_costs import write
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,7 +39,7 @@ def main() -> int:
     rows = {}
     labels = {"thread": "receive thread", "caller": "caller takes", "bare": "bare wait+take"}
     for mode in labels:
-        rx = subprocess.Popen([sys.executable, "-m", "dtemu.emu.message_costs", "--read", mode, "--domain",
+        rx = subprocess.Popen([sys.executable, "-m", "dtemu.real.message_costs", "--read", mode, "--domain",
                                str(args.domain), "--messages", str(args.messages)], stdout=subprocess.PIPE, text=True)
         try:
             if rx.stdout.readline().strip() != "ready":

@@ -80,7 +80,7 @@ def validate(name: str, row: Row, out: Path, repeat: int) -> list[dict]:
 
 def recompare(row: Row, folder: Path, records: list[dict]) -> list[dict]:
     from dtemu.host.scenario_file import load_scenario
-    from dtemu.report.fidelity import compare
+    from dtemu.emu.fidelity import compare
 
     scenario = load_scenario(ROOT / row.scenario, row.sets)
     return [{**r, **compare(scenario, folder / f"real-{r['repetition']}", folder / "emu")} for r in records]
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/fidelity")
     p.add_argument("--from", dest="source", help="only write the documents from an earlier --out")
     p.add_argument("--recompare", action="store_true",
-                   help="with --from: compare its runs again with this checkout's report.units (its records' "
+                   help="with --from: compare its runs again with this checkout's core.modes.units (its records' "
                         "comparison only; the runs stay as they were)")
     p.add_argument("--md", help="write the table here (Markdown)")
     p.add_argument("--json", help="write every record here")

@@ -45,7 +45,7 @@ Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
    for a geo payload of this model) and the roles' CPU outside the gradient
    (``compute.default.cpu``: every op's rate measured here by dtemu.emu.costs (`emu calibrate`),
    one thread) and a message's own CPU (``send_s_per_message``, ``recv_s_per_message``:
-   measured over DDS on loopback, dtemu.emu.message_costs; `emu calibrate` does the same), on
+   measured over DDS on loopback, dtemu.real.message_costs; `emu calibrate` does the same), on
    ``compute.shared_cores`` = this machine's cores, which every rank shares for real;
 2. the same replay, that CPU on cores of each node's own (no sharing);
 3. the same replay with the CPU ops but not the messages' own CPU;
@@ -478,7 +478,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
     from dtemu.core.ml.params import num_params
     from dtemu.host.scenario_file import load_scenario
     from dtemu.emu.costs import cpu_sets, geo_cpu_costs, geo_decode_cost, transport_sets
-    from dtemu.emu.message_costs import message_costs
+    from dtemu.real.message_costs import message_costs
 
     out = Path(out or ROOT / "runs" / f"netns-geo-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)

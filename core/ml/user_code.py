@@ -3,7 +3,7 @@
 A scenario that names code is code: loading it imports a module and calls a
 function, with this process's rights.  So, for files from elsewhere, a CLI's
 ``--no-code`` refuses every such key before anything is imported
-(``refuse_code``).  When code is allowed, whatever it does wrong, on import or
+(host.scenario_file.refuse_code).  When code is allowed, whatever it does wrong, on import or
 when called, is a ``ScenarioError`` naming its key (the CLIs exit 2): an
 exception, and also ``SystemExit`` or ``KeyboardInterrupt`` raised by the user's
 code (``sys:exit`` as a model used to end ``emu run`` with status 0 and no word).
@@ -12,12 +12,9 @@ code (``sys:exit`` as a model used to end ``emu run`` with status 0 and no word)
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from dtemu.core.errors import ScenarioError
-
-if TYPE_CHECKING:
-    from dtemu.core.scenario import Scenario
 
 FORM = "package.module:factory"
 TASK_PREFIX = "task:"  # a task's model travels as this + the task's spec (core.ml.task)
@@ -40,19 +37,6 @@ def model_spec(task: str | None, model: str) -> str:
 
 def is_task(spec: str) -> bool:
     return spec.startswith(TASK_PREFIX)
-
-
-def code_keys(scenario: Scenario) -> dict[str, str]:
-    """Every key of the scenario that names code, with what it names."""
-    keys = {"task": scenario.task, "model": scenario.model, "data.factory": scenario.data.factory}
-    return {**{key: spec for key, spec in keys.items() if names_code(spec)}, **scenario.kind.code_keys(scenario)}
-
-
-def refuse_code(scenario: Scenario) -> None:
-    """``--no-code``: refuse a scenario that names code, before any of it is imported."""
-    for key, spec in code_keys(scenario).items():
-        raise ScenarioError(key, f"{spec!r} names code ({FORM}), and --no-code refuses scenarios that run "
-                                 "code; use a registered name, or drop --no-code for a file you trust")
 
 
 def load(key: str, spec: str, what: str) -> Callable[[], Any]:

@@ -5,16 +5,26 @@ summary records, when its run is over, how real mode's calibration and transport
 and where its audit and report page live.  The driver, the runtimes, the
 summary and the reports ask the mode; none of them branches on a mode's name.
 
-The roles' code is imported when a run asks for its roles, not when a scenario is read, so
-that reading (and refusing) a scenario needs neither torch nor the roles.
+A mode names its roles' code by address (``load``), imported when a run asks for its roles, not
+when a scenario is read: reading (and refusing) a scenario needs neither torch nor the roles, and
+the scenario, which knows its sections through this registry, imports no role (the roles name the
+scenario in their annotations; tests/test_layout.py refuses the cycle).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 DONE = "done"  # a run's stop_reason when nothing stopped it early
+
+
+def load(address: str) -> Any:
+    """What ``"package.module:name"`` names (``"package.module"``: the module), imported now."""
+    module, _, name = address.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, name) if name else found
 
 
 @dataclass(frozen=True)
@@ -63,8 +73,8 @@ class Mode:
     audit: str | None = None
     report: str = ""
     # How it counts its units of work in a run's events, to compare two runs unit by unit (emu
-    # validate): "module:function" of report.units, taking the events and the leader's name.
-    units: str = "dtemu.report.units:leader_rounds"
+    # validate): "module:function" of core.modes.units, taking the events and the leader's name.
+    units: str = "dtemu.core.modes.units:leader_rounds"
     # What ``emu calibrate`` measures for it beyond the training step ("module:function" of
     # emu.costs, taking the scenario and repetitions, returning --set assignments).
     costs: str = "dtemu.emu.costs:transport_only_sets"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dtemu.core.errors import ScenarioError
-from dtemu.core.modes.base import DONE, Mode, RoleSpec
+from dtemu.core.modes.base import DONE, Mode, RoleSpec, load
 
 
 class DataParallel(Mode):
@@ -13,7 +13,7 @@ class DataParallel(Mode):
     all_to_all = True
     audit = "dtemu.report.audit_ddp:check_ddp"
     report = "dtemu.report.ddp:write_ddp_report"
-    units = "dtemu.report.units:ddp_steps"
+    units = "dtemu.core.modes.units:ddp_steps"
     costs = "dtemu.emu.costs:ddp_sets"
 
     def node_names(self, s):
@@ -42,7 +42,7 @@ class DataParallel(Mode):
                                 f"expected 1..{s.ddp.workers} (ddp.workers), got {s.ddp.min_workers}")
 
     def role_of(self, s, rank, work, population=None, residuals=None):
-        from dtemu.core.ddp.worker import worker
+        worker = load("dtemu.core.ddp.worker:worker")
         from dtemu.core.wire.topics import COLL_FRAMES
 
         return RoleSpec(rank, s.worker_names[rank], (COLL_FRAMES,), (COLL_FRAMES,),

@@ -7,7 +7,7 @@ from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRAS
 from dtemu.core.fl.rules import ASYNCHRONOUS, STATE_SERVER
 from dtemu.core.fl.server_opt import SECOND_MOMENTS
 from dtemu.core.fl.strategy import RULE_KEYS, check_tiers
-from dtemu.core.modes.base import Mode, RoleSpec
+from dtemu.core.modes.base import Mode, RoleSpec, load
 from dtemu.core.ps.spec import SS
 
 
@@ -72,9 +72,9 @@ class FederatedLearning(Mode):
         return node not in (CONTROLLER, SS)
 
     def role_of(self, s, rank, work, population=None, residuals=None):
-        from dtemu.core.fl.client import client
-        from dtemu.core.fl.controller import controller
-        from dtemu.core.ps.state_server import state_server
+        client = load("dtemu.core.fl.client:client")
+        controller = load("dtemu.core.fl.controller:controller")
+        state_server = load("dtemu.core.ps.state_server:state_server")
         from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, SS_REPLY, SS_STATE, TRAIN_CMD
 
         # esync: the state server's topics too (core.fl.esync)
@@ -103,7 +103,7 @@ class FederatedLearning(Mode):
         from dtemu.core.ml.params import sha256_of
 
         if name == SS:
-            from dtemu.core.ps.summary import ps_record
+            ps_record = load("dtemu.core.ps.summary:ps_record")
 
             return ps_record(result)
         if name != CONTROLLER:
@@ -114,7 +114,7 @@ class FederatedLearning(Mode):
                     updates=dict(sorted(result.counts.items())), model_sha256=sha256_of(result.weights))
 
     def summary(self, s, records, time_to_accuracy, time_s):
-        from dtemu.core.ps.summary import state_server_summary
+        state_server_summary = load("dtemu.core.ps.summary:state_server_summary")
 
         lead = records[0] if records else {}
         return {"codec": s.fl.codec, "final_accuracy": lead.get("final_accuracy"),

@@ -9,7 +9,7 @@ from dataclasses import fields
 from dtemu.core.errors import ScenarioError
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS
 from dtemu.core.flower.spec import SERVER
-from dtemu.core.modes.base import RoleSpec
+from dtemu.core.modes.base import RoleSpec, load
 from dtemu.core.modes.fl import FederatedLearning
 
 # The fl keys a Flower app's run reads; every other is dtemu's own FL (its codecs, rules, sampling).
@@ -62,8 +62,8 @@ class FlowerApp(FederatedLearning):
         return False
 
     def role_of(self, s, rank, work, population=None, residuals=None):
-        from dtemu.core.flower.client import client
-        from dtemu.core.flower.server import server
+        client = load("dtemu.core.flower.client:client")
+        server = load("dtemu.core.flower.server:server")
         from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
 
         if rank == 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dtemu.core.errors import ScenarioError
 from dtemu.core.geo.spec import (FLAT_PS, GLOBAL_PS, MASTER, geo_node_names, geo_site_of, site_workers,
                                 worker_sites)
-from dtemu.core.modes.base import Mode, RoleSpec
+from dtemu.core.modes.base import Mode, RoleSpec, load
 
 
 class GeoDistributed(Mode):
@@ -17,7 +17,7 @@ class GeoDistributed(Mode):
     rejoins_after_crash = True  # a site's node back after a crash joins again (core.geo.join)
     audit = "dtemu.report.audit_geo:check_geo"
     report = "dtemu.report.geo:write_geo_report"
-    units = "dtemu.report.units:geo_rounds"
+    units = "dtemu.core.modes.units:geo_rounds"
     costs = "dtemu.emu.costs:geo_sets"
 
     def node_names(self, s):
@@ -67,7 +67,7 @@ class GeoDistributed(Mode):
 
     def role_of(self, s, rank, work, population=None, residuals=None):
         """The master and the root PS (global or flat) in the central site; local PSs and workers."""
-        from dtemu.core.geo import roles as geo
+        geo = load("dtemu.core.geo.roles")
         from dtemu.core.wire.topics import GEO_PULL, GEO_PUSH
 
         name = s.node_names[rank]
@@ -91,12 +91,12 @@ class GeoDistributed(Mode):
         return {t: frozenset(names) for t, names in by_topic.items()}
 
     def record(self, s, name, result, time_to_accuracy):
-        from dtemu.core.geo.report import geo_record
+        geo_record = load("dtemu.core.geo.report:geo_record")
 
         return dict(geo_record(result), time_to_accuracy=time_to_accuracy(result.history))
 
     def summary(self, s, records, time_to_accuracy, time_s):
-        from dtemu.core.geo.report import geo_summary
+        geo_summary = load("dtemu.core.geo.report:geo_summary")
 
         return geo_summary(s, records, time_to_accuracy([]))
 

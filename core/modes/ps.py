@@ -3,7 +3,7 @@ ESync and its baselines)."""
 
 from __future__ import annotations
 
-from dtemu.core.modes.base import Mode, RoleSpec
+from dtemu.core.modes.base import Mode, RoleSpec, load
 from dtemu.core.ps.spec import PS, SS, validate_ps
 
 
@@ -13,7 +13,7 @@ class ParameterServer(Mode):
     digest_sections = frozenset({"ddp", "ps"})
     audit = "dtemu.report.audit_ps:check_ps"
     report = "dtemu.report.ps:write_ps_report"
-    units = "dtemu.report.units:esync_versions"
+    units = "dtemu.core.modes.units:esync_versions"
 
     def node_names(self, s):
         return [PS, SS] + s.ps.worker_names
@@ -34,9 +34,9 @@ class ParameterServer(Mode):
         validate_ps(s.ps)
 
     def role_of(self, s, rank, work, population=None, residuals=None):
-        from dtemu.core.ps.server import parameter_server
-        from dtemu.core.ps.state_server import state_server
-        from dtemu.core.ps.worker import ps_worker
+        parameter_server = load("dtemu.core.ps.server:parameter_server")
+        state_server = load("dtemu.core.ps.state_server:state_server")
+        ps_worker = load("dtemu.core.ps.worker:ps_worker")
         from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE, SS_REPLY, SS_STATE
 
         name = s.node_names[rank]
@@ -59,7 +59,7 @@ class ParameterServer(Mode):
         return {PS_MODEL: workers, SS_REPLY: workers, PS_UPDATE: frozenset({PS}), SS_STATE: frozenset({SS})}
 
     def record(self, s, name, result, time_to_accuracy):
-        from dtemu.core.ps.summary import ps_record
+        ps_record = load("dtemu.core.ps.summary:ps_record")
 
         record = ps_record(result)
         if "history" in record:
@@ -67,6 +67,6 @@ class ParameterServer(Mode):
         return record
 
     def summary(self, s, records, time_to_accuracy, time_s):
-        from dtemu.core.ps.summary import ps_summary
+        ps_summary = load("dtemu.core.ps.summary:ps_summary")
 
         return ps_summary(s, records, time_to_accuracy([]), time_s)

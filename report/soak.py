@@ -11,7 +11,7 @@ partitions, message loss, duplicates, reordering, per-round dropouts and
 corrupt updates (NaN, Inf, scaled, garbage, stale).  The model is the small
 CNN.  ``emu`` runs it in virtual time; ``real`` with ``real launch`` (one
 process per rank on loopback), where the offline windows are real SIGKILLs.
-At the end, ``dtemu.report.audit`` counts faults and updates and checks that no
+At the end, report.audit counts faults and updates and checks that no
 completed round was lost or counted twice; the table goes to ``soak.json``.
 """
 
@@ -125,7 +125,7 @@ def add_parser(sub, mode: str) -> None:
 
 def main(args, mode: str) -> int:
     """Draw the faults, run the soak scenario in ``mode``, audit it; exit 1 if it failed or lost data."""
-    from dtemu.report.audit import audit
+    from .audit import audit
 
     rounds, clients = args.rounds, args.clients
     out = Path(args.out or f"runs/soak-{mode}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -1,7 +1,7 @@
 """How far emu's prediction is from a testbed run, unit by unit (emu validate's comparison).
 
 ``compare`` reads the two run folders' events, counts each one's units the mode's way
-(report.units), and, over the units both have, gives ``time_error`` and ``comm_error``: (emu - real)
+(core.modes.units), and, over the units both have, gives ``time_error`` and ``comm_error``: (emu - real)
 / real of the means, as fractions; the spread per unit; and whether they trained the same model.
 """
 

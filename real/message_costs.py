@@ -8,7 +8,11 @@ One writer (this process) sends messages of a few bytes to one reader process, o
 the reader's is the whole reader process's CPU per message (its receive thread, the hand-off, the
 thread in ``recv``).  Loopback only: what a message costs a machine's CPU, not the network.
 
-    python -m dtemu.emu.message_costs --read thread|caller|bare --domain D --messages N   (the reader)
+    python -m dtemu.real.message_costs --read thread|caller|bare --domain D --messages N   (the reader)
+    python -m dtemu.real.message_costs --measure   (both sides; prints {"send": s, "recv": s} as JSON)
+
+It lives in real/ because it runs real's transport; ``emu calibrate`` runs it as a command and reads
+its JSON, so that emu imports nothing of real.
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> 
     """Seconds of CPU per message, whatever its size: the writer's ``send`` and the reader process
     (its receive thread, the hand-off, the thread in ``recv``), over DDS on loopback."""
     domain = 140 + os.getpid() % 30
-    rx = subprocess.Popen([sys.executable, "-m", "dtemu.emu.message_costs", "--read", "thread", "--domain",
+    rx = subprocess.Popen([sys.executable, "-m", "dtemu.real.message_costs", "--read", "thread", "--domain",
                            str(domain), "--messages", str(messages)], stdout=subprocess.PIPE, text=True)
     try:
         if rx.stdout.readline().strip() != "ready":
@@ -109,12 +113,18 @@ def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m dtemu.emu.message_costs", description=__doc__.split("\n\n")[0])
-    p.add_argument("--read", choices=("thread", "caller", "bare"), required=True)
-    p.add_argument("--domain", type=int, required=True)
+    p = argparse.ArgumentParser(prog="python -m dtemu.real.message_costs", description=__doc__.split("\n\n")[0])
+    p.add_argument("--measure", action="store_true", help="measure both sides; print their seconds as JSON")
+    p.add_argument("--read", choices=("thread", "caller", "bare"))
+    p.add_argument("--domain", type=int)
     p.add_argument("--messages", type=int, default=2000)
     args = p.parse_args()
-    read(args.domain, args.messages, args.read)
+    if args.measure:
+        print(json.dumps(message_costs(args.messages)), flush=True)
+    elif args.read and args.domain is not None:
+        read(args.domain, args.messages, args.read)
+    else:
+        p.error("give --measure, or --read and --domain")
     return 0
 
 
