@@ -108,6 +108,7 @@ def describe() -> dict:
     state = fix()
     return {
         "cpu": cpu_model(),
+        "host_class": host_class(),
         "machine": platform.machine(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -131,8 +132,8 @@ def _numpy_simd() -> list[str] | None:
     return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
 
 
-def cpu_model() -> str:
-    """The host's CPU as /proc/cpuinfo names it (model name, family and model), else the platform's."""
+def _cpuinfo() -> dict[str, str] | None:
+    """/proc/cpuinfo's first processor, by key (None where there is none)."""
     info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -140,5 +141,22 @@ def cpu_model() -> str:
                 key, _, value = line.partition(":")
                 info.setdefault(key.strip(), value.strip())
     except OSError:
+        return None
+    return info
+
+
+def cpu_model() -> str:
+    """The host's CPU as /proc/cpuinfo names it (model name, family and model), else the platform's."""
+    info = _cpuinfo()
+    if info is None:
         return platform.processor() or "unknown"
     return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
+
+
+def host_class() -> str:
+    """The class of CPU whose default arithmetic is one: vendor, family and model (tests/pins.py keys
+    the fingerprint's value by it), e.g. ``GenuineIntel family 6 model 207``."""
+    info = _cpuinfo()
+    if info is None:
+        return f"{platform.machine()} {platform.processor() or 'unknown'}"
+    return f"{info.get('vendor_id', '?')} family {info.get('cpu family', '?')} model {info.get('model', '?')}"

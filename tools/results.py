@@ -75,10 +75,10 @@ def host_of(platform: dict) -> str:
 
 def collect(runs: Path | None, run: bool) -> dict[str, dict]:
     """Each shipped scenario's row: its numbers, where they came from, the host."""
-    from dtemu.host.arith_fingerprint import fingerprint
-    from dtemu.host.scenario_file import load_scenario
+    from dtemu.host import cpu_arith
 
     p = pins()
+    key = (cpu_arith.host_class(), cpu_arith.mode())
     rows = {}
     for mode, items in SHIPPED.items():
         for name, _ in items:
@@ -94,15 +94,14 @@ def collect(runs: Path | None, run: bool) -> dict[str, dict]:
                               "tta": summary.get("time_to_accuracy") or {},
                               "source": "run", "host": host_of(summary.get("platform") or {})}
                 continue
-            fp = fingerprint(load_scenario(ROOT / "scenarios" / f"{name}.yaml").threads)
-            pin = p.PINNED.get(fp, {}).get(name)
+            pin = p.PINNED.get(key, {}).get(name)
             if pin is None:
                 rows[name] = None
                 continue
             sha, acc, units, up, down, time_s = pin
             rows[name] = {"sha": sha, "accuracy": acc, "units": units, "up": up, "down": down, "time_s": time_s,
                           "wall_s": None, "wan": None, "tta": {}, "source": "pin",
-                          "host": f"{p.HOSTS.get(fp, '?')} `{fp}`"}
+                          "host": p.HOSTS.get(key, "?")}
     return rows
 
 
@@ -215,10 +214,10 @@ def page(rows: dict, command: str, note: str = "") -> str:
               "each with its command and host.", ""]
     parts += ["## Fidelity: emu against real runs", "", *fidelity(), ""]
     parts += ["## The same model on another host", "",
-              "A scenario's model is the same on every host whose arithmetic has the same fingerprint "
+              "A scenario's model is the same on every host of the same class under the same arithmetic "
               "(README, \"The same seed, the same model\"). The pins exist for:", "",
-              "| fingerprint | host class and setting |", "|---|---|",
-              *(f"| `{fp}` | {what} |" for fp, what in p.HOSTS.items()), ""]
+              "| host class, setting | what made them |", "|---|---|",
+              *(f"| {cls}, {setting} | {what} |" for (cls, setting), what in p.HOSTS.items()), ""]
     return "\n".join(parts)
 
 
