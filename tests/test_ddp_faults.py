@@ -291,7 +291,7 @@ def _summary(tmp_path, name):
     return json.loads((tmp_path / name / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("allreduce", ["pipelined", "gather"])
+@pytest.mark.parametrize("allreduce", ["pipelined", pytest.param("gather", marks=pytest.mark.slow)])
 def test_real_worker_killed_the_others_stop_with_exit_5(tmp_path, allreduce):
     ranks, killed = _kill_worker2_mid_run(tmp_path, f"ddp.allreduce={allreduce}")
     try:

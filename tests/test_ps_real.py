@@ -77,6 +77,7 @@ def test_a_sealed_esync_run_ends_with_emus_model(tmp_path):
     assert [e["authenticated"] for e in read_events(out) if e["kind"] == "run_start"] == [True]
 
 
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_adaptive_iterations_follow_the_measured_speeds(tmp_path):
     raw = {**PS, "name": "real_ps_adaptive",
            "ps": {**PS["ps"], "fixed_iterations": None, "rounds": 4},

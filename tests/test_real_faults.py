@@ -55,6 +55,7 @@ CLIENT_CRASH = {
 }
 
 
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_client_killed_mid_round_rejoins_later(tmp_path):
     ranks = Ranks(scenario_file(tmp_path, CLIENT_CRASH), tmp_path)
     try:
@@ -172,6 +173,7 @@ ANSWERED = {
 }
 
 
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_controller_killed_after_the_clients_answered(tmp_path):
     k, total = 1, ANSWERED["fl"]["rounds"]
     ranks = Ranks(scenario_file(tmp_path, ANSWERED), tmp_path)
@@ -303,6 +305,7 @@ def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
     assert ctrl["model_sha256"] == emu["model_sha256"]
 
 
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_launch_reports_the_first_cause_and_leaves_a_summary(tmp_path):
     """client2 is off for the whole run, so the controller's barrier times out (exit 3); client1,
     left waiting, is stopped later (143): the launch reports the first cause, and the run folder

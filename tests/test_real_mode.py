@@ -316,7 +316,9 @@ PS_RULES_IN_FL = {
 }
 
 
-@pytest.mark.parametrize("rule", sorted(PS_RULES_IN_FL))
+# the default run takes esync and fedasync (the state server and the asynchronous rule); the rest are slow
+@pytest.mark.parametrize("rule", [r if r in ("esync", "fedasync") else pytest.param(r, marks=pytest.mark.slow)
+                                  for r in sorted(PS_RULES_IN_FL)])
 def test_a_ps_rule_in_fl_q8_sampled_sealed_runs_to_its_end_for_real(tmp_path, rule):
     """Their choices follow wall time (TiFL's tiers, the order updates arrive in), so emu's model is
     not the measure here: every round or version is made, sealed, and nothing is lost."""
