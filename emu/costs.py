@@ -301,8 +301,9 @@ def geo_sets(scenario, reps: int = 7) -> list[str]:
 def flower_sets(scenario, reps: int = 7) -> list[str]:
     """A Flower app's training and evaluation cost per example: its ClientApp's train and evaluate calls
     timed in a short emulated run of the app itself (one round, ``reps`` + 1 clients; the first call,
-    which loads the data, left out), the median of wall seconds over the examples each reports.  An app's model is its own, so
-    this is the only way to time it; its messages' costs are not measured yet."""
+    which loads the data, left out), the median of wall seconds over the examples each reports; and its
+    ServerApp's own work between grid calls, per MB of the arrays it handled (server_app events).  An
+    app's model is its own, so this is the only way to time it."""
     import tempfile
     from pathlib import Path
 
@@ -329,4 +330,10 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
              if e["kind"] == ev.FLOWER_CALL and e["type"].split(".")[0] == "evaluate" and e["examples"]]
     if evals:
         sets.append(f"compute.default.eval_s_per_sample={statistics.median(evals[1:] or evals):.6e}")
+    # The ServerApp's own work between its grid calls, per MB of the arrays it handled: its wall seconds
+    # over their MB, summed over its calls after the first (which includes the app's start)
+    gaps = [e for e in calls if e["kind"] == ev.SERVER_APP][1:]
+    mb = sum(e["nbytes"] for e in gaps) / 1e6
+    if mb > 0:
+        sets.append(f"compute.default.app_s_per_mb={sum(e['wall_s'] for e in gaps) / mb:.6e}")
     return sets

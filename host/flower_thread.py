@@ -7,9 +7,10 @@ network; dtemu's roles are generators whose waits are requests to the runtime.  
 thread of its own and every grid call is handed to the role, which carries it out with requests
 (sends, receives, deadlines on the runtime's clock) and hands the answer back.  Exactly one of the two
 runs at any moment: the role waits while the app computes, the app waits while the role's requests
-take their (virtual or real) time.  That keeps an emulated run deterministic for its seed, and the
-app's own time (its aggregation, a central evaluation) takes none of the run's, as dtemu's own server
-code takes none.
+take their (virtual or real) time.  That keeps an emulated run deterministic for its seed.  The app's
+own time between two grid calls (its aggregation, a central evaluation) is measured here (``gap``);
+the role charges it to the server node by the compute model (compute.app_s_per_mb), which
+``emu calibrate`` fits to these measurements: real mode spends what it spends.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class AppThread:
         self._thread = threading.Thread(target=self._body, name=name, daemon=True)
         self._started = False
         self.done = False
+        self.gap = (0.0, 0.0)  # (wall, this process's CPU) seconds the app ran before its last call
 
     def _body(self) -> None:
         try:
@@ -65,10 +67,12 @@ class AppThread:
     # --- the role's side ------------------------------------------------
     def next(self) -> Call | Finished:
         """Run the app until its next grid call (or its end), and return it."""
+        wall, cpu = time.perf_counter(), time.process_time()
         if not self._started:
             self._started = True
             self._thread.start()
         item = self._calls.get()
+        self.gap = (time.perf_counter() - wall, time.process_time() - cpu)
         if isinstance(item, Finished):
             self.done = True
             self._thread.join()

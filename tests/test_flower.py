@@ -372,3 +372,28 @@ def test_emu_report_reads_a_flower_run(tmp_path):
     assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
     table = (tmp_path / "report" / "report.md").read_text()
     assert "| flower | emu | 2 | 0.6000 |" in table
+
+
+def test_the_serverapps_own_work_is_charged_to_the_server_by_the_arrays_it_handled(tmp_path):
+    free, events = run(tmp_path, toy())
+    gaps = kinds(events, "server_app", "server")
+    assert [g["call"] for g in gaps] == ["send_and_receive"] * 4  # train and evaluate, two rounds
+    assert all(g["wall_s"] >= 0 and g["cpu_s"] >= 0 for g in gaps)
+    # what it sends (the model once: one content for every node) and the replies it was last given
+    # (three trained models after a train call; none after an evaluate call)
+    model = gaps[0]["nbytes"]
+    assert model > 0 and [g["nbytes"] for g in gaps] == [model, 4 * model, model, 4 * model]
+    costs = {"train_s_per_sample": 0.001, "app_s_per_mb": 2000.0}   # 2 ms per kB: visible at this size
+    priced, _ = run(tmp_path, toy(compute={"default": costs}), name="priced")
+    assert priced["time_s"] - free["time_s"] == pytest.approx(sum(g["nbytes"] for g in gaps) * 2000.0 / 1e6)
+    assert priced["model_sha256"] == free["model_sha256"]
+    slow, _ = run(tmp_path, toy(compute={"default": costs, "nodes": {"server": {"slowdown": 2.0}}}), name="slow")
+    assert slow["time_s"] - free["time_s"] == pytest.approx(2 * (priced["time_s"] - free["time_s"]))
+
+
+def test_calibrate_prices_an_apps_calls_and_its_serverapps_work():
+    from dtemu.emu.costs import flower_sets
+
+    sets = dict(a.split("=") for a in flower_sets(parse_scenario(toy()), reps=3))
+    assert set(sets) == {f"compute.default.{k}" for k in ("train_s_per_sample", "eval_s_per_sample", "app_s_per_mb")}
+    assert all(float(v) > 0 for v in sets.values())

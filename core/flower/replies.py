@@ -19,6 +19,19 @@ def round_of(message) -> int:
     return 0
 
 
+def array_bytes(messages) -> int:
+    """The bytes of the arrays in ``messages``, each content counted once (an app that sends one
+    ArrayRecord to every node builds it once): what a ServerApp's own work is priced by."""
+    seen, total = set(), 0
+    for message in messages:
+        if not message.has_content() or id(message.content) in seen:
+            continue
+        seen.add(id(message.content))
+        total += sum(len(array.data) for record in message.content.array_records.values()
+                     for array in record.values())
+    return total
+
+
 def is_train(message_type: str) -> bool:
     """Is a message of this type a training instruction (Flower's "train" or "train.<action>")?"""
     return message_type.split(".")[0] == "train"

@@ -14,6 +14,11 @@ logged through the one refusal path and never reaches the app.  A reply that car
 error is the app's to judge (Flower's strategies count it as a failure).  A client offline under
 ``fl.availability`` is not sent to: as a node that is not connected, it does not answer.
 
+The app's own work between two grid calls is charged to the server node before the call is carried
+out: the MB of arrays it handled (the replies it was last given, what it sends now) times
+``compute.app_s_per_mb`` (emu; real spends what it spends), and logged with what it measured
+(``server_app``: what ``emu calibrate`` fits the cost to).
+
 For the dashboard, the report and the audit, a train call is logged as an FL round is: round_start,
 update_accepted per reply, round_close; an evaluate call's replies give the round's accuracy (their
 mean of ``flower.accuracy_key`` weighted by their examples), logged as ``eval``.
@@ -32,10 +37,11 @@ from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, Finished, node_id
 from dtemu.core.flower.grid import make_grid
 from dtemu.core.flower.inbox import ACCEPTED, DUPLICATE, LATE, Asked, ReplyInbox
-from dtemu.core.flower.replies import accuracy_of, examples_of, is_train, round_of
+from dtemu.core.flower.replies import accuracy_of, array_bytes, examples_of, is_train, round_of
 from dtemu.core.modes.base import DONE
 from dtemu.core.runtime.refusal import refuse
-from dtemu.core.runtime.requests import Recv, Send
+from dtemu.core.runtime.compute import SERVER_APP
+from dtemu.core.runtime.requests import Compute, Recv, Send
 from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
 
 POLL_S = 0.1
@@ -64,14 +70,20 @@ def server(ctx, scenario, app: FlowerApp, population=None):
     random.seed(scenario.seed)  # Flower's strategies draw their clients with the random module
     thread = app.server_thread(lambda t: app.server_app(make_grid(t, ids), app.server_context()))
     grid = _Carrier(ctx, scenario, app, dict(zip(ids, clients)), population)
-    failure = None
+    failure, given = None, 0   # given: the bytes of the arrays in the replies the app was last given
     try:
         while True:
             call = thread.next()
             if isinstance(call, Finished):
                 failure = call
                 break
-            thread.answer((yield from grid.carry_out(call)))
+            handled = given + (array_bytes(call.args[0]) if call.name != "pull_messages" else 0)
+            ctx.emit(ev.SERVER_APP, call=call.name, nbytes=handled, wall_s=round(thread.gap[0], 6),
+                     cpu_s=round(thread.gap[1], 6))
+            yield Compute(_nothing, kind=SERVER_APP, nbytes=handled)
+            answer = yield from grid.carry_out(call)
+            given = array_bytes(answer) if call.name != "push_messages" else 0
+            thread.answer(answer)
     finally:  # the role's node crashed, or the run ended: the app's thread ends with it
         thread.cancel()
     yield Send(FLOWER_INS, ctx.seal(FLOWER_INS, 0, wire.encode(wire.STOP)))
@@ -86,6 +98,10 @@ def server(ctx, scenario, app: FlowerApp, population=None):
              counts=dict(sorted(result.counts.items())))
     result.final_accuracy = result.history[-1][1] if result.history else None
     return result
+
+
+def _nothing() -> None:
+    return None
 
 
 def _identify() -> None:

@@ -18,8 +18,9 @@ a crash halfway through a job (``core.runtime.driver``).
 measured on the reference machine.  dtemu's own evaluation is the experimenter's
 instrument, not part of the emulated system, so it takes no virtual time; a
 client's evaluation that the federation asks for (a Flower app's evaluate call,
-``client_eval``) costs its examples times ``eval_s_per_sample``, and a query call
-``query_s``, each with the node's slowdown.
+``client_eval``) costs its examples times ``eval_s_per_sample``, a query call
+``query_s``, and a Flower ServerApp's work between grid calls (``server_app``) the MB of
+arrays it handled times ``app_s_per_mb``, each with the node's slowdown.
 
 The work a role does outside training (``CPU_OPS``: encoding a payload, summing,
 sparsifying, applying the update) takes, in emu, the bytes it works on times
@@ -40,6 +41,8 @@ from dtemu.core.runtime.compute_spec import ComputeSpec
 CPU_OPS = ("encode", "sum", "sparsify", "merge", "densify", "apply")
 # A client's evaluation the federation asks for, and a query call: priced by their own keys.
 CLIENT_EVAL, QUERY = "client_eval", "query"
+# A Flower ServerApp's own work between grid calls, priced per MB of the arrays it handled.
+SERVER_APP = "server_app"
 
 
 class ComputeTimer:
@@ -61,6 +64,7 @@ class ComputeTimer:
         self.recv_s_per_message = getattr(spec, "recv_s_per_message", 0.0) or 0.0
         self.eval_s_per_sample = getattr(spec, "eval_s_per_sample", 0.0) or 0.0
         self.query_s = getattr(spec, "query_s", 0.0) or 0.0
+        self.app_s_per_mb = getattr(spec, "app_s_per_mb", 0.0) or 0.0
         # Emu: CPU seconds per MB of each op outside training (CPU_OPS; 0: free).
         cpu = getattr(spec, "cpu", None)
         self.cpu_s_per_mb = {op: getattr(cpu, f"{op}_s_per_mb", 0.0) if cpu is not None else 0.0
@@ -101,6 +105,8 @@ class ComputeTimer:
             return samples * self.eval_s_per_sample * self.slowdown_at(now)
         if kind == QUERY:
             return self.query_s * self.slowdown_at(now)
+        if kind == SERVER_APP:
+            return nbytes * self.app_s_per_mb / 1e6 * self.slowdown_at(now)
         if kind != "train" or samples <= 0:
             return 0.0
         if self.cost is None:

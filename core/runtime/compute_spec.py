@@ -59,6 +59,11 @@ class ComputeSpec:
     eval_s_per_sample: float = field(default=0.0, metadata=check(non_negative))
     # A Flower app's query call (a message of type "query"): seconds each; 0: free.
     query_s: float = field(default=0.0, metadata=check(non_negative))
+    # A Flower ServerApp's own work between its grid calls (its strategy's aggregation, making and
+    # reading Messages, a central evaluation): seconds per MB (1e6 bytes) of the arrays it handled,
+    # those of the replies it was last given and those it sends next, with the node's slowdown
+    # (``emu calibrate`` times an app's); 0: free.
+    app_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
     # Emu only: seconds of CPU per MB (1e6 bytes) of every message a node receives (reassembly,
     # decoding, checks) before its role gets it; 0: none (real mode spends what it spends).
     decode_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
@@ -79,6 +84,7 @@ class ComputeOverride:
     varying: VaryingSlowdown | None = None
     eval_s_per_sample: float | None = field(default=None, metadata=check(non_negative))
     query_s: float | None = field(default=None, metadata=check(non_negative))
+    app_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     send_s_per_message: float | None = field(default=None, metadata=check(non_negative))
     recv_s_per_message: float | None = field(default=None, metadata=check(non_negative))
