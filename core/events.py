@@ -151,9 +151,10 @@ CLIENT_APP_FAILED = _kind("client_app_failed", "round type error", "hung",
                               "flower.call_limit_s: the client answers an error (hung: nothing)")
 SERVER_APP_FAILED = _kind("server_app_failed", "error traceback",
                           doc="the ServerApp raised: the run ends, with its traceback here")
-SERVER_APP = _kind("server_app", "call nbytes wall_s cpu_s",
+SERVER_APP = _kind("server_app", "call nbytes wall_s",
                    doc="the ServerApp made a grid call (send_and_receive, push_messages, pull_messages) after "
-                       "wall_s (cpu_s of this process) of its own work since the last, on the nbytes of arrays "
+                       "wall_s of its own work since the last (measured: the one field that differs run to run), "
+                       "on the nbytes of arrays "
                        "it handled: the replies it was last given and what it sends; emu charges "
                        "compute.app_s_per_mb per MB of them")
 FLOWER_CALL = _kind("flower_call", "round type examples wall_s",

@@ -41,7 +41,7 @@ class AppThread:
         self._thread = threading.Thread(target=self._body, name=name, daemon=True)
         self._started = False
         self.done = False
-        self.gap = (0.0, 0.0)  # (wall, this process's CPU) seconds the app ran before its last call
+        self.gap = 0.0  # wall seconds the app ran before its last call
 
     def _body(self) -> None:
         try:
@@ -67,12 +67,12 @@ class AppThread:
     # --- the role's side ------------------------------------------------
     def next(self) -> Call | Finished:
         """Run the app until its next grid call (or its end), and return it."""
-        wall, cpu = time.perf_counter(), time.process_time()
+        started = time.perf_counter()
         if not self._started:
             self._started = True
             self._thread.start()
         item = self._calls.get()
-        self.gap = (time.perf_counter() - wall, time.process_time() - cpu)
+        self.gap = time.perf_counter() - started
         if isinstance(item, Finished):
             self.done = True
             self._thread.join()

@@ -107,9 +107,11 @@ HELLO = "ctl/hello"  # presence, real mode's own topic; the roles' topics are co
 # round trip, docs/notebook/) and the parameter server's models to one worker (an asynchronous
 # server's answer to each update went to every worker) and geo's pushes and pulls (on the shared
 # topic the global PS's answer to one site reached every rank of every site, across the WAN:
-# docs/netns.md, "Geo sites over namespaces").
+# docs/netns.md, "Geo sites over namespaces") and a Flower server's instructions (each to its node:
+# on the shared topic every client received all ten of a call's, 10x the bytes on the server's link,
+# 5.6 s of a 16 s round on the testbed: docs/notebook/, entry 32).
 ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL,
-                    wire_topics.GEO_PUSH, wire_topics.GEO_PULL)
+                    wire_topics.GEO_PUSH, wire_topics.GEO_PULL, wire_topics.FLOWER_INS)
 # Topics whose reader's thread does nothing but wait for them: the thread that calls recv takes
 # their samples itself (real.receiving), which spares the receive thread's wake-up and
 # its hand-off to the caller on every message: a worker's answers from the state server, and the

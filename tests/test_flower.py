@@ -378,7 +378,7 @@ def test_the_serverapps_own_work_is_charged_to_the_server_by_the_arrays_it_handl
     free, events = run(tmp_path, toy())
     gaps = kinds(events, "server_app", "server")
     assert [g["call"] for g in gaps] == ["send_and_receive"] * 4  # train and evaluate, two rounds
-    assert all(g["wall_s"] >= 0 and g["cpu_s"] >= 0 for g in gaps)
+    assert all(g["wall_s"] >= 0 for g in gaps)
     # what it sends (the model once: one content for every node) and the replies it was last given
     # (three trained models after a train call; none after an evaluate call)
     model = gaps[0]["nbytes"]

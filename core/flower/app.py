@@ -59,7 +59,7 @@ class FlowerApp:
     def server_thread(self, main):
         """A handle that runs ``main(handle)`` one grid call at a time: ``next()`` runs it to its next
         Call (or Finished), ``answer(value)`` resumes it, ``cancel()`` ends it; ``ask(call)`` is the
-        app's side; ``gap``: (wall, CPU) seconds the app ran before the call ``next()`` returned
+        app's side; ``gap``: the wall seconds the app ran before the call ``next()`` returned
         (host.flower_thread.AppThread)."""
         raise NotImplementedError
 

@@ -58,6 +58,9 @@ def client(ctx, scenario, app: FlowerApp, index: int):
             continue
         if training:
             yield Point(points.TRAIN, round_)
+            # (as an FL client's: a round's compute, for the report and emu validate's units; its
+            # examples are the reply's, unknown until the app returns)
+            ctx.emit(ev.TRAIN_START, round=round_, samples=0)
         outcome = yield Compute(lambda: app.call(instruction, index),
                                 kind="train" if training else "eval")
         if outcome.error:
@@ -71,6 +74,7 @@ def client(ctx, scenario, app: FlowerApp, index: int):
             yield Compute(_nothing, samples=examples or 0, kind=kind)
         data = ctx.seal(FLOWER_RES, round_, wire.encode(wire.REPLY, outcome.reply))
         if training:
+            ctx.emit(ev.UPLOAD_START, round=round_, bytes=len(data))
             yield Point(points.UPLOAD, round_)
         yield Send(FLOWER_RES, data, to=SERVER)
         answered += 1
