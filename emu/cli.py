@@ -32,7 +32,11 @@ def _parser() -> argparse.ArgumentParser:
                                 epilog=DATA_HELP)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a scenario in virtual time", epilog=DATA_HELP)
-    run.add_argument("scenario", help="scenario YAML file")
+    run.add_argument("scenario", nargs="?", help="scenario YAML file (or --flower-app DIR)")
+    run.add_argument("--flower-app", metavar="DIR",
+                     help="a Flower app folder (its pyproject.toml names the ServerApp and ClientApp) to run without a scenario "
+                          "file: one is written for it (runs/<app>.yaml) with dtemu's defaults, and the run says "
+                          "which keys to change next" "; its calls' costs are timed here first, in one short round")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario value, e.g. --set fl.codec=q8 (repeatable)")
     run.add_argument("--out", help="run folder (default: runs/<name>-<date>-<time>)")
@@ -75,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         return calibrate.main(args)
     if args.command == "validate":
         return validate.main(args)
+    if (args.scenario is None) == (args.flower_app is None):
+        print("emu: run takes a scenario file or --flower-app DIR (one of them)", file=sys.stderr)
+        return 2
     try:
+        if args.flower_app:
+            args.scenario = _flower_app_scenario(args)
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code, profile=args.profile)
         init = read_init(scenario)
         key, _ = load_key(args.key_file)
@@ -123,7 +132,27 @@ def main(argv: list[str] | None = None) -> int:
         f"up {summary['bytes_up'] / 1e6:.2f} MB, down {summary['bytes_down'] / 1e6:.2f} MB, "
         f"sim {summary['time_s']:.2f} s, wall {summary['wall_time_s']:.1f} s -> {out}"
     )
+    if args.flower_app:
+        from dtemu.host.flower_scenario import next_steps
+
+        print(next_steps(Path(args.scenario), calibrated=not args.profile))
     return 0
+
+
+def _flower_app_scenario(args) -> str:
+    """The scenario file ``--flower-app`` runs: written for the app, with its calls' costs timed on this
+    machine in one short round (emu.costs.flower_sets) unless a profile gives them."""
+    from dtemu.host.flower_scenario import scenario_for
+
+    into = Path(args.out).parent if args.out else Path("runs")
+    path = scenario_for(args.flower_app, into)
+    if args.profile:
+        return str(path)
+    from .costs import flower_sets
+
+    print(f"emu: timing {args.flower_app}'s calls on this machine (one short round) ...", file=sys.stderr, flush=True)
+    costs = flower_sets(load_scenario(path, args.overrides, allow_code=not args.no_code))
+    return str(scenario_for(args.flower_app, into, costs))
 
 
 if __name__ == "__main__":

@@ -316,6 +316,8 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
     raw = scenario.to_dict()
     raw["fl"]["clients"] = min(scenario.fl.clients, reps + 1)
     raw["flower"]["run_config"] = {**raw["flower"]["run_config"], "num-server-rounds": 1}
+    # (the run needs some cost per example to run in virtual time; what is measured is the wall time)
+    raw["compute"]["default"]["train_s_per_sample"] = raw["compute"]["default"]["train_s_per_sample"] or 1e-4
     with tempfile.TemporaryDirectory() as folder:
         run_emulation(parse_scenario(raw), folder)
         calls = [json.loads(line) for line in (Path(folder) / "events.jsonl").read_text().splitlines()]

@@ -54,7 +54,7 @@ DATA_HELP = ("Data: the MNIST / Fashion-MNIST archives are looked up under the s
 
 
 def _common(p: argparse.ArgumentParser, out_default: str) -> None:
-    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("scenario", nargs="?", help="scenario YAML file (or, for launch, --flower-app DIR)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario value (repeatable)")
     p.add_argument("--out", help=f"run folder (default: {out_default})")
@@ -104,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     launch = sub.add_parser("launch", help="run every rank on this machine and gather the run folders",
                             epilog=DATA_HELP)
     _common(launch, "runs/<name>-real-<date>-<time>")
+    launch.add_argument("--flower-app", metavar="DIR",
+                        help="a Flower app folder (its pyproject.toml names the ServerApp and ClientApp) to run without a scenario "
+                          "file: one is written for it (runs/<app>.yaml) with dtemu's defaults, and the run says "
+                          "which keys to change next")
     launch.add_argument("--timeout", type=float, default=None, help="kill everything after this many seconds")
     launch.add_argument("--gpus", default=None, metavar="LIST",
                         help="device: cuda, one GPU a rank: comma-separated GPU indices; rank r's process sees "
@@ -126,7 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         return args.plugged(args)
     if args.command == "rogue":
         return rogue.main(args)
+    app = getattr(args, "flower_app", None)
+    if (args.scenario is None) == (app is None):
+        print(f"real: {args.command} takes a scenario file" + (" or --flower-app DIR (one of them)" if args.command
+                                                                 == "launch" else ""), file=sys.stderr)
+        return EXIT_USAGE
     try:
+        if app:
+            from dtemu.host.flower_scenario import scenario_for
+
+            args.scenario = str(scenario_for(app, Path(args.out).parent if args.out else Path("runs")))
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
         key, key_from = load_key(args.key_file)
         check_code(scenario)  # code the scenario names that fails is refused before any process starts

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("flwr", reason="Flower is an optional extra: pip install 'dtemu[flower]'")
 
@@ -397,3 +398,41 @@ def test_calibrate_prices_an_apps_calls_and_its_serverapps_work():
     sets = dict(a.split("=") for a in flower_sets(parse_scenario(toy()), reps=3))
     assert set(sets) == {f"compute.default.{k}" for k in ("train_s_per_sample", "eval_s_per_sample", "app_s_per_mb")}
     assert all(float(v) > 0 for v in sets.values())
+
+
+def _toy_app_folder(tmp_path: Path, federation: str = "") -> Path:
+    folder = tmp_path / "toy_app"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text(
+        '[project]\nname = "toy-app"\n\n[tool.flwr.app.components]\nserverapp = "tests.flower_toy:server"\n'
+        'clientapp = "tests.flower_toy:client"\n\n[tool.flwr.app.config]\nnum-server-rounds = 2\n' + federation)
+    return folder
+
+
+def test_emu_runs_a_flower_app_folder_without_a_scenario_and_says_what_to_change(tmp_path, capsys):
+    from dtemu.emu.cli import main
+
+    folder = _toy_app_folder(tmp_path, '\n[tool.flwr.federations]\ndefault = "local"\n\n'
+                                       '[tool.flwr.federations.local]\noptions.num-supernodes = 3\n')
+    assert main(["run", "--flower-app", str(folder), "--out", str(tmp_path / "runs" / "one"), "--no-tui"]) == 0
+    said = capsys.readouterr().out
+    written = tmp_path / "runs" / "toy-app.yaml"
+    assert f"emu run {written}" in said and "network.default" in said and "fl.clients" in said
+    raw = yaml.safe_load(written.read_text())
+    assert raw["mode"] == "flower" and raw["fl"]["clients"] == 3   # the app's own federation
+    assert set(raw["compute"]["default"]) == {"train_s_per_sample", "eval_s_per_sample", "app_s_per_mb"}
+    summary = json.loads((tmp_path / "runs" / "one" / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["stop_reason"] == "done"
+    # the file it wrote runs as it is, from anywhere, to the same model
+    assert main(["run", str(written), "--out", str(tmp_path / "again"), "--no-tui"]) == 0
+    assert json.loads((tmp_path / "again" / "summary.json").read_text())["model_sha256"] == summary["model_sha256"]
+
+
+def test_a_run_takes_a_scenario_or_a_flower_app_and_a_folder_that_is_no_app_is_refused(tmp_path, capsys):
+    from dtemu.emu.cli import main
+    from dtemu.real.cli import main as real
+
+    assert main(["run", "--no-tui"]) == 2 and "one of them" in capsys.readouterr().err
+    assert real(["launch", "--no-tui"]) == 2 and "one of them" in capsys.readouterr().err
+    assert main(["run", "--flower-app", str(tmp_path), "--no-tui"]) == 2
+    assert "no Flower app" in capsys.readouterr().err
