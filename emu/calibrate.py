@@ -66,8 +66,11 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
 
     messages = _message_sets()  # every mode's messages cost the transport's CPU, whatever their size
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
-        return _profile(scenario, [*resolve(scenario.kind.costs)(scenario, reps), *messages],
-                        {"model": "the app's own", "reps": reps})
+        costs = [*resolve(scenario.kind.costs)(scenario, reps), *messages]
+        contention = _app_contention(scenario, together, share, per_machine)
+        return _profile(scenario, [_times(a, contention, every=True) for a in costs],
+                        {"model": "the app's own", "reps": reps, "contention": round(contention, 3),
+                         "contention_of": "small_cnn" if contention != 1.0 else None})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
     # Ranks that train at once on one machine slow each other down, even where they fit its cores
@@ -94,12 +97,32 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
                                             "device": device, **devices.describe(device)})
 
 
-def _times(assignment: str, factor: float) -> str:
-    """A ``--set`` of a CPU cost (seconds per MB or per message) times ``factor``; others as they are."""
+def _times(assignment: str, factor: float, every: bool = False) -> str:
+    """A ``--set`` of a CPU cost (seconds per MB or per message; ``every``: per sample too) times
+    ``factor``; others as they are."""
     key, _, value = assignment.partition("=")
-    if factor == 1.0 or not key.endswith(("_s_per_mb", "_s_per_message")):
+    if factor == 1.0 or not key.endswith(("_s_per_mb", "_s_per_message") + (("_s_per_sample",) if every else ())):
         return assignment
     return f"{key}={float(value) * factor:.6e}"
+
+
+def _app_contention(scenario, together: bool, share: float | None, per_machine: int) -> float:
+    """How much slower a Flower app's calls run with every client training at once (``--together``)
+    than the one at a time its calibration timed them: an app's model is its own and cannot be
+    stepped apart from it, so the factor is a reference model's (small_cnn: a step alone, then with
+    as many processes at once as the testbed's clients, each in its share), as every rank's work on
+    one box slows alike (caches, memory bandwidth, hyperthreads)."""
+    import dataclasses
+
+    from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together
+
+    ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
+    if ranks < 2:
+        return 1.0
+    proxy = dataclasses.replace(scenario, model="small_cnn", task=None)
+    alone = min(measured_s_per_sample(proxy, steps=24) for _ in range(3))
+    at_once = measured_together(proxy, ranks, share=share, per_group=per_machine) / per_machine
+    return max(1.0, at_once / alone)
 
 
 def _message_sets() -> list[str]:
