@@ -94,7 +94,7 @@ def test_the_char_lm_learns_in_other_modes_too(mode, tmp_path):
     assert summary["final_accuracy"] > 1 / 28 * 3, summary["final_accuracy"]  # well above chance
 
 
-@pytest.mark.parametrize("task", ["char_lm", "cifar10_resnet18"])
+@pytest.mark.parametrize("task", ["char_lm", pytest.param("cifar10_resnet18", marks=pytest.mark.slow)])  # (23 s)
 def test_a_builtin_task_runs_for_real_with_emus_model(task, tmp_path, monkeypatch):
     import json
     import os

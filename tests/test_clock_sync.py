@@ -155,6 +155,7 @@ def test_a_forged_answer_moves_no_clock_in_a_sealed_run():
 
 
 @needs_mnist
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_esync_m_is_the_transfer_not_the_clock_error(tmp_path, monkeypatch):
     """ESync for real, rank by rank, the parameter server's clock 30 s behind: each worker's m_k
     (the model's transfer, ``ps_worker_round``) stays under a second, the parameter server sees

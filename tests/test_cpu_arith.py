@@ -39,7 +39,8 @@ def probe(first: str, **env) -> dict:
 
 
 @x86_avx2
-@pytest.mark.parametrize("first", ["import dtemu.emu.run", "import dtemu.real.cli", "import dtemu.host"])
+@pytest.mark.parametrize("first", ["import dtemu.host", *(pytest.param(f, marks=pytest.mark.slow)  # (a probe each: 2.5 s)
+                                                      for f in ("import dtemu.emu.run", "import dtemu.real.cli"))])
 def test_loading_dtemu_caps_every_library_at_avx2(first):
     got = probe(first)
     assert got["capability"] == "AVX2"
@@ -69,7 +70,7 @@ def test_exact_sets_every_library_at_its_most_portable():
 
 
 @x86_avx2
-@pytest.mark.parametrize("asked", ["portable", "AVX2", "no-such-setting"])
+@pytest.mark.parametrize("asked", ["no-such-setting", *(pytest.param(a, marks=pytest.mark.slow) for a in ("portable", "AVX2"))])
 def test_the_old_name_and_a_typo_both_mean_the_default(asked):
     got = probe("import dtemu.emu.run", DTEMU_CPU_ARITH=asked)
     assert got["env"] == cpu_arith.PORTABLE and got["describe"]["arith"] == "avx2"

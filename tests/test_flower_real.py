@@ -36,6 +36,7 @@ def test_a_flower_app_launched_for_real_ends_with_emus_model_despite_a_clientapp
 
 
 @needs_mnist
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_the_shipped_example_runs_in_emu_with_a_client_offline_and_for_real(tmp_path):
     from dtemu.host.scenario_file import load_scenario
 

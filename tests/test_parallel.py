@@ -157,7 +157,7 @@ GRADIENT_RUNS = {
 
 
 @needs_mnist
-@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.slow) if r == "geo_hfa" else r  # (15 s)
+@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.slow) if r in ("geo_hfa", "geo_hips", "ps_esync") else r
                                  for r in sorted(GRADIENT_RUNS)])
 def test_ddp_geo_and_ps_workers_in_worker_processes_give_the_serial_events(tmp_path, run):
     """Every worker's forward and backward pass (ps: and its SGD step) runs in a worker process (its

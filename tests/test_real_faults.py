@@ -222,6 +222,7 @@ LAUNCH_CRASHES = {
 }
 
 
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_launch_carries_out_crashes_and_restarts(tmp_path):
     """client2 dies with 2 of its 5 frames sent; client1 dies halfway through its round-3 job
     (after half its modelled duration, as in emu); the controller dies mid-round 4 and resumes

@@ -105,6 +105,7 @@ def test_without_a_task_the_digest_is_what_it_was():
     assert plain.model_spec == "mnist_cnn" and parse_scenario({"name": "t", "task": SEQ}).model_spec == "task:" + SEQ
 
 
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_a_task_runs_for_real_and_ends_with_emus_model(tmp_path):
     """Every rank imports the task itself (here from tests/, on PYTHONPATH): the same model as emu."""
     import os

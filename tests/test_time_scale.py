@@ -1,5 +1,7 @@
 """Real mode's time scale: every scenario duration stretched alike, measured against the compute model."""
 
+import pytest
+
 from dtemu.core.scenario import parse_scenario, stretched
 from dtemu.real.calibrate import time_scale
 
@@ -25,6 +27,7 @@ def test_every_duration_is_stretched_and_nothing_else():
     assert stretched(parse_scenario(RAW), 1) == parse_scenario(RAW)
 
 
+@pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_the_scale_is_measured_with_the_ranks_that_share_the_cores_training_at_once():
     s = parse_scenario({**RAW, "threads": 2})
     one, _ = time_scale(s, cores=64)  # plenty of cores: only this machine's speed
