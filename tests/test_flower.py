@@ -270,7 +270,8 @@ def test_the_inbox_answers_what_every_reply_is():
     from flwr.app import ArrayRecord, Message, RecordDict
 
     from dtemu.core.flower import wire
-    from dtemu.core.flower.inbox import ACCEPTED, DUPLICATE, LATE, REFUSED, Asked, ReplyInbox
+    from dtemu.core.flower.inbox import Asked, ReplyInbox
+    from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE, REFUSED
     from dtemu.core.wire.auth import Sealer
     from dtemu.core.wire.topics import FLOWER_RES
 
@@ -305,7 +306,8 @@ def test_a_replys_arrays_are_the_apps_to_judge_unless_dtemu_is_asked_to_check_th
     from flwr.app import ArrayRecord, Message, RecordDict
 
     from dtemu.core.flower import wire
-    from dtemu.core.flower.inbox import ACCEPTED, REFUSED, Asked, ReplyInbox
+    from dtemu.core.flower.inbox import Asked, ReplyInbox
+    from dtemu.core.runtime.verdict import ACCEPTED, REFUSED
     from dtemu.core.wire.auth import Sealer
     from dtemu.core.wire.topics import FLOWER_RES
 
@@ -318,7 +320,7 @@ def test_a_replys_arrays_are_the_apps_to_judge_unless_dtemu_is_asked_to_check_th
             reply = wire.encode(wire.REPLY, Message(RecordDict({"arrays": ArrayRecord([values])}), reply_to=ins))
             got = inbox.offer(FLOWER_RES, "client1", reply)
             assert got.kind == verdict, (check, values.dtype, values.shape, got.error)
-            assert check or got.reply.content.array_records["arrays"]  # the app gets them as sent
+            assert check or got.message.content.array_records["arrays"]  # the app gets them as sent
 
 
 def test_the_dashboard_reads_every_event_of_a_flower_run(tmp_path):

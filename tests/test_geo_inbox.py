@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtemu.core.geo.inbox import EARLY, ENDED, NOTED, REFUSED, TAKEN, PayloadInbox
+from dtemu.core.geo.inbox import PayloadInbox
+from dtemu.core.runtime.verdict import ACCEPTED, EARLY, ENDED, NOTED, REFUSED
 from dtemu.core.geo.payload import decode, encode_beat, encode_dense, encode_end, encode_join, encode_state
 
 DIM = 4
@@ -27,10 +28,10 @@ def test_a_round_takes_each_sender_once_and_keeps_later_rounds():
     early = inbox.offer("a-ps", *push(3), now=0.1)
     assert early.kind == EARLY and early.wan
     assert inbox.offer("a-ps", *push(1), now=0.2).reason == "stale"
-    assert inbox.offer("a-ps", *push(2), now=0.3).kind == TAKEN
+    assert inbox.offer("a-ps", *push(2), now=0.3).kind == ACCEPTED
     assert inbox.offer("a-ps", *push(2), now=0.4).reason == "duplicate"
     assert inbox.pending() == ["b-ps"]
-    assert inbox.offer("b-ps", *push(2), now=0.5).kind == TAKEN and inbox.pending() == []
+    assert inbox.offer("b-ps", *push(2), now=0.5).kind == ACCEPTED and inbox.pending() == []
     # the push of round 3 that came early is taken as soon as round 3 opens
     assert inbox.open(["a-ps", "b-ps"], 3, now=1.0)
     assert list(inbox.got) == ["a-ps"] and inbox.pending() == ["b-ps"]
@@ -65,7 +66,7 @@ def test_a_state_answers_only_a_wait_for_the_model_or_the_restarted_ps():
     assert inbox.offer("a-ps", *state, now=0.0).reason == "unexpected_state"
     inbox.restarts = "a-ps"
     assert inbox.offer("a-ps", *payload(encode_state(2, np.ones(DIM, np.float32))), now=0.0).kind == REFUSED
-    assert inbox.offer("a-ps", *state, now=0.0).kind == TAKEN
+    assert inbox.offer("a-ps", *state, now=0.0).kind == ACCEPTED
 
 
 def test_end_stops_a_wait_for_a_round_the_run_will_not_make():
@@ -92,8 +93,8 @@ def test_mixedsync_takes_the_first_push_of_any_sites_next_round():
     assert inbox.offer_next("a-ps", *push(3), expected).kind == EARLY
     assert inbox.offer_next("a-ps", *push(3), expected).reason == "duplicate"
     assert inbox.offer_next("b-ps", *push(0), expected).reason == "stale"
-    assert inbox.offer_next("b-ps", *push(1), expected).kind == TAKEN
+    assert inbox.offer_next("b-ps", *push(1), expected).kind == ACCEPTED
     assert inbox.offer_next("b-ps", *payload(encode_join(DIM)), expected).kind == NOTED   # not joining
     inbox.joinable = {"b-ps"}
-    assert inbox.offer_next("b-ps", *payload(encode_join(DIM)), expected).kind == TAKEN
+    assert inbox.offer_next("b-ps", *payload(encode_join(DIM)), expected).kind == ACCEPTED
     assert inbox.take_early({"a-ps": 3})[0] == "a-ps" and inbox.take_early({"a-ps": 3}) is None

@@ -433,7 +433,8 @@ def test_a_rounds_inbox_says_what_each_worker_message_is():
     import numpy as np
 
     from dtemu.core.ps import messages as pm
-    from dtemu.core.ps.inbox import ACCEPTED, IGNORED, JOIN, NOT_FINITE, REFUSED, RoundInbox
+    from dtemu.core.ps.inbox import RoundInbox
+    from dtemu.core.runtime.verdict import ACCEPTED, IGNORED, JOIN, NOT_FINITE, REFUSED
 
     inbox = RoundInbox(version=3, expected={2, 3, 4})
     update = lambda worker, version=3: pm.Update(version, worker, 1, 16, 0.5, np.zeros(2, np.float32))  # noqa: E731

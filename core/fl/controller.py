@@ -18,7 +18,8 @@ import numpy as np
 
 from dtemu.core.wire import messages
 from dtemu.core.fl.aggregate import Update
-from dtemu.core.fl.inbox import ACCEPTED, UpdateInbox
+from dtemu.core.fl.inbox import UpdateInbox
+from dtemu.core.runtime.verdict import ACCEPTED
 from dtemu.core.fl.esync import Leader, meet, ss_rank
 from dtemu.core.fl.rules import STATE_SERVER, fl_strategy
 from dtemu.core.wire.checkpoint import decode_checkpoint
@@ -213,7 +214,7 @@ def _collect(ctx, inbox: UpdateInbox, cmd, clients, quorum: int, start: float, d
         if verdict.kind != ACCEPTED:
             refuse_update(ctx, counts, msg, verdict, current=cmd.round)
             continue
-        got[verdict.up.client] = verdict.update
-        arrivals[verdict.up.client] = ctx.now() - start
+        got[verdict.message.client] = verdict.item
+        arrivals[verdict.message.client] = ctx.now() - start
         accepted(ctx, counts, msg, verdict)
     return got, arrivals

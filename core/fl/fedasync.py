@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from dtemu.core import events as ev
-from dtemu.core.fl.inbox import ACCEPTED
+from dtemu.core.runtime.verdict import ACCEPTED
 from dtemu.core.fl.steps import accepted, blob, checkpoint, evaluate, refuse_update
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.ml.workload import round_seed
@@ -78,7 +78,7 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
         if verdict.kind != ACCEPTED:
             refuse_update(ctx, result.counts, msg, verdict, current=version + 1)
             continue
-        client = verdict.up.client
+        client = verdict.message.client
         base, _ = at_work.pop(client)
         inbox.settled(client)
         staleness = version - base
@@ -87,7 +87,7 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
         accepted(ctx, result.counts, msg, verdict, round_=version, staleness=staleness)
         ctx.emit(ev.ROUND_CLOSE, round=version, ready=1, expected=1, min=1, clients=[client], timed_out=False,
                  note=f"{client}'s update from version {base} (staleness {staleness}{strategy.describe(staleness)})")
-        result.weights = strategy.apply(result.weights, verdict.update.payload.to_dense(), staleness, bases[base])
+        result.weights = strategy.apply(result.weights, verdict.item.payload.to_dense(), staleness, bases[base])
         result.rounds_completed += 1
         bases[version] = result.weights
         for v in [v for v in bases if v != version and all(b != v for b, _ in at_work.values())]:

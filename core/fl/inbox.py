@@ -1,5 +1,6 @@
 """The FL controller's inbox, with no I/O (as h11 is for HTTP): offer it a message from the
-update topic and it answers a ``Verdict``: accepted, late, duplicate or refused, with the reason
+update topic and it answers a ``Verdict`` (core.runtime.verdict, every inbox's): accepted, late,
+duplicate or refused, with the reason
 the run counts it under.  Which commands are outstanding (a round's, or each client's under
 fedasync) and who has answered are its state; the controller logs and counts what it answers
 (core.runtime.refusal) and decides what an accepted update does.
@@ -7,26 +8,15 @@ fedasync) and who has answered are its state; the controller logs and counts wha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dtemu.core.compression import codecs
 from dtemu.core.errors import AuthError, DecodeError, RejectedUpdate
 from dtemu.core.fl.aggregate import Update, check_update
 from dtemu.core.wire import messages
+from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE, REFUSED, Verdict, opened
 from dtemu.core.wire.messages import ClientUpdate
 from dtemu.core.wire.topics import CLIENT_UPDATE
 
-ACCEPTED, LATE, DUPLICATE, REFUSED = "accepted", "late", "duplicate", "refused"
 GIVEN_UP = (-1, -1)  # the command a client given up is to answer: none, so its update is late
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str                      # ACCEPTED, LATE, DUPLICATE or REFUSED
-    reason: str                    # what the run counts it as (summary.json's ``updates``)
-    up: ClientUpdate | None = None  # the decoded message, where it got that far
-    update: Update | None = None   # an accepted update, checked
-    error: str = ""
 
 
 class UpdateInbox:
@@ -59,30 +49,30 @@ class UpdateInbox:
         self.current = (round_, seed)
 
     def offer(self, msg) -> Verdict:
-        try:
-            sealed = self.sealer.open(CLIENT_UPDATE, msg.src, msg.data)
-            up = messages.decode(sealed.data)
-            if not isinstance(up, ClientUpdate):
-                raise DecodeError(f"expected a ClientUpdate, got a {type(up).__name__}")
-            if self.sealer.enabled and (up.client, up.round) != (sealed.sender, sealed.round):
-                raise AuthError("forged", f"{sealed.sender!r} signed an update of {up.client!r} "
-                                          f"for round {up.round} as round {sealed.round}")
-        except AuthError as err:
-            return Verdict(REFUSED, err.reason, error=str(err))
-        except DecodeError as err:
-            return Verdict(REFUSED, "malformed", error=str(err))
+        up, refused = opened(self.sealer, CLIENT_UPDATE, msg.src, msg.data, self._decode)
+        if refused is not None:
+            return refused
         wanted = self.expected.get(up.client, self.current)
         if wanted is not None and (up.round, up.seed) != wanted:
-            return Verdict(LATE, "late", up)
+            return Verdict(LATE, "late", message=up)
         if up.client not in self.expected or up.client in self.answered:
             reason = ("duplicate" if up.client in self.answered else "not asked" if up.client in self.clients
                       else "unknown client")
-            return Verdict(DUPLICATE if reason == "duplicate" else REFUSED, reason, up)
+            return Verdict(DUPLICATE if reason == "duplicate" else REFUSED, reason, message=up)
         try:
             payload = codecs.decode(up.packet, expected_dim=self.dim)
             update = Update(up.client, up.num_samples, up.kind, payload)
             check_update(update, self.dim, self.max_norm)
         except (DecodeError, RejectedUpdate) as err:
-            return Verdict(REFUSED, "rejected", up, error=str(err))
+            return Verdict(REFUSED, "rejected", str(err), message=up)
         self.answered.add(up.client)
-        return Verdict(ACCEPTED, "accepted", up, update)
+        return Verdict(ACCEPTED, "accepted", message=up, item=update)
+
+    def _decode(self, sealed) -> ClientUpdate:
+        up = messages.decode(sealed.data)
+        if not isinstance(up, ClientUpdate):
+            raise DecodeError(f"expected a ClientUpdate, got a {type(up).__name__}")
+        if self.sealer.enabled and (up.client, up.round) != (sealed.sender, sealed.round):
+            raise AuthError("forged", f"{sealed.sender!r} signed an update of {up.client!r} "
+                                      f"for round {up.round} as round {sealed.round}")
+        return up

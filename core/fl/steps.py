@@ -8,7 +8,7 @@ import numpy as np
 
 from dtemu.core import events as ev
 from dtemu.core.compression import codecs
-from dtemu.core.fl.inbox import LATE, Verdict
+from dtemu.core.runtime.verdict import LATE, Verdict
 from dtemu.core.runtime import points
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.errors import BarrierTimeout
@@ -44,7 +44,7 @@ def evaluate(fl, work, weights, round_: int):
 
 def accepted(ctx, counts, msg, verdict: Verdict, round_: int | None = None, **extra) -> None:
     """Count and log an update taken, as part of ``round_`` (None: the round its command named)."""
-    up = verdict.up
+    up = verdict.message
     counts["accepted"] += 1
     ctx.emit(ev.UPDATE_ACCEPTED, client=up.client, round=up.round if round_ is None else round_, bytes=len(msg.data),
              num_samples=up.num_samples, sent_at=msg.sent_at, comm_s=msg.received_at - msg.sent_at, **extra)
@@ -52,7 +52,7 @@ def accepted(ctx, counts, msg, verdict: Verdict, round_: int | None = None, **ex
 
 def refuse_update(ctx, counts, msg, verdict: Verdict, current: int) -> None:
     """Count and log an update the inbox would not accept, with the fields its event has always had."""
-    up, reason = verdict.up, verdict.reason
+    up, reason = verdict.message, verdict.reason
     if verdict.kind == LATE:
         refuse(ctx, counts, msg, "late", ev.UPDATE_LATE, client=up.client, round=up.round, current=current)
     elif up is None:  # not authentic, or not an update at all

@@ -18,12 +18,10 @@ in, or its deadline passed).  A reply is then one of:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from dtemu.core.errors import AuthError, DecodeError
+from dtemu.core.errors import DecodeError
 from dtemu.core.flower import wire
-
-ACCEPTED, LATE, DUPLICATE, REFUSED = "accepted", "late", "duplicate", "refused"
+from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE, REFUSED, Verdict, opened
 
 
 @dataclass(frozen=True)
@@ -34,15 +32,6 @@ class Asked:
     round: int
     type: str
     arrays: dict
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str
-    reply: Any = None  # the flwr Message (accepted, late, duplicate)
-    asked: Asked | None = None
-    reason: str = ""
-    error: str = ""
 
 
 class ReplyInbox:
@@ -64,34 +53,28 @@ class ReplyInbox:
                 self._closed[mid] = asked
 
     def offer(self, topic: str, src: str, data: bytes) -> Verdict:
-        try:
-            body = self._sealer.open(topic, src, data).data
-            if wire.kind_of(body) != wire.REPLY:
-                return Verdict(REFUSED, reason="not_a_reply")
-            reply = wire.decode(body)
-        except AuthError as err:
-            return Verdict(REFUSED, reason=err.reason, error=str(err))
-        except DecodeError as err:
-            return Verdict(REFUSED, reason="malformed", error=str(err))
+        reply, refused = opened(self._sealer, topic, src, data, _reply)
+        if refused is not None:
+            return refused
         mid = reply.metadata.reply_to_message_id
         asked = self._open.get(mid) or self._closed.get(mid)
         if asked is None:
-            return Verdict(REFUSED, reply, reason="not_asked", error=f"a reply to {mid[:40]!r}, which was never sent")
+            return Verdict(REFUSED, "not_asked", f"a reply to {mid[:40]!r}, which was never sent", message=reply)
         if asked.node != src:
-            return Verdict(REFUSED, reply, asked, reason="wrong_sender", error=f"{src} answered {asked.node}'s instruction")
+            return Verdict(REFUSED, "wrong_sender", f"{src} answered {asked.node}'s instruction", reply, asked=asked)
         if mid in self._answered:
-            return Verdict(DUPLICATE, reply, asked, reason="duplicate")
+            return Verdict(DUPLICATE, "duplicate", message=reply, asked=asked)
         if mid in self._closed:
             self._answered.add(mid)
-            return Verdict(LATE, reply, asked, reason="late")
+            return Verdict(LATE, "late", message=reply, asked=asked)
         if self._check_arrays and not reply.has_error():
             try:
                 wire.check_reply(reply, asked.arrays)
             except DecodeError as err:
                 self._answered.add(mid)  # its one answer was unusable: a resend would be a duplicate
-                return Verdict(REFUSED, reply, asked, reason="invalid", error=str(err))
+                return Verdict(REFUSED, "invalid", str(err), reply, asked=asked)
         self._answered.add(mid)
-        return Verdict(ACCEPTED, reply, asked)
+        return Verdict(ACCEPTED, "accepted", message=reply, asked=asked)
 
     def asked(self, message_id: str) -> Asked | None:
         return self._open.get(message_id) or self._closed.get(message_id)
@@ -99,3 +82,14 @@ class ReplyInbox:
     def waiting(self, message_ids) -> int:
         """How many of ``message_ids`` have no answer yet."""
         return sum(1 for mid in message_ids if mid not in self._answered)
+
+
+class _NotAReply(DecodeError):
+    reason = "not_a_reply"
+
+
+def _reply(sealed):
+    """The Flower reply in an opened frame; a DecodeError if it is none."""
+    if wire.kind_of(sealed.data) != wire.REPLY:
+        raise _NotAReply("a Flower frame, but not a reply")
+    return wire.decode(sealed.data)

@@ -36,11 +36,12 @@ from dtemu.core.fl.steps import barrier
 from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, Finished, node_id
 from dtemu.core.flower.grid import make_grid
-from dtemu.core.flower.inbox import ACCEPTED, DUPLICATE, LATE, Asked, ReplyInbox
+from dtemu.core.flower.inbox import Asked, ReplyInbox
 from dtemu.core.flower.replies import accuracy_of, array_bytes, examples_of, is_train, round_of
 from dtemu.core.modes.base import DONE
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.compute import SERVER_APP
+from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE
 from dtemu.core.runtime.requests import Compute, Recv, Send
 from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
 
@@ -211,16 +212,16 @@ class _Carrier:
             verdict = self.inbox.offer(msg.topic, msg.src, msg.data)
             asked = verdict.asked
             if verdict.kind == ACCEPTED:
-                mid = verdict.reply.metadata.reply_to_message_id
-                self.arrived[mid] = verdict.reply
-                if verdict.reply.has_error():  # the app's to judge; logged for the audit, not refused
+                mid = verdict.message.metadata.reply_to_message_id
+                self.arrived[mid] = verdict.message
+                if verdict.message.has_error():  # the app's to judge; logged for the audit, not refused
                     counts["client_error"] += 1
                     ctx.emit(ev.UPDATE_REJECTED, client=msg.src, round=asked.round, reason="client_error",
-                             error=verdict.reply.error.reason[:200])
+                             error=verdict.message.error.reason[:200])
                 elif is_train(asked.type):
                     counts["accepted"] += 1
                     ctx.emit(ev.UPDATE_ACCEPTED, client=msg.src, round=asked.round, bytes=len(msg.data),
-                             num_samples=examples_of(verdict.reply, self.fs.examples_key), sent_at=msg.sent_at,
+                             num_samples=examples_of(verdict.message, self.fs.examples_key), sent_at=msg.sent_at,
                              comm_s=msg.received_at - msg.sent_at)
                 else:
                     counts["evaluated"] += 1

@@ -1,5 +1,6 @@
 """What a geo role makes of each payload it receives, with no I/O (as core.fl.inbox and
-core.ps.inbox do for FL and ps): offer it a decoded payload and it answers a ``Verdict``.
+core.ps.inbox do for FL and ps): offer it a decoded payload and it answers a ``Verdict``
+(core.runtime.verdict, every inbox's: ACCEPTED where it is taken for the round).
 
 Its state is the round being collected (its senders and what came), the pushes that came before
 their round, when each sender was last heard, and the run's membership news: who said JOIN, who
@@ -9,19 +10,10 @@ core.geo.receiver does the receiving, the heartbeats, the counting and the loggi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dtemu.core.geo.payload import BEAT, END, JOIN, STATE, Payload
+from dtemu.core.runtime.verdict import ACCEPTED, EARLY, ENDED, NOTED, REFUSED, Verdict
 
-TAKEN, EARLY, NOTED, ENDED, REFUSED = "taken", "early", "noted", "ended", "refused"
 SILENT_BEATS = 3   # heartbeats missed before a sender counts as lost
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str          # TAKEN, EARLY (kept for its round), NOTED (a beat, JOIN or END), ENDED, REFUSED
-    reason: str = ""   # a refusal's: unknown_sender, unexpected_state, stale, duplicate
-    wan: bool = False  # its bytes crossed the WAN and count as received
 
 
 class PayloadInbox:
@@ -113,7 +105,7 @@ class PayloadInbox:
         if kind == STATE:   # the model of a run already going: for a newcomer, or from a restarted PS
             if self.state_ok or (src == self.restarts and payload.round >= self.round):
                 self.got[src] = (payload, raw)
-                return Verdict(TAKEN)
+                return Verdict(ACCEPTED)
             return Verdict(REFUSED, "unexpected_state")
         if payload.round < self.round or (payload.round == self.round and src in self.got):
             return Verdict(REFUSED, "stale" if payload.round < self.round else "duplicate")
@@ -122,7 +114,7 @@ class PayloadInbox:
             self.early[(payload.round, src)] = (payload, raw)
             return Verdict(EARLY, wan=wan)
         self.got[src] = (payload, raw)
-        return Verdict(TAKEN, wan=wan)
+        return Verdict(ACCEPTED, wan=wan)
 
     # --- MixedSync: the first push of any site's expected round -----------------------------
     def take_early(self, expected: dict[str, int]):
@@ -134,9 +126,9 @@ class PayloadInbox:
 
     def offer_next(self, src: str, payload: Payload, raw: bytes, expected: dict[str, int]) -> Verdict:
         """A payload from ``src`` (``admits`` said yes) while every site's ``expected`` round is
-        awaited.  TAKEN: the caller goes on with it (a push of its round, or a JOIN when joining)."""
+        awaited.  ACCEPTED: the caller goes on with it (a push of its round, or a JOIN when joining)."""
         if payload.kind in (BEAT, JOIN):
-            return Verdict(TAKEN if payload.kind == JOIN and self.joinable else NOTED, wan=self._across(src))
+            return Verdict(ACCEPTED if payload.kind == JOIN and self.joinable else NOTED, wan=self._across(src))
         if src not in expected:
             return Verdict(REFUSED, "unknown_sender")   # not a member (yet): its pushes are not used
         want = expected[src]
@@ -145,4 +137,4 @@ class PayloadInbox:
         if payload.round > want:
             self.early[(payload.round, src)] = (payload, raw)
             return Verdict(EARLY, wan=self._across(src))
-        return Verdict(TAKEN, wan=self._across(src))
+        return Verdict(ACCEPTED, wan=self._across(src))

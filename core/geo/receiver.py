@@ -10,7 +10,8 @@ from typing import Callable, Generator
 
 from dtemu.core import events as ev
 from dtemu.core.errors import AuthError, GeoPayloadError
-from dtemu.core.geo.inbox import ENDED, REFUSED, TAKEN, PayloadInbox
+from dtemu.core.geo.inbox import PayloadInbox
+from dtemu.core.runtime.verdict import ACCEPTED, ENDED, REFUSED
 from dtemu.core.geo.payload import decode
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.requests import Recv
@@ -98,5 +99,5 @@ class Receiver:
                 return None
             judged = self._judge(msg, self.inbox.admits(msg.src, expected),
                                  lambda payload, raw: self.inbox.offer_next(msg.src, payload, raw, expected))
-            if judged is not None and judged[0].kind == TAKEN:
+            if judged is not None and judged[0].kind == ACCEPTED:
                 return msg.src, judged[1], judged[2]

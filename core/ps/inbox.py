@@ -1,23 +1,13 @@
 """What a synchronous round of the parameter server makes of each worker's message, with no I/O
 (as core.fl.inbox does for FL rounds and core.flower.inbox for a Flower app's replies): the round's
 version and the workers it expects are its state; offer it a decoded message and it answers what the
-message is to the round.  The server (core.ps.server) does the sending, counting and logging."""
+message is to the round (a ``Verdict``, core.runtime.verdict, every inbox's).  The server
+(core.ps.server) does the sending, counting and logging."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dtemu.core.ps import messages as pm
-
-JOIN, ACCEPTED, NOT_FINITE, REFUSED, IGNORED = "join", "accepted", "not_finite", "refused", "ignored"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str
-    reason: str = ""  # a refusal's: late, future, not_selected, duplicate
-    error: str = ""
-
+from dtemu.core.runtime.verdict import ACCEPTED, IGNORED, JOIN, NOT_FINITE, REFUSED, Verdict
 
 class RoundInbox:
     def __init__(self, version: int, expected: set[int]):

@@ -42,7 +42,8 @@ from dtemu.core.errors import DecodeError, NotFiniteError
 from dtemu.core.ml.params import load_flat, sha256_of
 from dtemu.core.fl.esync import Leader
 from dtemu.core.ps import messages as pm
-from dtemu.core.ps.inbox import ACCEPTED, JOIN, NOT_FINITE, REFUSED, RoundInbox
+from dtemu.core.ps.inbox import RoundInbox
+from dtemu.core.runtime.verdict import ACCEPTED, JOIN, NOT_FINITE, REFUSED
 from dtemu.core.ps.local import evaluate_loss, xavier_weights
 from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import make_strategy, weighed
