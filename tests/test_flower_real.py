@@ -56,3 +56,18 @@ def test_the_shipped_example_runs_in_emu_with_a_client_offline_and_for_real(tmp_
     assert code == 0, tail
     real = _summary(tmp_path / "real")
     assert real["model_sha256"] == emu["model_sha256"] and real["final_accuracy"] == emu["final_accuracy"]
+
+
+def test_the_pytorch_fedadam_app_for_real_ends_with_emus_model(tmp_path):
+    """The issue's FedAdam app (tests/flower_torch_app.py) over DDS, one process per node: every reply
+    used in 3 rounds, and emu's model."""
+    raw = {"name": "fedadam_torch", "mode": "flower", "seed": 3,
+           "flower": {"server_app": "tests.flower_torch_app:server", "client_app": "tests.flower_torch_app:client",
+                      "run_config": {"num-server-rounds": 3}},
+           "fl": {"clients": 3, "round_timeout_s": 30.0}, "compute": {"default": {"train_s_per_sample": 0.001}}}
+    emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
+    code, tail = real_launch(scenario_file(tmp_path, raw), tmp_path / "real", timeout=120)
+    assert code == 0, tail
+    real = _summary(tmp_path / "real")
+    assert real["updates"] == emu["updates"] == {"accepted": 9, "evaluated": 9}
+    assert real["model_sha256"] == emu["model_sha256"] and real["rounds"] == 3

@@ -61,7 +61,8 @@ def emu(tmp_path, name: str, client_app: str, server_app: str | None = None) -> 
     return summary, dict(np.load(final))
 
 
-def reference(tmp_path, name: str, client_app: str, seed: int = 3, server_app: str | None = None) -> dict:
+def reference(tmp_path, name: str, client_app: str, seed: int = 3, server_app: str | None = None,
+              clients: int = CLIENTS, rounds: int = ROUNDS) -> dict:
     """The app with each ClientApp called in the order its messages were sent (see the docstring)."""
     from flwr.app import Context, Message, RecordDict
     from flwr.serverapp import Grid
@@ -73,9 +74,9 @@ def reference(tmp_path, name: str, client_app: str, seed: int = 3, server_app: s
     server = app_named("flower.server_app", server_app or server_app_for(name), "ServerApp")
     client = app_named("flower.client_app", client_app, "ClientApp")
     final = tmp_path / "reference.npz"
-    config = {"num-server-rounds": ROUNDS, "strategy": name, "final-path": str(final)}
-    ids = [node_id(i) for i in range(1, CLIENTS + 1)]
-    contexts = {nid: Context(run_id=1, node_id=nid, node_config={"partition-id": i, "num-partitions": CLIENTS},
+    config = {"num-server-rounds": rounds, "strategy": name, "final-path": str(final)}
+    ids = [node_id(i) for i in range(1, clients + 1)]
+    contexts = {nid: Context(run_id=1, node_id=nid, node_config={"partition-id": i, "num-partitions": clients},
                              state=RecordDict(), run_config=dict(config)) for i, nid in enumerate(ids)}
     sent, pending = [0], {}
 
@@ -149,3 +150,20 @@ def test_a_serverapp_driving_the_grid_by_hand_gets_every_answer_and_keeps_its_st
     assert list(got["partitions"]) == list(range(CLIENTS)) and int(got["rounds"]) == ROUNDS
     want = reference(tmp_path, "by-hand", "tests.flower_strategies:client", server_app=by_hand)
     assert all(np.array_equal(got[k], want[k]) for k in ("w", "b", "partitions", "rounds"))
+
+
+def test_a_pytorch_fedadam_app_with_batchnorm_uses_every_reply_and_ends_with_flowers_model(tmp_path):
+    """The issue's app: FedAdam's float64 arrays answered in float32, and BatchNorm's int64 counter,
+    all reach the strategy (three rounds), and the model is the in-order reference's."""
+    app = {"server_app": "tests.flower_torch_app:server", "client_app": "tests.flower_torch_app:client"}
+    final = tmp_path / "emu.npz"
+    raw = {"name": "fedadam_torch", "mode": "flower", "seed": 3,
+           "flower": {**app, "run_config": {"num-server-rounds": 3, "final-path": str(final)}},
+           "fl": {"clients": 4, "round_timeout_s": 30.0}, "compute": {"default": {"train_s_per_sample": 0.001}}}
+    summary = run_emulation(parse_scenario(raw), tmp_path / "run")
+    assert summary["stop_reason"] == "done" and summary["rounds"] == 3
+    assert summary["updates"] == {"accepted": 12, "evaluated": 12}
+    got = dict(np.load(final))
+    assert got["bn.num_batches_tracked"].dtype.kind in "if" and got["fc1.weight"].shape == (32, 16)
+    want = reference(tmp_path, "FedAdam", app["client_app"], server_app=app["server_app"], clients=4, rounds=3)
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
