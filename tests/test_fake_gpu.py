@@ -185,7 +185,8 @@ REAL = {
 
 
 @needs_mnist
-@pytest.mark.parametrize("name", ["ddp_dgc", *(pytest.param(n, marks=pytest.mark.slow) for n in ("fl", "ps_esync", "geo"))])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)  # (11 s each: real launch on the stand-in)
+                                  for n in ("ddp_dgc", "fl", "ps_esync", "geo")])
 def test_real_launch_on_the_gpu_trains_emus_model(tmp_path, name):
     """``real launch --gpus 0`` of each mode, every rank's process on the stand-in GPU (installed as it
     starts: tests/fake_cuda_site): emu's model on the CPU, bit for bit."""
