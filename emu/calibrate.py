@@ -70,7 +70,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
         contention = _app_contention(scenario, together, share, per_machine)
         return _profile(scenario, [_times(a, contention, every=True) for a in costs],
                         {"model": "the app's own", "reps": reps, "contention": round(contention, 3),
-                         "contention_of": "small_cnn" if contention != 1.0 else None})
+                         "contention_of": "small_cnn" if together else None})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
     # Ranks that train at once on one machine slow each other down, even where they fit its cores

@@ -27,7 +27,7 @@ from collections import Counter
 from dtemu.core import events as ev
 from dtemu.core.errors import AuthError, DecodeError
 from dtemu.core.flower import wire
-from dtemu.core.flower.app import FlowerApp, node_id
+from dtemu.core.flower.app import FlowerApp, already_done, node_id
 from dtemu.core.flower.replies import examples_of, is_train, round_of
 from dtemu.core.flower.spec import SERVER
 from dtemu.core.runtime import faults as faultlib
@@ -71,7 +71,7 @@ def client(ctx, scenario, app: FlowerApp, index: int):
         ctx.emit(ev.FLOWER_CALL, round=round_, type=type_, examples=examples, wall_s=round(outcome.wall_s, 6))
         kind = "train" if training else QUERY if type_.split(".")[0] == QUERY else CLIENT_EVAL
         if not outcome.error and (examples or kind == QUERY):  # its time in the compute model (emu), known now
-            yield Compute(_nothing, samples=examples or 0, kind=kind)
+            yield Compute(already_done, samples=examples or 0, kind=kind)
         data = ctx.seal(FLOWER_RES, round_, wire.encode(wire.REPLY, outcome.reply))
         if training:
             ctx.emit(ev.UPLOAD_START, round=round_, bytes=len(data))
@@ -83,9 +83,6 @@ def client(ctx, scenario, app: FlowerApp, index: int):
     ctx.emit(ev.CLIENT_STOP, round=0, reason="server", rejected=dict(rejected))
     return answered
 
-
-def _nothing() -> None:
-    return None
 
 
 def _instruction(ctx, msg, me: int, rejected: Counter):

@@ -34,7 +34,7 @@ from dtemu.core import events as ev
 from dtemu.core.errors import AppError
 from dtemu.core.fl.steps import barrier
 from dtemu.core.flower import wire
-from dtemu.core.flower.app import FlowerApp, Finished, node_id
+from dtemu.core.flower.app import FlowerApp, Finished, already_done, node_id
 from dtemu.core.flower.grid import make_grid
 from dtemu.core.flower.inbox import Asked, ReplyInbox
 from dtemu.core.flower.replies import accuracy_of, array_bytes, examples_of, is_train, round_of
@@ -80,7 +80,7 @@ def server(ctx, scenario, app: FlowerApp, population=None):
                 break
             handled = given + (array_bytes(call.args[0]) if call.name != "pull_messages" else 0)
             ctx.emit(ev.SERVER_APP, call=call.name, nbytes=handled, wall_s=round(thread.gap, 6))
-            yield Compute(_nothing, kind=SERVER_APP, nbytes=handled)
+            yield Compute(already_done, kind=SERVER_APP, nbytes=handled)
             answer = yield from grid.carry_out(call)
             given = array_bytes(answer) if call.name != "push_messages" else 0
             thread.answer(answer)
@@ -98,10 +98,6 @@ def server(ctx, scenario, app: FlowerApp, population=None):
              counts=dict(sorted(result.counts.items())))
     result.final_accuracy = result.history[-1][1] if result.history else None
     return result
-
-
-def _nothing() -> None:
-    return None
 
 
 def _identify() -> None:
