@@ -270,33 +270,38 @@ def test_the_inbox_answers_what_every_reply_is():
     from flwr.app import ArrayRecord, Message, RecordDict
 
     from dtemu.core.flower import wire
-    from dtemu.core.flower.inbox import Asked, ReplyInbox
+    from dtemu.core.flower.inbox import Asked, reply_inbox
     from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE, REFUSED
     from dtemu.core.wire.auth import Sealer
-    from dtemu.core.wire.topics import FLOWER_RES
 
     ins = _instruction(7)
-    inbox = ReplyInbox(Sealer(None, "server"), check_arrays=True)
-    inbox.expect("dtemu-1", Asked("client1", 1, "train", wire.arrays_of(ins)))
+    inbox = reply_inbox(Sealer(None, "server"), check_arrays=True)
+    ask = lambda: inbox.ask("dtemu-1", None, about=Asked("client1", 1, "train", wire.arrays_of(ins)),  # noqa: E731
+                            sender="client1")
+    ask()
 
     def reply(values):
         return wire.encode(wire.REPLY, Message(RecordDict({"arrays": ArrayRecord([values])}), reply_to=ins))
 
-    offer = lambda src, data: inbox.offer(FLOWER_RES, src, data)  # noqa: E731
+    offer = inbox.offer
     assert offer("client1", b"DTFW\x01\x02garbage").reason == "malformed"
     assert offer("client1", b"junk").reason == "malformed"
     assert offer("client1", wire.encode(wire.STOP)).reason == "not_a_reply"
     assert offer("client2", reply(np.ones(3, np.float32))).reason == "wrong_sender"
     assert offer("client1", reply(np.ones(4, np.float32))).kind == REFUSED  # not the shape it was sent
-    inbox.expect("dtemu-1", Asked("client1", 1, "train", wire.arrays_of(ins)))  # (a fresh instruction)
-    inbox._answered.clear()
+    ask()   # (a fresh instruction)
     assert offer("client1", reply(np.ones(3, np.float32))).kind == ACCEPTED
     assert offer("client1", reply(np.ones(3, np.float32))).kind == DUPLICATE
+    ask()
     inbox.close(["dtemu-1"])
-    inbox._answered.clear()
+    assert inbox.unanswered(["dtemu-1"]) == ["dtemu-1"]   # closed, with no answer: the call timed out
     assert offer("client1", reply(np.ones(3, np.float32))).kind == LATE
-    sealed = ReplyInbox(Sealer(b"k" * 32, "server"))
-    assert sealed.offer(FLOWER_RES, "client1", reply(np.ones(3, np.float32))).reason == "unsigned"
+    assert offer("client1", reply(np.ones(3, np.float32))).kind == DUPLICATE
+    other = _instruction(7)
+    other.metadata.__dict__["_message_id"] = "dtemu-9"   # never sent
+    assert offer("client1", wire.encode(wire.REPLY, Message(RecordDict(), reply_to=other))).reason == "not_asked"
+    sealed = reply_inbox(Sealer(b"k" * 32, "server"))
+    assert sealed.offer("client1", reply(np.ones(3, np.float32))).reason == "unsigned"
 
 
 def test_a_replys_arrays_are_the_apps_to_judge_unless_dtemu_is_asked_to_check_them():
@@ -306,19 +311,18 @@ def test_a_replys_arrays_are_the_apps_to_judge_unless_dtemu_is_asked_to_check_th
     from flwr.app import ArrayRecord, Message, RecordDict
 
     from dtemu.core.flower import wire
-    from dtemu.core.flower.inbox import Asked, ReplyInbox
+    from dtemu.core.flower.inbox import Asked, reply_inbox
     from dtemu.core.runtime.verdict import ACCEPTED, REFUSED
     from dtemu.core.wire.auth import Sealer
-    from dtemu.core.wire.topics import FLOWER_RES
 
     ins = _instruction(7, np.zeros(3, np.float64))
     odd = [np.ones(3, np.float32), np.ones(4, np.float64), np.array([np.nan, 1.0, 2.0])]
     for check, verdict in ((False, ACCEPTED), (True, REFUSED)):
         for values in odd:
-            inbox = ReplyInbox(Sealer(None, "server"), check_arrays=check)
-            inbox.expect("dtemu-1", Asked("client1", 1, "train", wire.arrays_of(ins)))
+            inbox = reply_inbox(Sealer(None, "server"), check_arrays=check)
+            inbox.ask("dtemu-1", None, about=Asked("client1", 1, "train", wire.arrays_of(ins)), sender="client1")
             reply = wire.encode(wire.REPLY, Message(RecordDict({"arrays": ArrayRecord([values])}), reply_to=ins))
-            got = inbox.offer(FLOWER_RES, "client1", reply)
+            got = inbox.offer("client1", reply)
             assert got.kind == verdict, (check, values.dtype, values.shape, got.error)
             assert check or got.message.content.array_records["arrays"]  # the app gets them as sent
 

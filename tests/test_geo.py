@@ -209,7 +209,7 @@ def test_a_role_refuses_and_counts_what_it_cannot_use():
     assert sorted(got) == ["a-ps", "b-ps"]
     assert result.rejected == 4
     reasons = [e["reason"] for e in ctx.events]
-    assert reasons == ["malformed", "unknown_sender", "stale", "duplicate"]
+    assert reasons == ["malformed", "unknown_sender", "late", "duplicate"]
     assert ctx.bytes_rejected > 0
 
 

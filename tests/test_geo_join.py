@@ -196,7 +196,7 @@ def test_a_state_in_the_middle_of_a_round_is_taken_only_from_the_restarted_ps_an
     ctx = RecordingContext(node="a-w0")
     inbox = Receiver(ctx, "geo/pull", 10, {"a-ps": "a", "a-w0": "a", "global-ps": "c"}, "a",
                   GeoResult(role="worker", site="a"))
-    inbox.inbox.restarts = "a-ps"
+    inbox.news.restarts = "a-ps"
     gen = inbox.collect(["a-ps"], 3, deadline=5.0)
     next(gen)
     gen.send(Message("geo/pull", "a-ps", encode_state(2, np.ones(10, np.float32))))      # an older model

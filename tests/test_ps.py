@@ -429,20 +429,27 @@ def test_cnn4_is_four_convolutions_and_one_linear_layer():
 
 
 def test_a_rounds_inbox_says_what_each_worker_message_is():
-    """core.ps.inbox, with no I/O: the server's synchronous round only acts on its verdicts."""
+    """The parameter server's inbox (core.runtime.inbox with core.ps.inbox's reader), with no I/O:
+    the server's synchronous round only acts on its verdicts."""
     import numpy as np
 
     from dtemu.core.ps import messages as pm
-    from dtemu.core.ps.inbox import RoundInbox
-    from dtemu.core.runtime.verdict import ACCEPTED, IGNORED, JOIN, NOT_FINITE, REFUSED
+    from dtemu.core.ps.inbox import worker_inbox
+    from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, JOIN, LATE, NOT_FINITE
+    from dtemu.core.wire.auth import Sealer
 
-    inbox = RoundInbox(version=3, expected={2, 3, 4})
-    update = lambda worker, version=3: pm.Update(version, worker, 1, 16, 0.5, np.zeros(2, np.float32))  # noqa: E731
-    assert inbox.offer(pm.Join(2)).kind == JOIN and inbox.offer(None).kind == IGNORED
-    assert (inbox.offer(update(2, 2)).kind, inbox.offer(update(2, 2)).reason) == (REFUSED, "late")
-    assert inbox.offer(update(2, 4)).reason == "future" and inbox.offer(update(9)).reason == "not_selected"
-    assert inbox.offer(update(2)).kind == ACCEPTED and inbox.offer(update(2)).reason == "duplicate"
-    assert inbox.open(quorum=3)
-    assert inbox.offer(pm.NotFinite(3, 3, 1)).kind == NOT_FINITE and inbox.offer(update(3)).reason == "duplicate"
-    assert inbox.open(quorum=3) and inbox.offer(update(4)).kind == ACCEPTED
-    assert not inbox.open(quorum=3)  # every worker expected answered (one of them not finite)
+    names = {r: f"w{r}" for r in (2, 3, 4, 9)}
+    inbox = worker_inbox(Sealer(None, "ps"), 2, names)
+    inbox.ask_round({2, 3, 4}, 3)
+    update = lambda worker, version=3: pm.encode_ps(  # noqa: E731
+        pm.Update(version, worker, 1, 16, 0.5, np.zeros(2, np.float32)))
+    offer = lambda worker, data: inbox.offer(f"w{worker}", data)  # noqa: E731
+    assert offer(2, pm.encode_ps(pm.Join(2))).kind == JOIN and offer(2, b"junk").reason == "malformed"
+    assert offer(3, update(2)).reason == "malformed"   # rank 2's update, sent by w3
+    assert (offer(2, update(2, 2)).kind, offer(2, update(2, 2)).reason) == (LATE, "late")
+    assert offer(2, update(2, 4)).reason == "future" and offer(9, update(9)).reason == "not_asked"
+    assert offer(2, update(2)).kind == ACCEPTED and offer(2, update(2)).kind == DUPLICATE
+    assert sorted(inbox.unanswered()) == [3, 4]
+    nan = pm.encode_ps(pm.Update(3, 3, 1, 16, 0.5, np.array([np.nan, 0], np.float32)))
+    assert offer(3, nan).kind == NOT_FINITE and offer(3, update(3)).kind == DUPLICATE
+    assert offer(4, update(4)).kind == ACCEPTED and inbox.unanswered() == []

@@ -18,7 +18,8 @@ import numpy as np
 
 from dtemu.core.wire import messages
 from dtemu.core.fl.aggregate import Update
-from dtemu.core.fl.inbox import UpdateInbox
+from dtemu.core.fl.inbox import update_inbox
+from dtemu.core.runtime.inbox import Inbox
 from dtemu.core.runtime.verdict import ACCEPTED
 from dtemu.core.fl.esync import Leader, meet, ss_rank
 from dtemu.core.fl.rules import STATE_SERVER, fl_strategy
@@ -59,7 +60,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     clients = tuple(scenario.client_names)
     population = population or Population(scenario)
     auth = ctx.sealer
-    inbox = UpdateInbox(frozenset(clients), work.dim, fl.max_update_norm, auth)
+    inbox = update_inbox(frozenset(clients), work.dim, fl.max_update_norm, auth)
     result = ControllerResult(weights=work.initial_weights)
     strategy = fl_strategy(scenario)  # fl.algorithm (core.fl.rules)
     start = 1
@@ -200,17 +201,17 @@ def _ask(ctx, scenario, population, strategy, cmd, attempt):
     return tuple(scenario.client_names) if asked is None else asked
 
 
-def _collect(ctx, inbox: UpdateInbox, cmd, clients, quorum: int, start: float, deadline: float, counts):
+def _collect(ctx, inbox: Inbox, cmd, clients, quorum: int, start: float, deadline: float, counts):
     """Updates for ``cmd`` until ``quorum`` of them are in or ``deadline``, and each one's time
     from the round's ``start``; everything else is counted."""
-    inbox.open_round(clients, cmd.round, cmd.seed)
+    inbox.ask_round(clients, (cmd.round, cmd.seed))
     got: dict[str, Update] = {}
     arrivals: dict[str, float] = {}
     while len(got) < quorum:
         msg = yield Recv((CLIENT_UPDATE,), deadline)
         if msg is None:
             break
-        verdict = inbox.offer(msg)
+        verdict = inbox.offer(msg.src, msg.data)
         if verdict.kind != ACCEPTED:
             refuse_update(ctx, counts, msg, verdict, current=cmd.round)
             continue

@@ -45,7 +45,7 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
         nonlocal asks
         asks += 1
         cmd = TrainCmd(version + 1, fl.subset or 0, fl.epochs, fl.lr, round_seed(scenario.seed, version + 1, asks))
-        inbox.expect(client, cmd.round, cmd.seed)
+        inbox.ask(client, (cmd.round, cmd.seed))
         at_work[client] = (version, ctx.now() + fl.round_timeout_s)
         yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, version, blob(version, bases[version])), to=(client,))
         yield Send(TRAIN_CMD, auth.seal(TRAIN_CMD, cmd.round, messages.encode(cmd)), to=(client,))
@@ -69,18 +69,17 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
             gone = [c for c, (_, d) in at_work.items() if d <= ctx.now()]
             for c in gone:
                 del at_work[c]
-                inbox.give_up(c)
+            inbox.close(gone)   # whatever they still send is late
             ctx.emit(ev.ROUND_FAILED, round=version + 1, ready=0, min=1, policy="replace")
             result.rounds_failed += 1
             yield from refill()
             continue
-        verdict = inbox.offer(msg)
+        verdict = inbox.offer(msg.src, msg.data)
         if verdict.kind != ACCEPTED:
             refuse_update(ctx, result.counts, msg, verdict, current=version + 1)
             continue
         client = verdict.message.client
         base, _ = at_work.pop(client)
-        inbox.settled(client)
         staleness = version - base
         version += 1
         ctx.emit(ev.ROUND_START, round=version, attempt=0)

@@ -60,8 +60,8 @@ def refuse_update(ctx, counts, msg, verdict: Verdict, current: int) -> None:
     elif reason == "rejected":  # decoded, but not a usable update (its packet, NaN, its norm)
         refuse(ctx, counts, msg, reason, ev.UPDATE_REJECTED, client=up.client, round=up.round, reason="invalid",
                error=verdict.error)
-    else:  # duplicate, not asked, unknown client
-        refuse(ctx, counts, msg, reason.replace(" ", "_"), ev.UPDATE_REJECTED, client=up.client, round=up.round,
+    else:  # duplicate, not_asked, unknown_sender
+        refuse(ctx, counts, msg, reason, ev.UPDATE_REJECTED, client=up.client, round=up.round,
                reason=reason)
 
 

@@ -1,5 +1,5 @@
-"""The server's inbox for Flower replies, with no I/O (in the manner of h11): offer it what arrived
-and it answers what the bytes are to the run.
+"""What a Flower server's inbox (core.runtime.inbox, every server's) needs of Flower: a reply answers
+the instruction whose id it names, and only the node it went to may answer it.
 
 An instruction the server sent is *open* until the grid call that sent it closes (its replies are all
 in, or its deadline passed).  A reply is then one of:
@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from dtemu.core.errors import DecodeError
 from dtemu.core.flower import wire
-from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE, REFUSED, Verdict, opened
+from dtemu.core.runtime.inbox import Answer, Inbox
+from dtemu.core.runtime.verdict import ACCEPTED, REFUSED, Verdict
+from dtemu.core.wire.topics import FLOWER_RES
 
 
 @dataclass(frozen=True)
@@ -34,62 +36,33 @@ class Asked:
     arrays: dict
 
 
-class ReplyInbox:
-    def __init__(self, sealer, check_arrays: bool = False):
-        self._sealer = sealer  # opens sealed frames (core.wire.auth; the identity without a key)
-        self._check_arrays = check_arrays
-        self._open: dict[str, Asked] = {}
-        self._closed: dict[str, Asked] = {}
-        self._answered: set[str] = set()
+class ReplyReader:
+    def __init__(self, check_arrays: bool):
+        self.check_arrays = check_arrays
 
-    def expect(self, message_id: str, asked: Asked) -> None:
-        self._open[message_id] = asked
+    def read(self, src: str, sealed) -> Answer:
+        """A reply answers the instruction it names (its tag: none, an instruction is asked once)."""
+        if wire.kind_of(sealed.data) != wire.REPLY:
+            raise _NotAReply("a Flower frame, but not a reply")
+        reply = wire.decode(sealed.data)
+        return Answer(reply.metadata.reply_to_message_id, None, reply)
 
-    def close(self, message_ids) -> None:
-        """The call that sent these is over: later replies to them are late."""
-        for mid in message_ids:
-            asked = self._open.pop(mid, None)
-            if asked is not None:
-                self._closed[mid] = asked
-
-    def offer(self, topic: str, src: str, data: bytes) -> Verdict:
-        reply, refused = opened(self._sealer, topic, src, data, _reply)
-        if refused is not None:
-            return refused
-        mid = reply.metadata.reply_to_message_id
-        asked = self._open.get(mid) or self._closed.get(mid)
-        if asked is None:
-            return Verdict(REFUSED, "not_asked", f"a reply to {mid[:40]!r}, which was never sent", message=reply)
-        if asked.node != src:
-            return Verdict(REFUSED, "wrong_sender", f"{src} answered {asked.node}'s instruction", reply, asked=asked)
-        if mid in self._answered:
-            return Verdict(DUPLICATE, "duplicate", message=reply, asked=asked)
-        if mid in self._closed:
-            self._answered.add(mid)
-            return Verdict(LATE, "late", message=reply, asked=asked)
-        if self._check_arrays and not reply.has_error():
+    def check(self, answer: Answer, question) -> Verdict:
+        reply = answer.body
+        if self.check_arrays and not reply.has_error():
             try:
-                wire.check_reply(reply, asked.arrays)
+                wire.check_reply(reply, question.about.arrays)
             except DecodeError as err:
-                self._answered.add(mid)  # its one answer was unusable: a resend would be a duplicate
-                return Verdict(REFUSED, "invalid", str(err), reply, asked=asked)
-        self._answered.add(mid)
-        return Verdict(ACCEPTED, "accepted", message=reply, asked=asked)
+                return Verdict(REFUSED, "invalid", str(err))
+        return Verdict(ACCEPTED, "accepted")
 
-    def asked(self, message_id: str) -> Asked | None:
-        return self._open.get(message_id) or self._closed.get(message_id)
 
-    def waiting(self, message_ids) -> int:
-        """How many of ``message_ids`` have no answer yet."""
-        return sum(1 for mid in message_ids if mid not in self._answered)
+def reply_inbox(sealer, check_arrays: bool = False) -> Inbox:
+    """The server's inbox: each instruction sent is asked with ``ask(its id, None, about=Asked,
+    sender=its node)`` and closed with ``close`` when its grid call is over."""
+    return Inbox(sealer, FLOWER_RES, ReplyReader(check_arrays))
 
 
 class _NotAReply(DecodeError):
     reason = "not_a_reply"
 
-
-def _reply(sealed):
-    """The Flower reply in an opened frame; a DecodeError if it is none."""
-    if wire.kind_of(sealed.data) != wire.REPLY:
-        raise _NotAReply("a Flower frame, but not a reply")
-    return wire.decode(sealed.data)

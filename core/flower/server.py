@@ -36,7 +36,7 @@ from dtemu.core.fl.steps import barrier
 from dtemu.core.flower import wire
 from dtemu.core.flower.app import FlowerApp, Finished, already_done, node_id
 from dtemu.core.flower.grid import make_grid
-from dtemu.core.flower.inbox import Asked, ReplyInbox
+from dtemu.core.flower.inbox import Asked, reply_inbox
 from dtemu.core.flower.replies import accuracy_of, array_bytes, examples_of, is_train, round_of
 from dtemu.core.modes.base import DONE
 from dtemu.core.runtime.refusal import refuse
@@ -118,7 +118,7 @@ class _Carrier:
         self.index_of = {name: i for i, name in enumerate(scenario.client_names, 1)}
         self.name_of = name_of
         self.population = population if scenario.fl.availability.kind != "always" else None
-        self.inbox = ReplyInbox(ctx.sealer, check_arrays=scenario.flower.check_arrays)
+        self.inbox = reply_inbox(ctx.sealer, check_arrays=scenario.flower.check_arrays)
         self.arrived: dict[str, object] = {}  # message id -> accepted reply, in arrival order
         self.result = ServerResult()
         self.seq = 0
@@ -142,7 +142,7 @@ class _Carrier:
         replies = [self.arrived.pop(mid) for mid in sent if mid in self.arrived]
         # How it ended, truthfully: a call whose every instruction was answered did not time out, even
         # where some answers were refused.
-        ended = "timed_out" if self.inbox.waiting(sent) else "all_in" if len(replies) == len(sent) else "refused"
+        ended = "timed_out" if self.inbox.unanswered(sent) else "all_in" if len(replies) == len(sent) else "refused"
         self._closed(messages, replies, ended)
         return replies
 
@@ -173,7 +173,7 @@ class _Carrier:
                 proto, arrays = wire.content_of(message)
                 content[key] = proto, arrays, wire.model_sha256(next(iter(arrays.values()))) if arrays else None
             proto, arrays, sha = content[key]
-            self.inbox.expect(mid, Asked(node, round_, type_, arrays))
+            self.inbox.ask(mid, None, about=Asked(node, round_, type_, arrays), sender=node)
             sent.append(mid)
             group = groups.setdefault((round_, type_), {"asked": 0, "bytes": 0, "unavailable": 0})
             if is_train(type_) and round_ != self.train_round:
@@ -201,11 +201,11 @@ class _Carrier:
         or ``deadline``."""
         ctx, counts = self.ctx, self.result.counts
         wanted = set(message_ids)
-        while self.inbox.waiting(wanted):
+        while self.inbox.unanswered(wanted):
             msg = yield Recv((FLOWER_RES,), deadline)
             if msg is None:
                 return
-            verdict = self.inbox.offer(msg.topic, msg.src, msg.data)
+            verdict = self.inbox.offer(msg.src, msg.data)
             asked = verdict.asked
             if verdict.kind == ACCEPTED:
                 mid = verdict.message.metadata.reply_to_message_id
@@ -246,7 +246,7 @@ class _Carrier:
         ctx.emit(ev.FLOWER_REPLIES, round=round_, type=type_, asked=len(messages), replies=len(replies),
                  errors=len(replies) - len(good), timed_out=ended == "timed_out", ended=ended)
         if is_train(type_):
-            names = sorted(self.inbox.asked(r.metadata.reply_to_message_id).node for r in good)
+            names = sorted(self.inbox.question(r.metadata.reply_to_message_id).about.node for r in good)
             ctx.emit(ev.ROUND_CLOSE, round=round_, ready=len(good), expected=len(messages), min=1, clients=names,
                      timed_out=ended == "timed_out", ended=ended,
                      note=f"final-ready={len(good)}/{len(messages)} (errors={len(replies) - len(good)})")

@@ -127,5 +127,5 @@ def global_ps(b, children: list[str], pushes, every_child: list[str] | None = No
         b.result.rounds = r
         ctx.emit(ev.GEO_ROUND, round=r, role="global_ps", wait_s=round(t1 - t0, 9), wan_s=round(ctx.now() - t1, 9),
                  bytes_up=sum(len(got[c][1]) for c in children), bytes_down=len(out))
-        if every_child is not None and pushes.inbox.joins:
-            children = yield from join.admit(b, every_child, children, pushes.inbox, r, None, state_round=sync)
+        if every_child is not None and pushes.news.joins:
+            children = yield from join.admit(b, every_child, children, pushes.news, r, None, state_round=sync)

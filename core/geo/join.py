@@ -33,7 +33,7 @@ import torch
 from dtemu.core import events as ev
 from dtemu.core.geo.common import Applier, site_downlink, worker_optimizer_momentum
 from dtemu.core.wire.topics import GEO_PULL
-from dtemu.core.geo.inbox import PayloadInbox
+from dtemu.core.geo.inbox import News
 from dtemu.core.geo.payload import decode, encode_state
 from dtemu.core.ml.params import load_params, params_vector
 
@@ -87,19 +87,19 @@ def state_of(b, round_: int, follower: Follower | None) -> bytes:
     return encode_state(round_, params_vector(follower.applier.model), follower.momentum())
 
 
-def admit(b, every_child: list[str], children: list[str], inbox: PayloadInbox, round_: int, follower: Follower | None,
+def admit(b, every_child: list[str], children: list[str], news: News, round_: int, follower: Follower | None,
           state_round: int | None = None):
     """Let in the sites whose JOIN came (the model of ``round_``, then ``geo_join``); returns the
     members of the next round, in scenario order (the sums' order, so no bit moves).  The STATE
     says ``state_round`` (default ``round_``): HFA numbers its pulls by sync, not by round."""
-    joining = [c for c in inbox.joins if c in every_child]
-    inbox.joins.clear()
+    joining = [c for c in news.joins if c in every_child]
+    news.joins.clear()
     if not joining:
         return children
     state = state_of(b, round_ if state_round is None else state_round, follower)
     for c in joining:
         yield from admit_one(b, c, state, round_)
-        inbox.heard[c] = b.ctx.now()
+        news.heard[c] = b.ctx.now()
     return [c for c in every_child if c in children or c in joining]
 
 

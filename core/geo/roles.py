@@ -116,8 +116,8 @@ class _Base:
         if anyone answered."""
         got = yield from pushes.collect(children, sync, self.deadline())
         if len(got) < len(children):
-            if lost := [c for c in children if c not in got and c not in pushes.inbox.joins]:
-                self.gave_up(round_, lost, going_on=bool(got), reason=pushes.inbox.loss_reason)
+            if lost := [c for c in children if c not in got and c not in pushes.news.joins]:
+                self.gave_up(round_, lost, going_on=bool(got), reason=pushes.news.loss_reason)
             children = [c for c in children if c in got]
         return got, children
 
@@ -146,7 +146,7 @@ def master(ctx, scenario, work, name: str = MASTER):
     for r in range(1, last + 1):
         got = yield from pulls.collect([b.root], r * g.k2 if g.sync == "hfa" else r, b.pull_deadline())
         if not got:
-            if pulls.inbox.end is not None:   # MixedSync: fewer updates than nominal (a site lost, or late)
+            if pulls.news.end is not None:   # MixedSync: fewer updates than nominal (a site lost, or late)
                 break
             b.gave_up(r, [b.root], going_on=g.sync == "mixed" and r > 1)
             break
@@ -178,15 +178,15 @@ def worker(ctx, scenario, work, name: str):
     index = scenario.training_nodes.index(name)
     up = site_ps(b.site) if b.hips else FLAT_PS
     pulls = b.receiver(GEO_PULL)
-    pulls.inbox.state_ok = g.joining   # the initial model, or (a site that joins) the model of a running run
+    pulls.news.state_ok = g.joining   # the initial model, or (a site that joins) the model of a running run
     got = yield from pulls.collect([up], 0, b.pull_deadline() if g.joining else b.deadline(), count_wan=False)
-    pulls.inbox.state_ok = False
+    pulls.news.state_ok = False
     if not got:
         b.gave_up(0, [up])
         return b.finish(params_vector(b.model))
     first = got[up][0]
     load_params(b.model, first.dense())
-    pulls.inbox.restarts = up if g.joining else None   # its PS may start again and forward the run's model
+    pulls.news.restarts = up if g.joining else None   # its PS may start again and forward the run's model
     if g.sync == "hfa":
         yield from hfa.worker(b, index, up, pulls, hfa.first_round(first.round, g))
         return b.finish(params_vector(b.model))
@@ -234,10 +234,10 @@ def local_ps(ctx, scenario, work, name: str):
         # is written to no one; emu's global PS is up and this takes no time.
         yield WaitPeers((GLOBAL_PS,), b.pull_deadline())
         yield from b.send(GEO_PUSH, encode_join(b.dim), GLOBAL_PS, init=True)
-    pulls.inbox.state_ok = g.joining
+    pulls.news.state_ok = g.joining
     got = yield from pulls.collect([GLOBAL_PS], 0, b.pull_deadline() if g.joining else b.deadline(),
                                    count_wan=False)
-    pulls.inbox.state_ok = False
+    pulls.news.state_ok = False
     if not got:
         b.gave_up(0, [GLOBAL_PS])
         return b.finish()
@@ -301,7 +301,7 @@ def root_ps(ctx, scenario, work, name: str):
     start = b.deadline() if g.start_wait_s is None or not joining else ctx.now() + g.start_wait_s
     got = yield from pushes.collect([MASTER, *children] if joining else [MASTER], 0, start, count_wan=False)
     if g.heartbeat_s is not None and b.hips:
-        pushes.inbox.watch = g.heartbeat_s
+        pushes.news.watch = g.heartbeat_s
     if MASTER not in got:
         b.gave_up(0, [MASTER])
         return b.finish()
@@ -309,7 +309,7 @@ def root_ps(ctx, scenario, work, name: str):
         if late := [c for c in children if c not in got]:
             b.gave_up(0, late, going_on=True, reason="not up at the start")
         children = [c for c in children if c in got]
-        pushes.inbox.joinable = set(every_child)
+        pushes.news.joinable = set(every_child)
     init_payload, init_raw = got[MASTER]
     load_params(b.model, init_payload.dense())
     for child in children:
@@ -346,8 +346,8 @@ def root_ps(ctx, scenario, work, name: str):
                  wan_s=round(ctx.now() - t1, 9), bytes_up=sum(len(raw) for _, raw in got.values()), bytes_down=len(out))
         if follower is not None:
             follower.follow(out, b.dim, r)
-        if joining and pushes.inbox.joins:   # the round closed: a site that said JOIN gets its model
-            children = yield from join.admit(b, every_child, children, pushes.inbox, r, follower)
+        if joining and pushes.news.joins:   # the round closed: a site that said JOIN gets its model
+            children = yield from join.admit(b, every_child, children, pushes.news, r, follower)
     return b.finish(params_vector(b.model) if applier is not None else None)
 
 

@@ -1,40 +1,42 @@
-"""What a synchronous round of the parameter server makes of each worker's message, with no I/O
-(as core.fl.inbox does for FL rounds and core.flower.inbox for a Flower app's replies): the round's
-version and the workers it expects are its state; offer it a decoded message and it answers what the
-message is to the round (a ``Verdict``, core.runtime.verdict, every inbox's).  The server
-(core.ps.server) does the sending, counting and logging."""
+"""What the parameter server's inbox (core.runtime.inbox, every server's) needs of ps: a worker's
+update (or its report that the update was not finite) answers the worker's question, tagged by the
+model version it trained from; a JOIN (a worker that starts or restarts) is a note.  Versions are
+ordered: an update from an older model is late, one from a model not yet sent is refused as future.
+"""
 
 from __future__ import annotations
 
+from dtemu.core.errors import DecodeError, NotFiniteError
 from dtemu.core.ps import messages as pm
-from dtemu.core.runtime.verdict import ACCEPTED, IGNORED, JOIN, NOT_FINITE, REFUSED, Verdict
+from dtemu.core.runtime.inbox import Answer, Inbox, Note
+from dtemu.core.runtime.verdict import ACCEPTED, JOIN, NOT_FINITE, Verdict
+from dtemu.core.wire.topics import PS_UPDATE
 
-class RoundInbox:
-    def __init__(self, version: int, expected: set[int]):
-        self.version, self.expected = version, expected
-        self.updates: dict[int, pm.Update] = {}
-        self.failed: set[int] = set()  # workers whose update from this version was not finite
 
-    def offer(self, m) -> Verdict:
-        """``m``: a decoded message (None: one the decoder refused already)."""
-        if isinstance(m, pm.Join):
-            return Verdict(JOIN)
-        if not isinstance(m, (pm.Update, pm.NotFinite)):
-            return Verdict(IGNORED)
-        if m.version != self.version:
-            return Verdict(REFUSED, "late" if m.version < self.version else "future",
-                           f"version {m.version}, now {self.version}")
-        if m.worker not in self.expected:
-            return Verdict(REFUSED, "not_selected")
-        if m.worker in self.updates or m.worker in self.failed:
-            return Verdict(REFUSED, "duplicate")
-        if isinstance(m, pm.NotFinite):
-            self.failed.add(m.worker)
-            return Verdict(NOT_FINITE)
-        self.updates[m.worker] = m
-        return Verdict(ACCEPTED)
+class WorkerReader:
+    def __init__(self, dim: int, name_of: dict[int, str]):
+        self.dim, self.name_of = dim, name_of   # rank -> node name, for every worker of the run
 
-    def open(self, quorum: int) -> bool:
-        """Is the round still taking messages: fewer updates than its quorum, and someone expected
-        has not answered yet?"""
-        return len(self.updates) < quorum and len(self.updates) + len(self.failed) < len(self.expected)
+    def read(self, src: str, sealed) -> Answer | Note:
+        """An update, a JOIN or a not-finite report from the worker that sent it (an update whose
+        vector is not finite is its not-finite report)."""
+        try:
+            m = pm.decode_ps(sealed.data, self.dim)
+        except NotFiniteError as err:
+            if err.report is None:
+                raise
+            m = err.report
+        if not isinstance(m, (pm.Update, pm.Join, pm.NotFinite)):
+            raise DecodeError(f"{type(m).__name__} is not for the parameter server")
+        if self.name_of.get(m.worker) != src:
+            raise DecodeError(f"names rank {m.worker}, came from {src!r}")
+        return Note(JOIN, m) if isinstance(m, pm.Join) else Answer(m.worker, m.version, m)
+
+    def check(self, answer: Answer, question) -> Verdict:
+        return Verdict(NOT_FINITE if isinstance(answer.body, pm.NotFinite) else ACCEPTED, item=answer.body)
+
+
+def worker_inbox(sealer, dim: int, name_of: dict[int, str]) -> Inbox:
+    """The server's inbox; a round asks its workers with ``ask_round(workers, version)``."""
+    return Inbox(sealer, PS_UPDATE, WorkerReader(dim, name_of), order=lambda a, b: a - b,
+                 note=lambda src, note: Verdict(JOIN, message=note.body))

@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dtemu.core import events as ev
-from dtemu.core.errors import DecodeError, NotFiniteError
+from dtemu.core.errors import DecodeError
 from dtemu.core.ml.params import load_flat, sha256_of
 from dtemu.core.fl.esync import Leader
 from dtemu.core.ps import messages as pm
-from dtemu.core.ps.inbox import RoundInbox
-from dtemu.core.runtime.verdict import ACCEPTED, JOIN, NOT_FINITE, REFUSED
+from dtemu.core.ps.inbox import worker_inbox
+from dtemu.core.runtime.verdict import ACCEPTED, JOIN, NOT_FINITE
 from dtemu.core.ps.local import evaluate_loss, xavier_weights
 from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import make_strategy, weighed
@@ -74,6 +74,7 @@ class _Server:
         self.rank_of = {n: r for r, n in enumerate(names)}
         self.name_of = dict(enumerate(names))
         self.ranks = [self.rank_of[w] for w in self.ps.worker_names]
+        self.inbox = worker_inbox(ctx.sealer, work.dim, {r: self.name_of[r] for r in self.ranks})
         self.samples = {self.rank_of[w]: len(work.partitions[i]) for i, w in enumerate(self.ps.worker_names)}
         self.strategy = make_strategy(self.ps, self.ranks, scenario.seed)
         self.uses_ss = self.ps.uses_state_server
@@ -108,23 +109,13 @@ class _Server:
         return Send(PS_MODEL, self.ctx.seal(PS_MODEL, self.out.version, data), to=to)
 
     def decode(self, msg):
-        """An update, join or not-finite report from a worker, or None (refused and counted).  An
-        update whose vector is not finite is its not-finite report."""
-        try:
-            try:
-                m = pm.decode_ps(self.ctx.open(msg), self.work.dim)
-            except NotFiniteError as err:
-                if err.report is None:
-                    raise
-                m = err.report
-            if not isinstance(m, (pm.Update, pm.Join, pm.NotFinite)):
-                raise DecodeError(f"{type(m).__name__} is not for the parameter server")
-            if m.worker not in self.ranks or self.name_of[m.worker] != msg.src:
-                raise DecodeError(f"names rank {m.worker}, came from {msg.src!r}")
-            return m
-        except DecodeError as err:  # (an AuthError is one, with its reason: unsigned, forged, replayed)
-            self.refuse(msg, getattr(err, "reason", "malformed"), str(err))
+        """An update, join or not-finite report from a worker (core.ps.inbox), or None (refused and
+        counted): the asynchronous loop's, which asks no questions."""
+        got, refused = self.inbox.read(msg.src, msg.data)
+        if refused is not None:
+            self.refuse(msg, refused.reason, refused.error)
             return None
+        return got.body
 
     def refuse(self, msg, reason: str, error: str = "") -> None:
         refuse(self.ctx, self.out.counts, msg, reason, ev.UPDATE_REJECTED, reason=reason, src=msg.src, error=error)
@@ -221,27 +212,31 @@ def _synchronous(s: _Server):
             yield s.send_model(model)
         if s.uses_ss:
             yield s.ss.begin(version)
-        inbox = RoundInbox(version, expected)
-        updates, failed = inbox.updates, inbox.failed
+        inbox = s.inbox
+        inbox.ask_round(expected, version)
+        updates: dict[int, pm.Update] = {}
+        failed: set[int] = set()   # workers whose update from this version was not finite
         arrivals: dict[int, float] = {}
         quorum = strategy.quorum(len(expected))
-        while inbox.open(quorum) and not s.diverged:
+        while len(updates) < quorum and inbox.unanswered() and not s.diverged:
             msg = yield Recv((PS_UPDATE,), deadline=deadline)
             if msg is None:
                 break
-            m = s.decode(msg)
-            verdict = inbox.offer(m)
+            verdict = inbox.offer(msg.src, msg.data)
+            m = verdict.message
             if verdict.kind == JOIN:
                 yield s.send_model(model, to=msg.src)
-            elif verdict.kind == REFUSED:
-                s.refuse(msg, verdict.reason, verdict.error)
             elif verdict.kind == NOT_FINITE:
+                failed.add(m.worker)
                 s.not_finite(msg, m)
             elif verdict.kind == ACCEPTED:
+                updates[m.worker] = m
                 arrivals[m.worker] = ctx.now() - start
                 out.counts["accepted"] += 1
                 ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
                          samples=m.samples, staleness=0, loss=round(m.loss, 6))
+            else:   # late, future, not asked, duplicate; unsigned, forged, malformed
+                s.refuse(msg, verdict.reason, verdict.error or (f"version {m.version}, now {version}" if m else ""))
         if s.diverged:
             break
         short = len(updates) < quorum

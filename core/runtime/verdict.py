@@ -1,17 +1,16 @@
-"""What an inbox says of one message: one type for every server's inbox (FL's updates, ps's rounds,
-geo's payloads, a Flower server's replies), each a protocol object with no I/O offered one message
-at a time (in h11's manner), and one way to open what arrived.
+"""What an inbox says of one message: the one type of core.runtime.inbox, the inbox every server
+uses (FL's updates, ps's rounds, geo's payloads, a Flower server's replies), and one way to open what
+arrived.
 
-Every inbox answers with these kinds:
-
-| kind | meaning | inboxes |
-|---|---|---|
-| ACCEPTED | the role takes it (a round's update, a reply, a payload of the round) | all |
-| LATE | an answer to something no longer waited for (a closed round or call) | fl, flower |
-| DUPLICATE | a second answer to the same question | fl, flower |
-| REFUSED | not used, counted under ``reason`` (summary.json's ``updates``) | all |
-| JOIN, NOT_FINITE, IGNORED | a worker's hello; an update that was not finite; another message | ps |
-| EARLY, NOTED, ENDED | kept for its round; a heartbeat, JOIN or END taken note of; MixedSync's end | geo |
+| kind | meaning |
+|---|---|
+| ACCEPTED | the role takes it (an update of the round, a reply, a payload; ``item``: what it takes) |
+| LATE | an answer to a question no longer asked (an older round, a closed call) |
+| DUPLICATE | a second answer to the same question |
+| REFUSED | not used, counted under ``reason`` (unsigned, forged, malformed, not_asked, future, ...) |
+| EARLY | an answer to a question not asked yet, kept for it (geo's pushes) |
+| NOT_FINITE | an answer that says its update was not finite (ps) |
+| JOIN, NOTED, ENDED | a note: a ps worker's JOIN; a heartbeat or a site's JOIN; MixedSync's END |
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any, Callable
 from dtemu.core.errors import AuthError, DecodeError
 
 ACCEPTED, LATE, DUPLICATE, REFUSED = "accepted", "late", "duplicate", "refused"
-JOIN, NOT_FINITE, IGNORED = "join", "not_finite", "ignored"
+JOIN, NOT_FINITE = "join", "not_finite"
 EARLY, NOTED, ENDED = "early", "noted", "ended"
 
 
@@ -33,8 +32,7 @@ class Verdict:
     error: str = ""        # what was wrong, in words
     message: Any = None    # what the bytes decoded to, where they got that far (an update, a reply)
     item: Any = None       # what an accepted message gives the role (FL's checked update)
-    asked: Any = None      # what it answers (a Flower instruction's Asked)
-    wan: bool = False      # geo: its bytes crossed the WAN and count as received
+    asked: Any = None      # what the asker kept with the question it answers (a Flower instruction's Asked)
 
 
 def opened(sealer, topic: str, src: str, data: bytes, decode: Callable[[Any], Any]) -> tuple[Any, Verdict | None]:
