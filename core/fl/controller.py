@@ -19,6 +19,7 @@ import numpy as np
 from dtemu.core.wire import messages
 from dtemu.core.fl.aggregate import Update
 from dtemu.core.fl.inbox import update_inbox
+from dtemu.core.runtime.collect import Quorum, always, collect
 from dtemu.core.runtime.inbox import Inbox
 from dtemu.core.runtime.verdict import ACCEPTED
 from dtemu.core.fl.esync import Leader, meet, ss_rank
@@ -28,8 +29,8 @@ from dtemu.core.errors import CheckpointError
 from dtemu.core.wire.messages import Stop, TrainCmd
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.runtime import points
-from dtemu.core.runtime.requests import Evaluations, Point, Recv, Send, Sleep
-from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from dtemu.core.runtime.requests import Evaluations, Point, Send, Sleep
+from dtemu.core.wire.topics import MODEL_BLOB, TRAIN_CMD
 from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.core.fl.population import Population
 from dtemu.core.fl.downlink import Downlink
@@ -207,15 +208,16 @@ def _collect(ctx, inbox: Inbox, cmd, clients, quorum: int, start: float, deadlin
     inbox.ask_round(clients, (cmd.round, cmd.seed))
     got: dict[str, Update] = {}
     arrivals: dict[str, float] = {}
-    while len(got) < quorum:
-        msg = yield Recv((CLIENT_UPDATE,), deadline)
-        if msg is None:
-            break
-        verdict = inbox.offer(msg.src, msg.data)
+
+    def act(msg, verdict) -> bool:
         if verdict.kind != ACCEPTED:
             refuse_update(ctx, counts, msg, verdict, current=cmd.round)
-            continue
+            return False
         got[verdict.message.client] = verdict.item
         arrivals[verdict.message.client] = ctx.now() - start
         accepted(ctx, counts, msg, verdict)
+        return False
+
+    # k of: the quorum, waiting out the deadline for it even when every client asked has answered
+    yield from collect(inbox, Quorum(quorum, always), deadline, act)
     return got, arrivals

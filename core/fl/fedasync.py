@@ -25,10 +25,11 @@ from dtemu.core.fl.steps import accepted, blob, checkpoint, evaluate, refuse_upd
 from dtemu.core.ml.params import sha256_of
 from dtemu.core.ml.workload import round_seed
 from dtemu.core.runtime import points
-from dtemu.core.runtime.requests import Point, Recv, Send, Sleep
+from dtemu.core.runtime.collect import FIRST, collect
+from dtemu.core.runtime.requests import Point, Send, Sleep
 from dtemu.core.wire import messages
 from dtemu.core.wire.messages import TrainCmd
-from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
+from dtemu.core.wire.topics import MODEL_BLOB, TRAIN_CMD
 
 _PICK = 0xA5C  # (the stream that draws the next client, apart from the rounds' sampling)
 
@@ -57,15 +58,24 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
         while len(at_work) < population.asked and free:
             yield from ask(free.pop(int(rng.integers(len(free)))))
 
+    taken = []   # the update a collection took: (message, verdict)
+
+    def act(msg, verdict) -> bool:
+        if verdict.kind == ACCEPTED:
+            taken.append((msg, verdict))
+        else:
+            refuse_update(ctx, result.counts, msg, verdict, current=version + 1)
+        return False
+
     yield from refill()
     while version < fl.rounds:
         if not at_work:  # no one there to ask: wait a round's time for someone to come
             yield Sleep(fl.round_timeout_s)
             yield from refill()
             continue
-        deadline = min(d for _, d in at_work.values())
-        msg = yield Recv((CLIENT_UPDATE,), deadline)
-        if msg is None:   # the client due first is given up, and replaced
+        taken.clear()
+        if (yield from collect(inbox, FIRST, min(d for _, d in at_work.values()), act)) == "deadline":
+            # the client due first is given up, and replaced
             gone = [c for c, (_, d) in at_work.items() if d <= ctx.now()]
             for c in gone:
                 del at_work[c]
@@ -74,10 +84,7 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
             result.rounds_failed += 1
             yield from refill()
             continue
-        verdict = inbox.offer(msg.src, msg.data)
-        if verdict.kind != ACCEPTED:
-            refuse_update(ctx, result.counts, msg, verdict, current=version + 1)
-            continue
+        (msg, verdict), = taken
         client = verdict.message.client
         base, _ = at_work.pop(client)
         staleness = version - base

@@ -42,8 +42,9 @@ from dtemu.core.modes.base import DONE
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.compute import SERVER_APP
 from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE
-from dtemu.core.runtime.requests import Compute, Recv, Send
-from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
+from dtemu.core.runtime.collect import Quorum, collect
+from dtemu.core.runtime.requests import Compute, Send
+from dtemu.core.wire.topics import FLOWER_INS
 
 POLL_S = 0.1
 
@@ -201,11 +202,8 @@ class _Carrier:
         or ``deadline``."""
         ctx, counts = self.ctx, self.result.counts
         wanted = set(message_ids)
-        while self.inbox.unanswered(wanted):
-            msg = yield Recv((FLOWER_RES,), deadline)
-            if msg is None:
-                return
-            verdict = self.inbox.offer(msg.src, msg.data)
+
+        def act(msg, verdict) -> bool:
             asked = verdict.asked
             if verdict.kind == ACCEPTED:
                 mid = verdict.message.metadata.reply_to_message_id
@@ -221,9 +219,8 @@ class _Carrier:
                              comm_s=msg.received_at - msg.sent_at)
                 else:
                     counts["evaluated"] += 1
-                if not until_all and mid in wanted:
-                    return
-            elif verdict.kind == LATE:
+                return not until_all and mid in wanted
+            if verdict.kind == LATE:
                 refuse(ctx, counts, msg, "late", ev.UPDATE_LATE, client=msg.src, round=asked.round,
                        current=self.train_round or 0)
             elif verdict.kind == DUPLICATE:
@@ -235,6 +232,9 @@ class _Carrier:
             else:
                 refuse(ctx, counts, msg, verdict.reason, ev.UPDATE_REJECTED, src=msg.src, reason=verdict.reason,
                        error=verdict.error)
+            return False
+
+        yield from collect(self.inbox, Quorum(None, lambda: bool(self.inbox.unanswered(wanted))), deadline, act)
 
     def _closed(self, messages, replies, ended: str) -> None:
         """Log a closed send_and_receive: as an FL round (train) or the round's accuracy (evaluate)."""

@@ -11,9 +11,9 @@ from typing import Callable, Generator
 from dtemu.core import events as ev
 from dtemu.core.geo.inbox import geo_inbox
 from dtemu.core.geo.payload import STATE
-from dtemu.core.runtime.verdict import ACCEPTED, EARLY, ENDED, NOTED, Verdict
+from dtemu.core.runtime.collect import FIRST, Quorum, collect
+from dtemu.core.runtime.verdict import ACCEPTED, EARLY, ENDED, NOTED, REFUSED, Verdict
 from dtemu.core.runtime.refusal import refuse
-from dtemu.core.runtime.requests import Recv
 
 
 @dataclass
@@ -39,28 +39,24 @@ class Receiver:
         refuse(self.ctx, None, msg, reason, ev.MESSAGE_REJECTED, topic=msg.topic, src=msg.src, reason=reason,
                **({"error": error} if error else {}))
 
-    def _judge(self, msg, count_wan: bool, heard: float | None = None) -> Verdict | None:
+    def _offer(self, msg, count_wan: bool, heard: bool) -> Verdict:
         """The inbox's verdict on ``msg`` (its ``item``, where taken: the payload and the bytes inside
-        its envelope, what a PS forwards), or None when it was refused before the inbox judged it: not
-        from a sender admitted, not authentic under the run's key, or malformed.  ``heard``: the time
-        to note that its sender was heard (while a round is collected)."""
+        its envelope, what a PS forwards).  A sender not admitted is refused unopened; whatever is
+        refused is counted.  ``heard``: note that its sender was heard (while a round is collected)."""
         if not self.news.admits(msg.src):
-            self._refuse(msg, "unknown_sender")
-            return None
-        got, refused = self.inbox.read(msg.src, msg.data)
-        if refused is not None:
-            self._refuse(msg, refused.reason, refused.error)
-            return None
-        if heard is not None:
-            self.news.heard[msg.src] = heard
-        verdict = self.inbox.take(msg.src, got)
-        payload = got.body[0]
-        # The WAN bytes received: what crossed from another site and was used, kept or noted (not
-        # the initial model's, ``count_wan`` False, nor a STATE's)
-        if self.site_of.get(msg.src) != self.site and (
-                verdict.kind in (NOTED, ENDED)
-                or (verdict.kind in (ACCEPTED, EARLY) and count_wan and payload.kind != STATE)):
-            self.result.wan_received += len(msg.data)
+            verdict = Verdict(REFUSED, "unknown_sender")
+        else:
+            got, verdict = self.inbox.read(msg.src, msg.data)
+            if verdict is None:
+                if heard:
+                    self.news.heard[msg.src] = self.ctx.now()
+                verdict = self.inbox.take(msg.src, got)
+                # The WAN bytes received: what crossed from another site and was used, kept or noted
+                # (not the initial model's, ``count_wan`` False, nor a STATE's)
+                if self.site_of.get(msg.src) != self.site and (
+                        verdict.kind in (NOTED, ENDED)
+                        or (verdict.kind in (ACCEPTED, EARLY) and count_wan and got.body[0].kind != STATE)):
+                    self.result.wan_received += len(msg.data)
         if verdict.kind not in (ACCEPTED, EARLY, NOTED, ENDED):
             self._refuse(msg, verdict.reason, verdict.error)
         return verdict
@@ -68,7 +64,7 @@ class Receiver:
     def collect(self, senders: list[str], round_: int, deadline: float | None, count_wan: bool = True):
         """{sender: (payload, raw bytes)} of ``round_``; fewer than ``senders`` when the deadline
         passed, a sender fell silent, or the run's END came first."""
-        inbox, news, now = self.inbox, self.news, self.ctx.now()
+        inbox, news, beat, now = self.inbox, self.news, self.beat, self.ctx.now()
         inbox.members = set(senders)
         got = {s: v.item for s, v in inbox.ask_round(senders, round_).items()}   # what came early
         if news.end is not None and round_ > news.end:   # MixedSync's END: that round will not come
@@ -76,27 +72,27 @@ class Receiver:
         for s in senders:
             news.heard.setdefault(s, now)
         news.loss_reason = "timeout"
-        if self.beat is not None and self.beat.next is None:
-            self.beat.next = now + self.beat.every
-        while news.pending():
-            msg = yield Recv((self.topic,), news.wake(deadline, self.beat.next if self.beat else None))
-            now = self.ctx.now()
-            if msg is None:
-                if deadline is not None and now >= deadline:
-                    break
-                if self.beat is not None and now >= self.beat.next:
-                    yield from self.beat.send()
-                    self.beat.next = self.ctx.now() + self.beat.every
-                if news.silent(now):
-                    break
-                continue
-            verdict = self._judge(msg, count_wan, heard=now)
-            if verdict is None:
-                continue
+        if beat is not None and beat.next is None:
+            beat.next = now + beat.every
+
+        def act(msg, verdict) -> bool:
             if verdict.kind == ACCEPTED:
                 got[msg.src] = verdict.item
-            elif verdict.kind == ENDED:
-                break
+            return verdict.kind == ENDED
+
+        def idle():
+            """Before a message came: the deadline, a heartbeat to send, a sender fallen silent."""
+            now = self.ctx.now()
+            if deadline is not None and now >= deadline:
+                return True
+            if beat is not None and now >= beat.next:
+                yield from beat.send()
+                beat.next = self.ctx.now() + beat.every
+            return news.silent(now)
+
+        yield from collect(inbox, Quorum(None, lambda: bool(news.pending())), deadline, act,
+                           wake=lambda: news.wake(deadline, beat.next if beat else None), idle=idle,
+                           offer=lambda msg: self._offer(msg, count_wan, heard=True))
         return got
 
     def collect_next(self, expected: dict[str, int], deadline: float | None):
@@ -108,10 +104,12 @@ class Receiver:
         inbox.ask_each(expected)
         if (kept := inbox.take_kept()) is not None:
             return (kept[0], *kept[1].item)
-        while True:
-            msg = yield Recv((self.topic,), deadline)
-            if msg is None:
-                return None
-            verdict = self._judge(msg, count_wan=True)
-            if verdict is not None and verdict.kind == ACCEPTED:
-                return (msg.src, *verdict.item)
+        taken = []
+
+        def act(msg, verdict) -> bool:
+            if verdict.kind == ACCEPTED:
+                taken.append((msg.src, *verdict.item))
+            return False
+
+        yield from collect(inbox, FIRST, deadline, act, offer=lambda msg: self._offer(msg, True, heard=False))
+        return taken[0] if taken else None

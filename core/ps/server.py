@@ -48,8 +48,9 @@ from dtemu.core.ps.local import evaluate_loss, xavier_weights
 from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import make_strategy, weighed
 from dtemu.core.runtime import points
-from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers
-from dtemu.core.wire.topics import PS_MODEL, PS_UPDATE
+from dtemu.core.runtime.collect import Quorum, collect
+from dtemu.core.runtime.requests import Compute, Point, Send, WaitPeers
+from dtemu.core.wire.topics import PS_MODEL
 from dtemu.core.runtime.refusal import refuse
 
 
@@ -107,15 +108,6 @@ class _Server:
     def send_model(self, data: bytes, to: str | None = None) -> Send:
         """``data`` (a model, or Stop) to the workers (or one), sealed under the run's key."""
         return Send(PS_MODEL, self.ctx.seal(PS_MODEL, self.out.version, data), to=to)
-
-    def decode(self, msg):
-        """An update, join or not-finite report from a worker (core.ps.inbox), or None (refused and
-        counted): the asynchronous loop's, which asks no questions."""
-        got, refused = self.inbox.read(msg.src, msg.data)
-        if refused is not None:
-            self.refuse(msg, refused.reason, refused.error)
-            return None
-        return got.body
 
     def refuse(self, msg, reason: str, error: str = "") -> None:
         refuse(self.ctx, self.out.counts, msg, reason, ev.UPDATE_REJECTED, reason=reason, src=msg.src, error=error)
@@ -218,11 +210,8 @@ def _synchronous(s: _Server):
         failed: set[int] = set()   # workers whose update from this version was not finite
         arrivals: dict[int, float] = {}
         quorum = strategy.quorum(len(expected))
-        while len(updates) < quorum and inbox.unanswered() and not s.diverged:
-            msg = yield Recv((PS_UPDATE,), deadline=deadline)
-            if msg is None:
-                break
-            verdict = inbox.offer(msg.src, msg.data)
+
+        def act(msg, verdict):
             m = verdict.message
             if verdict.kind == JOIN:
                 yield s.send_model(model, to=msg.src)
@@ -237,6 +226,10 @@ def _synchronous(s: _Server):
                          samples=m.samples, staleness=0, loss=round(m.loss, 6))
             else:   # late, future, not asked, duplicate; unsigned, forged, malformed
                 s.refuse(msg, verdict.reason, verdict.error or (f"version {m.version}, now {version}" if m else ""))
+            return s.diverged
+
+        # k of the strategy's quorum, or until every worker asked has answered
+        yield from collect(inbox, Quorum(quorum), deadline, act)
         if s.diverged:
             break
         short = len(updates) < quorum
@@ -269,36 +262,39 @@ def _synchronous(s: _Server):
 
 
 def _asynchronous(s: _Server):
-    ctx, ps, out, strategy = s.ctx, s.ps, s.out, s.strategy
+    """One update at a time: each worker is asked for an update from the model it was last sent
+    (its JOIN asks for the first), which is applied as it comes."""
+    ctx, ps, out, strategy, inbox = s.ctx, s.ps, s.out, s.strategy, s.inbox
     base: dict[int, np.ndarray] = {}  # the model each worker was last sent (DC-ASGD's backup)
-    while out.version < ps.rounds and not s.time_up() and not s.diverged:
-        msg = yield Recv((PS_UPDATE,), deadline=ps.max_time_s)
-        if msg is None:
-            break
-        m = s.decode(msg)
-        if m is None:
-            continue
-        if isinstance(m, pm.NotFinite) and s.not_finite(msg, m):
-            break
-        if isinstance(m, pm.Update):
-            sent = base.get(m.worker)
+
+    def act(msg, verdict):
+        m = verdict.message
+        if verdict.kind == NOT_FINITE:
+            if s.not_finite(msg, m):
+                return True
+        elif verdict.kind == ACCEPTED:
             staleness = out.version - m.version
-            if sent is None or staleness < 0:
-                s.refuse(msg, "unknown_base" if sent is None else "future", f"version {m.version}")
-                continue
             with np.errstate(over="ignore", invalid="ignore"):  # checked: a model not finite is not taken
-                new = strategy.apply(out.weights, m.delta, staleness, sent)
+                new = strategy.apply(out.weights, m.delta, staleness, base[m.worker])
             if not s.take(new, f"{msg.src}'s update from version {m.version} (staleness {staleness})"):
                 s.refuse(msg, "diverges", "applying it gives a model that is not finite")
-                break
+                return True
             out.version += 1
             out.counts["accepted"] += 1
             ctx.emit(ev.PS_UPDATE, worker=msg.src, version=m.version, iterations=m.iterations,
                      samples=m.samples, staleness=staleness, loss=round(m.loss, 6))
+        elif verdict.kind != JOIN:   # late, future, not asked, duplicate; unsigned, forged, malformed
+            s.refuse(msg, verdict.reason, verdict.error)
+            return False
         base[m.worker] = out.weights
+        inbox.ask(m.worker, out.version)
         yield s.send_model(s.model_bytes(), to=msg.src)
-        if isinstance(m, pm.Update):
+        if verdict.kind == ACCEPTED:
             before = len(out.history)
             yield from s.evaluate()
             if len(out.history) > before:
                 ctx.save_checkpoint(s.model_bytes())
+        return False
+
+    going = Quorum(None, lambda: out.version < ps.rounds and not s.time_up() and not s.diverged)
+    yield from collect(inbox, going, ps.max_time_s, act)
