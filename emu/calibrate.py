@@ -64,7 +64,10 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of
     from dtemu.host.resolve import resolve
 
-    messages = _message_sets()  # every mode's messages cost the transport's CPU, whatever their size
+    from .costs import seal_cost
+
+    # every mode's messages cost the transport's CPU, whatever their size, and (sealed) per MB
+    messages = [*_message_sets(), f"compute.default.seal_s_per_mb={seal_cost(reps):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         costs = [*resolve(scenario.kind.costs)(scenario, reps), *messages]
         contention = _app_contention(scenario, together, share, per_machine)

@@ -63,8 +63,10 @@ def run_window(mode: str, model_params: int, real_dir=None) -> int:
     return whc_high_bytes(writer_history(MODES[mode].all_to_all, model_params))
 
 
-def fl_decode_costs(dim: int, reps: int = 7) -> dict[str, float]:
-    """Seconds per MB for an FL client receiving the model and the controller an fp32 update."""
+def fl_decode_costs(dim: int, reps: int = 7, codec=None) -> dict[str, float]:
+    """Seconds per MB for an FL client receiving the model and the controller an update encoded with
+    ``codec`` (core.compression.codecs.CodecParams; None: fp32).  Per MB of what travels: a q8
+    update is a quarter of the bytes of fp32's and costs more to decode, each byte a float made."""
     import torch
 
     from dtemu.core.compression import codecs
@@ -76,8 +78,9 @@ def fl_decode_costs(dim: int, reps: int = 7) -> dict[str, float]:
     w = np.random.default_rng(0).standard_normal(dim).astype(np.float32) * 0.05
     packet = codecs.encode(w, codecs.CodecParams("fp32"))
     blob = messages.encode(messages.ModelBlob.of(1, packet))
+    sent = packet if codec is None else codecs.encode(w * 0.1, codec)   # (a delta's size, in the codec)
     update = messages.encode(messages.ClientUpdate(round=1, seed=1, client="client1", num_samples=500,
-                                                   kind="delta", steps=8, loss=0.1, packet=packet))
+                                                   kind="delta", steps=8, loss=0.1, packet=sent))
 
     def client():
         data = bytes(bytearray(blob))
@@ -186,6 +189,21 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
     return costs
 
 
+def seal_cost(reps: int = 7) -> float:
+    """Seconds per MB to seal a message and to open it (core.wire.auth: an HMAC-SHA256 over its
+    bytes, and the copies each makes), the mean of the two: what a sealed run adds on the sender and
+    on each receiver (``compute.seal_s_per_mb``; charged only where emu runs with a key)."""
+    from dtemu.core.wire.auth import Sealer
+
+    data = np.random.default_rng(0).bytes(1 << 20)
+    sender = Sealer(bytes(32), "a")
+    sealed = sender.seal("t", 1, data)
+    # (a fresh receiver each time: one that has opened a message refuses it again as a replay)
+    both = median_s(lambda: sender.seal("t", 1, data), reps) + median_s(
+        lambda: Sealer(bytes(32), "b").open("t", "a", sealed), reps)
+    return both / 2 / (len(data) / 1e6)
+
+
 def transport_sets(decode: dict[str, float], window: int = FL_WINDOW) -> list[str]:
     """emu --set overrides of real mode's transport: headers, writer history, decoding per node."""
     sets = ["network.framing=rtps", f"network.send_window_bytes={window}"]
@@ -225,8 +243,11 @@ def transport_only_sets(scenario, reps: int = 7, dim: int | None = None) -> list
 def fl_sets(scenario, reps: int = 7) -> list[str]:
     """A client's and the controller's decoding, a client's encoding of its update, and real mode's
     transport."""
+    from dtemu.core.compression import codecs
+
     dim = dim_of(scenario)
-    costs = fl_decode_costs(dim, reps)
+    fl = scenario.fl
+    costs = fl_decode_costs(dim, reps, codecs.CodecParams(fl.codec, chunk=fl.chunk, density=fl.density))
     return transport_only_sets(scenario, reps, dim) + [
         f"compute.default.decode_s_per_mb={costs['client']:.6e}",
         f"compute.nodes.{scenario.node_names[0]}.decode_s_per_mb={costs['controller']:.6e}",

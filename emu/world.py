@@ -8,7 +8,7 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
 - recv:      the node's inbox, with an exact virtual-time deadline; a message then
              costs ``compute.decode_s_per_mb`` of the node's time before the role has it,
              and ``compute.recv_s_per_message`` (a send: ``send_s_per_message`` a receiver
-             before its flows start).
+             before its flows start); in a sealed run, ``compute.seal_s_per_mb`` on both sides.
 - computed:  the job already ran for real (the virtual clock did not move);
              advance the clock by its modelled duration (``ComputeTimer``), so
              timeouts do not depend on how fast this machine is.
@@ -100,8 +100,10 @@ class EmuNode:
         targets = self.world.receivers(self.node, topic, to)
         if topic in DURABLE_TOPICS:
             self.world.durable[(self.node, topic)] = data
-        if self.timer.send_s_per_message and targets:   # the transport's write: the sender's CPU
-            yield from self.world.on_cpu(len(targets) * self.timer.send_s_per_message)
+        # the seal's HMAC (once) and the transport's write (per receiver): the sender's CPU
+        cost = len(targets) * self.timer.send_s_per_message + self._sealing(data)
+        if cost and targets:
+            yield from self.world.on_cpu(cost)
         if self.world.multicast and len(targets) > 1:
             flows = [self.world.transmit_many(self.node, targets, topic, data)]
         else:
@@ -110,6 +112,10 @@ class EmuNode:
         if flows:
             yield self.world.env.all_of(flows)
         return len(targets)
+
+    def _sealing(self, data) -> float:
+        """The CPU seconds of sealing or opening ``data`` (a sealed run's HMAC; 0 without a key)."""
+        return len(data) * self.timer.seal_s_per_mb / 1e6 if self.world.key is not None else 0.0
 
     def send_half(self, topic: str, data: bytes, to: str | None):
         data = joined(data)
@@ -123,10 +129,10 @@ class EmuNode:
         while True:
             msg = self.inbox.take(topics)
             if msg is not None:
-                if self.timer.decode_s_per_mb or self.timer.recv_s_per_message:
-                    # the hand-off, reassembly and decoding: the receiver's CPU
+                if self.timer.decode_s_per_mb or self.timer.recv_s_per_message or self._sealing(msg.data):
+                    # the hand-off, reassembly, opening the seal and decoding: the receiver's CPU
                     yield from self.world.on_cpu(len(msg.data) * self.timer.decode_s_per_mb / 1e6
-                                                 + self.timer.recv_s_per_message)
+                                                 + self.timer.recv_s_per_message + self._sealing(msg.data))
                 return msg
             if deadline is not None and deadline <= env.now:
                 return None

@@ -125,3 +125,21 @@ def test_a_message_s_own_cpu_is_charged_per_message(tmp_path, key, per_round):
         assert d == pytest.approx(per_round * 2e-4, abs=3e-9)
     zero = _run(tmp_path, "zero", **FAST_LAN, **{f"compute.default.{key}": 0.0})
     assert zero == base
+
+
+def test_a_sealed_runs_hmac_is_charged_on_both_sides_only_where_it_is_sealed(tmp_path):
+    """compute.seal_s_per_mb: every message's seal on its sender and its opening on each receiver,
+    per MB, in a sealed run only (emu calibrate measures it: emu.costs.seal_cost)."""
+    from dtemu.emu.costs import seal_cost
+
+    key, rate = b"k" * 32, {"compute.default.seal_s_per_mb": 0.5}
+
+    def run(name, key=None, **sets):
+        run_emulation(geo_scenario(**FAST_LAN, **sets), tmp_path / name, work=StandIn(), key=key)
+        return [json.loads(line) for line in (tmp_path / name / "events.jsonl").read_text().splitlines()]
+
+    assert run("plain") == run("plain_priced", **rate)   # nothing is sealed: nothing is charged
+    deltas = _delta(run("sealed", key), run("sealed_priced", key, **rate))
+    # every round's path is the same messages: the same CPU more each round
+    assert deltas[0] > 0 and deltas == pytest.approx([deltas[0]] * len(deltas), abs=1e-9)
+    assert 1e-5 < seal_cost(reps=1) < 0.05   # seconds per MB: an HMAC-SHA256 and a copy or two

@@ -109,3 +109,15 @@ def test_contention_slows_every_cpu_cost_and_nothing_else():
     assert _times("compute.default.send_s_per_message=5e-05", 2.0) == "compute.default.send_s_per_message=1.000000e-04"
     assert _times("network.send_window_bytes=8388608", 2.0) == "network.send_window_bytes=8388608"
     assert _times("network.framing=rtps", 2.0) == "network.framing=rtps"
+
+
+def test_the_controllers_decoding_is_priced_in_the_scenarios_codec():
+    """A q8 update is a quarter of fp32's bytes, and each of its bytes becomes a float: per MB of what
+    travels, the controller's decoding costs more than fp32's (emu.costs.fl_decode_costs)."""
+    from dtemu.core.compression.codecs import CodecParams
+    from dtemu.emu.costs import fl_decode_costs
+
+    fp32 = fl_decode_costs(200_000, reps=3)
+    q8 = fl_decode_costs(200_000, reps=3, codec=CodecParams("q8"))
+    assert q8["update_bytes"] < fp32["update_bytes"] / 3 and q8["model_bytes"] == fp32["model_bytes"]
+    assert q8["controller"] > fp32["controller"]

@@ -71,6 +71,9 @@ class ComputeSpec:
     # message received (before its role has it: the receive thread, the hand-off), whatever its size.
     send_s_per_message: float = field(default=0.0, metadata=check(non_negative))
     recv_s_per_message: float = field(default=0.0, metadata=check(non_negative))
+    # Emu only, in a sealed run (a key): seconds of CPU per MB (1e6 bytes) of a message to seal it on
+    # its sender (once, whoever it goes to) and to open it on each receiver (an HMAC over its bytes).
+    seal_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
     # Emu only: the CPU work outside training, priced per MB of the model (CpuCosts); all 0: free.
     cpu: CpuCosts = field(default_factory=CpuCosts)
 
@@ -88,6 +91,7 @@ class ComputeOverride:
     decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     send_s_per_message: float | None = field(default=None, metadata=check(non_negative))
     recv_s_per_message: float | None = field(default=None, metadata=check(non_negative))
+    seal_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     cpu: CpuCosts | None = None   # replaces the default's block as a whole
 
 
