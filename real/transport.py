@@ -43,7 +43,7 @@ Design
   and writes through ``dds_write`` via ctypes (``real.sending``).
 * Addressed messages reach only their addressee.  A topic of ``addressed``
   (``ADDRESSED_TOPICS`` by default: ``coll/frames``, ``ps/state_reply``,
-  ``ps/model``) has, besides its own DDS topic, one per node (``<topic>/to/<node name in
+  ``ps/model``, geo's, a Flower server's instructions, ``train/model_blob``) has, besides its own DDS topic, one per node (``<topic>/to/<node name in
   hex>``) that only that node reads; ``send(..., to=X)`` writes there once
   the writer matched X's reader (``wait_matched`` with names creates those
   writers and waits for them too; otherwise the first send to X creates its
@@ -109,9 +109,13 @@ HELLO = "ctl/hello"  # presence, real mode's own topic; the roles' topics are co
 # topic the global PS's answer to one site reached every rank of every site, across the WAN:
 # docs/netns.md, "Geo sites over namespaces") and a Flower server's instructions (each to its node:
 # on the shared topic every client received all ten of a call's, 10x the bytes on the server's link,
-# 5.6 s of a 16 s round on the testbed: docs/notebook/, entry 32).
+# 5.6 s of a 16 s round on the testbed: docs/notebook/, entry 32), and FL's model sent to one client
+# (FedAsync's to the client it asks, the full model a stale client gets under a downlink codec: on
+# the shared topic it went to every client, twice the bytes on the controller's link with two
+# clients, 20% of a FedAsync version on the testbed: entry 33).  A durable topic's addressed
+# messages travel without durability: the latest model for a late joiner is the shared topic's.
 ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL,
-                    wire_topics.GEO_PUSH, wire_topics.GEO_PULL, wire_topics.FLOWER_INS)
+                    wire_topics.GEO_PUSH, wire_topics.GEO_PULL, wire_topics.FLOWER_INS, wire_topics.MODEL_BLOB)
 # Topics whose reader's thread does nothing but wait for them: the thread that calls recv takes
 # their samples itself (real.receiving), which spares the receive thread's wake-up and
 # its hand-off to the caller on every message: a worker's answers from the state server, and the
@@ -297,10 +301,12 @@ class DdsTransport(Sending, Receiving, Presence, Reassembler):
                 self._readers[name] = r
                 ws.attach(cond)
                 readers.append((name, r))
-                if name in self._addressed and name not in wire_topics.DURABLE_TOPICS:
+                if name in self._addressed:
                     phys = self.addressed_topic(name, self.node)
                     self._logical[phys] = name
-                    ar = DataReader(self._dp, self._topic(phys), qos=Qos(*policies))
+                    # (volatile, as its writer is: a durable reader would not match it)
+                    volatile = [p for p in policies if p is not Policy.Durability.TransientLocal]
+                    ar = DataReader(self._dp, self._topic(phys), qos=Qos(*volatile))
                     acond = ReadCondition(ar, _ANY_STATE)
                     self._entities += [ar, acond]
                     self._addr_readers[phys] = ar

@@ -496,6 +496,27 @@ def test_addressed_collective_frames_reach_only_their_addressee(domain, sealed):
         assert poll(lambda: tc.stats["not_for_me"] == 1, 5)
 
 
+def test_a_model_sent_to_one_client_reaches_only_it_and_late_joiners_still_get_the_broadcast(domain):
+    """train/model_blob to=X (FedAsync's model to the client it asks) travels on X's own topic, without
+    durability; the shared, durable topic keeps the latest broadcast for a client that joins late."""
+    a, b, c, d = name("a"), name("b"), name("c"), name("d")
+    with DdsTransport(a, domain_id=domain) as ta, \
+            DdsTransport(b, domain_id=domain, subscribe=[MODEL_BLOB]) as tb, \
+            DdsTransport(c, domain_id=domain, subscribe=[MODEL_BLOB]) as tc:
+        assert ta.wait_matched({MODEL_BLOB: [b, c]}, timeout_s=10) == {}
+        ta.send(MODEL_BLOB, b"the broadcast", ack_timeout_s=5.0)
+        big = os.urandom(2_000_000)
+        ta.send(MODEL_BLOB, big, to=b)
+        got_b = recv_n(tb, 2, [MODEL_BLOB])
+        assert sorted(m.data[:13] for m in got_b) == sorted([b"the broadcast", big[:13]])
+        assert [m.data for m in recv_n(tc, 1, [MODEL_BLOB])] == [b"the broadcast"]
+        assert tc.recv([MODEL_BLOB], timeout_s=0.3) is None
+        assert tc.stats["not_for_me"] == 0 and tc.stats["recv_frames"] == 1   # c never carried b's model
+        with DdsTransport(d, domain_id=domain, subscribe=[MODEL_BLOB]) as td:
+            assert [m.data for m in recv_n(td, 1, [MODEL_BLOB], timeout_s=10)] == [b"the broadcast"]
+            assert td.recv([MODEL_BLOB], timeout_s=0.3) is None
+
+
 @pytest.mark.parametrize("sealed", [False, True])
 def test_a_caller_takes_its_answers_itself_with_the_same_guarantees(domain, sealed):
     """ps/state_reply (CALLER_TAKES): the thread in recv takes the samples itself, not the receive

@@ -48,6 +48,22 @@ def test_an_asynchronous_version_takes_the_training_of_the_update_it_applied():
     assert units.leader_rounds(events, "controller") == _flat({5: (1.0, -0.5)})
 
 
+def test_an_asynchronous_versions_communication_is_its_updates_trip():
+    """FedAsync: version 5 took client2's update from version 3 (staleness 1, command round 4); its
+    communication is that update's way up and the way down of the model it trained from, each one
+    message's comm_s (no two clocks compared), not the version's time less a training."""
+    events = [{"kind": "round_close", "node": "controller", "round": 4, "t": 9.0, "clients": ["client1"]},
+              {"kind": "deliver", "node": "client2", "topic": "train/model_blob", "t": 7.0, "comm_s": 0.3},
+              {"kind": "deliver", "node": "client2", "topic": "train/model_blob", "t": 7.9, "comm_s": 0.4},
+              {"kind": "train_start", "node": "client2", "round": 4, "t": 8.0},
+              {"kind": "upload_start", "node": "client2", "round": 4, "t": 9.5},
+              {"kind": "deliver", "node": "client2", "topic": "train/model_blob", "t": 9.8, "comm_s": 0.9},
+              {"kind": "update_accepted", "node": "controller", "client": "client2", "round": 5, "staleness": 1,
+               "comm_s": 0.25, "t": 9.9},
+              {"kind": "round_close", "node": "controller", "round": 5, "t": 10.0, "clients": ["client2"]}]
+    assert units.leader_rounds(events, "controller") == _flat({5: (1.0, 0.65)})
+
+
 def test_ddp_steps_are_the_workers_mean():
     events = [{"kind": "step", "node": w, "step": 1, "compute_s": 0.2, "compress_s": c, "comm_s": m}
               for w, c, m in (("worker1", 0.0, 0.5), ("worker2", 0.1, 0.3))]

@@ -6,10 +6,11 @@ its function (``Mode.units``), so that nothing here branches on a mode's name.
 
 - FL and Flower: a round is the leader's ``round_close`` less the one before (rounds 2..: round 1
   also carries the start-up), so it holds the model's way out, the training, the updates' way back
-  and what the controller does between rounds.  An asynchronous rule (FedAsync, ASGD) closes a
-  "round" per version, so its unit is a version.  Compute: the slowest training among the clients
+  and what the controller does between rounds.  Compute: the slowest training among the clients
   the round took (``train_start`` to ``upload_start``, its encoding included; each client's last
-  before the close).
+  before the close).  An asynchronous rule (FedAsync, ASGD) closes a "round" per version, so its
+  unit is a version, and its communication that of the update the version took: its model's way
+  down and its own way up.
 - DDP: a step, the mean over the workers of each one's own compute, compression and ``comm_s``.
 - ps (ESync): a global version at the parameter server (``ps_round`` less the one before); compute:
   the slowest worker's on it.
@@ -20,6 +21,8 @@ its function (``Mode.units``), so that nothing here branches on a mode's name.
 from __future__ import annotations
 
 import statistics
+
+from dtemu.core.wire.topics import MODEL_BLOB
 
 Units = dict[int, tuple[float, float]]
 
@@ -47,13 +50,40 @@ def _last_before(trainings: list[tuple[float, float]], t: float) -> float:
 
 
 def leader_rounds(events: list[dict], leader: str) -> Units:
-    """Compute: the slowest training among the clients whose updates the round (or version) took, each
-    its last before the close: a synchronous round's, or the one update an asynchronous version took."""
+    """Compute: the slowest training among the clients whose updates the round took, each its last
+    before the close.  An asynchronous version (its update logged with its ``staleness``) overlaps
+    other clients' trainings, so its time less a training means nothing: its communication is that
+    of the update it took, its model's way down and its own way up (``_update_trips``)."""
     closes = {e["round"]: e for e in events if e["kind"] == "round_close" and e.get("node") == leader}
     trainings = _trainings(events)
+    trips = _update_trips(events, leader)
     times = _gaps({r: e["t"] for r, e in closes.items()})
-    return {r: (t, t - max((_last_before(trainings.get(c, []), closes[r]["t"]) for c in closes[r].get("clients", [])),
-                           default=0.0)) for r, t in times.items()}
+    return {r: (t, trips[r] if r in trips else
+                t - max((_last_before(trainings.get(c, []), closes[r]["t"]) for c in closes[r].get("clients", [])),
+                        default=0.0)) for r, t in times.items()}
+
+
+def _update_trips(events: list[dict], leader: str) -> dict[int, float]:
+    """version -> the seconds its update spent travelling (asynchronous versions only): its way up
+    (``update_accepted``'s ``comm_s``) and the way down of the model its client trained from, the
+    last delivered to it before its training started.  Each ``comm_s`` is one message's, so no time
+    here compares two nodes' clocks."""
+    models: dict[str, list[tuple[float, float]]] = {}   # client -> (delivered at, comm_s) of each model
+    began: dict[tuple[str, int], float] = {}            # (client, its command's round) -> training began
+    taken = []
+    for e in events:
+        if e["kind"] == "deliver" and e.get("topic") == MODEL_BLOB:
+            models.setdefault(e["node"], []).append((e["t"], e["comm_s"]))
+        elif e["kind"] == "train_start":
+            began[(e["node"], e["round"])] = e["t"]
+        elif e["kind"] == "update_accepted" and e.get("node") == leader and "staleness" in e:
+            taken.append(e)
+    trips = {}
+    for e in taken:   # version V took an update from version V - 1 - staleness: its command was V - staleness
+        start = began.get((e["client"], e["round"] - e["staleness"]))
+        down = [c for at, c in models.get(e["client"], []) if start is not None and at <= start]
+        trips[e["round"]] = e["comm_s"] + (down[-1] if down else 0.0)
+    return trips
 
 
 def ddp_steps(events: list[dict], leader: str) -> Units:

@@ -152,6 +152,8 @@ class Inbox:
     def take(self, src: str, got: Answer | Note) -> Verdict:
         """Steps 2 and 3: what a message ``read`` is to the questions out."""
         if isinstance(got, Note):
+            if self.note is None:   # (a reader's note that its mode has no hook for)
+                return Verdict(REFUSED, "unexpected", f"a {got.kind!r} from {src}", got.body)
             return self.note(src, got)
         return self._judge(src, got)
 
