@@ -47,7 +47,19 @@ def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
     record["within_targets"] = (record["time_error"] is not None and abs(record["time_error"]) <= TIME_TARGET
                                 and record["comm_error"] is not None and abs(record["comm_error"]) <= COMM_TARGET)
     record["per_unit"] = rows
+    record["warnings"] = _warnings(rows)
     return record
+
+
+def _warnings(rows: list[dict]) -> list[str]:
+    """What makes a comparison say less than it seems to: units that did no training in either run
+    (every one its deadline) compare two runs that only waited."""
+    idle = [r for r in rows if r["real_comm_s"] >= r["real_s"] - 1e-9 and r["emu_comm_s"] >= r["emu_s"] - 1e-9]
+    if rows and len(idle) == len(rows):
+        return ["no unit of either run took any training: each "
+                "was its deadline. A scenario's timeouts are in its compute model's seconds; on these machines "
+                "its training takes longer (emu calibrate's step): raise them with --set to compare work done"]
+    return []
 
 
 def _summary(folder: Path) -> dict:

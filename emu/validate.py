@@ -108,6 +108,8 @@ def main(args) -> int:
         records.append(record)
         (out / "validation.json").write_text(json.dumps(records, indent=1))
     print(table(records))
+    for warning in sorted({w for r in records for w in r.get("warnings", [])}):
+        print(f"emu validate: warning: {warning}")
     print(f"emu validate: {sum(r['within_targets'] for r in records)} of {len(records)} repetitions within the "
           f"targets (time 10%, comm 5%); records in {out / 'validation.json'}")
     return 0

@@ -100,6 +100,8 @@ def test_errors_are_emu_against_real_with_the_testbeds_verdict(tmp_path):
     assert r["units"] == 3 and r["unit"] == "round"
     assert r["time_error"] == pytest.approx(0.05) and r["comm_error"] == pytest.approx(0.05)
     assert r["same_model"] and r["faithful"] and r["within_targets"]   # (5.0% is within 5%)
+    # (its rounds took no training: each was its deadline, and the record says so)
+    assert len(r["warnings"]) == 1 and r["warnings"][0].startswith("no unit of either run took any training")
     r = compare(s, _folder(tmp_path, "real2", 2.0, "abc", {"faithful": False, "why": ["x"]}),
                 _folder(tmp_path, "emu2", 2.0, "abd"))
     assert r["time_error"] == 0.0 and not r["same_model"] and not r["faithful"] and r["testbed_why"] == ["x"]
@@ -112,3 +114,10 @@ def test_the_rows_of_the_issue():
                           "geo_hips", "geo_bisparse_fp16", "flower"]
     for row in ROWS.values():
         load_scenario(row.scenario, row.sets)   # each row's settings are a valid scenario
+
+
+def test_no_warning_where_a_unit_trained():
+    from dtemu.emu.fidelity import _warnings
+
+    rows = [{"unit": 2, "real_s": 1.0, "emu_s": 1.0, "real_comm_s": 0.4, "emu_comm_s": 1.0}]
+    assert _warnings(rows) == [] and _warnings([]) == []

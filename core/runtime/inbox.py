@@ -93,7 +93,7 @@ class Inbox:
     note: Callable[[str, Note], Verdict] | None = None
     questions: dict = field(default_factory=dict)    # slot -> Question
     current: Any = None                          # the round's tag, for the slots not asked in it
-    kept: dict = field(default_factory=dict)     # (tag, slot) -> (Answer, Verdict): NEWER answers kept
+    kept: dict = field(default_factory=dict)     # (tag, slot) -> the Answer: NEWER answers kept
 
     # --- asking ---------------------------------------------------------------------------------
     def ask(self, slot, tag, about=None, sender: str | None = None) -> None:
@@ -174,14 +174,17 @@ class Inbox:
             self.kept[(answer.tag, answer.slot)] = answer
             return Verdict(EARLY, "early", message=answer.body)
         kind, reason, after = TABLE[(q.state if q is not None else NONE, how)]
-        about = q.about if q is not None else None
-        if kind != ACCEPTED:
-            if q is not None:
-                q.state = after
-            return Verdict(kind, reason, message=answer.body, asked=about)
+        if q is None:
+            return Verdict(kind, reason, message=answer.body)
         q.state = after
-        verdict = self.reader.check(answer, q)
-        return Verdict(verdict.kind, verdict.reason, verdict.error, answer.body, verdict.item, about)
+        if kind != ACCEPTED:
+            return Verdict(kind, reason, message=answer.body, asked=q.about)
+        return self._checked(answer, q)
+
+    def _checked(self, answer: Answer, q: Question) -> Verdict:
+        """The mode's verdict on an answer to its question, with what it answers."""
+        v = self.reader.check(answer, q)
+        return Verdict(v.kind, v.reason, v.error, answer.body, v.item, q.about)
 
     def _relation(self, tag, asked) -> str:
         if tag == asked:
@@ -196,5 +199,4 @@ class Inbox:
             return None
         q = self.questions[slot]
         q.state = ANSWERED
-        v = self.reader.check(answer, q)
-        return Verdict(v.kind, v.reason, v.error, answer.body, v.item)
+        return self._checked(answer, q)
