@@ -35,8 +35,9 @@ _domains = itertools.count()
 
 
 def new_domain() -> int:
-    """A DDS domain id in 1..230, different for each call of this test process."""
-    return 1 + (os.getpid() * 11 + 37 * next(_domains) + 101) % 230
+    """A DDS domain id in 1..100 (real.launch.MAX_DOMAIN: its ports below the ephemeral range),
+    different for each of 100 calls of this test process."""
+    return 1 + (os.getpid() * 11 + 37 * next(_domains) + 101) % 100
 
 
 def env() -> dict:

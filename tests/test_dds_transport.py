@@ -31,7 +31,7 @@ PID = os.getpid()
 
 @pytest.fixture
 def domain():
-    # 1..230; a different one for every test of this process (one allocator for all test files)
+    # 1..100; a different one for every test of this process (one allocator for all test files)
     return new_domain()
 
 
@@ -614,3 +614,12 @@ def test_pipelined_allreduce_over_dds_is_the_same_on_every_rank(domain, tmp_path
     finally:
         for t in ts:
             t.close()
+
+
+def test_launch_domains_keep_their_ports_below_the_ephemeral_range():
+    """CycloneDDS's ports for domain d are 7400 + 250 d (+ 10 + 2 i for participant i); Linux hands
+    out 32768-60999 to any socket, so a domain there may find its port taken and fail to start."""
+    from dtemu.real.launch import MAX_DOMAIN, _domain_id
+
+    assert 7400 + 250 * MAX_DOMAIN + 10 + 2 * 64 < 32768 and 1 <= _domain_id() <= MAX_DOMAIN
+    assert all(1 <= new_domain() <= MAX_DOMAIN for _ in range(3))

@@ -164,7 +164,7 @@ def test_frame_through_cyclonedds_stock_reader_and_writer():
     from dtemu.real.config import config_xml
     from dtemu.real.dds_support import _acquire_domain, _release_domain
 
-    domain = 1 + (os.getpid() * 13 + 7) % 230
+    domain = 1 + (os.getpid() * 13 + 7) % 100
     _acquire_domain(domain, config_xml("loopback"))
     try:
         dp = DomainParticipant(domain)
@@ -205,7 +205,7 @@ def test_matched_handles_lists_more_endpoints_than_its_first_buffer():
     from dtemu.real.config import config_xml
     from dtemu.real.dds_support import _acquire_domain, _matched_handles, _release_domain
 
-    domain = 1 + (os.getpid() * 17 + 11) % 230
+    domain = 1 + (os.getpid() * 17 + 11) % 100
     _acquire_domain(domain, config_xml("loopback"))
     try:
         dp = DomainParticipant(domain)
