@@ -129,10 +129,11 @@ class EmuNode:
         while True:
             msg = self.inbox.take(topics)
             if msg is not None:
-                if self.timer.decode_s_per_mb or self.timer.recv_s_per_message or self._sealing(msg.data):
-                    # the hand-off, reassembly, opening the seal and decoding: the receiver's CPU
-                    yield from self.world.on_cpu(len(msg.data) * self.timer.decode_s_per_mb / 1e6
-                                                 + self.timer.recv_s_per_message + self._sealing(msg.data))
+                # the hand-off, reassembly, opening the seal and decoding: the receiver's CPU
+                cost = (len(msg.data) * self.timer.decode_s_per_mb / 1e6 + self.timer.recv_s_per_message
+                        + self._sealing(msg.data))
+                if cost:
+                    yield from self.world.on_cpu(cost)
                 return msg
             if deadline is not None and deadline <= env.now:
                 return None

@@ -28,7 +28,7 @@ class Beat:
 
 class Receiver:
     def __init__(self, ctx, topic: str, dim: int, site_of: dict[str, str], site: str, result):
-        self.ctx, self.topic, self.dim, self.result = ctx, topic, dim, result
+        self.ctx, self.result = ctx, result
         self.site_of, self.site = site_of, site
         self.news = geo_inbox(ctx.sealer, topic, dim)   # geo's notes; the inbox is ``news.inbox``
         self.inbox = self.news.inbox
