@@ -251,7 +251,46 @@ def fl_sets(scenario, reps: int = 7) -> list[str]:
     return transport_only_sets(scenario, reps, dim) + [
         f"compute.default.decode_s_per_mb={costs['client']:.6e}",
         f"compute.nodes.{scenario.node_names[0]}.decode_s_per_mb={costs['controller']:.6e}",
-        f"compute.default.cpu.encode_s_per_mb={fl_encode_cost(scenario, dim, reps):.6e}"]
+        f"compute.default.cpu.encode_s_per_mb={fl_encode_cost(scenario, dim, reps):.6e}",
+        *[f"compute.nodes.{scenario.node_names[0]}.cpu.{op}_s_per_mb={v:.6e}"
+          for op, v in fl_server_costs(scenario, dim, reps).items()]]
+
+
+def fl_server_costs(scenario, dim: int, reps: int = 7) -> dict[str, float]:
+    """Seconds per MB of the controller's own work (core.fl.steps): its rule taking a round's updates
+    (``sum``, per MB of the fp32 updates: as many as a round asks for; one under an asynchronous
+    rule) with the new model's hash, and saving a checkpoint of the model (``encode``, per MB of
+    it: encoding, writing, fsync, as the run folder does)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from dtemu.core.compression.codecs import Dense
+    from dtemu.core.fl.aggregate import Update
+    from dtemu.core.fl.rules import ASYNCHRONOUS, fl_strategy
+    from dtemu.core.ml.params import sha256_of
+    from dtemu.core.wire.checkpoint import Checkpoint, encode_checkpoint
+    from dtemu.host.rundir import atomic_write
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(2)
+    weights = rng.standard_normal(dim).astype(np.float32) * 0.05
+    rule = fl_strategy(scenario)
+    if scenario.fl.algorithm in ASYNCHRONOUS:
+        delta, n = rng.standard_normal(dim).astype(np.float32) * 0.01, 1
+        take = lambda: sha256_of(rule.apply(weights.copy(), delta, 1, weights))
+    else:
+        n = max(1, scenario.fl.asked_per_round)
+        updates = [Update(f"client{i}", 500, "delta", Dense(rng.standard_normal(dim).astype(np.float32) * 0.01))
+                   for i in range(n)]
+        take = lambda: sha256_of(rule.aggregate(weights.copy(), updates))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "checkpoint.dtck"
+        save = median_s(lambda: atomic_write(path, encode_checkpoint(
+            Checkpoint(1, weights, scenario.digest(), {"rounds_completed": 1}, rule.state()))), reps)
+    mb = weights.nbytes / 1e6
+    return {"sum": median_s(take, reps) / (n * mb), "encode": save / mb}
 
 
 def fl_encode_cost(scenario, dim: int, reps: int = 7) -> float:

@@ -79,6 +79,8 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     # a message's own CPU over DDS, each side (real.message_costs: a reader process on loopback)
     assert 0 < sets["compute.default.send_s_per_message"] < 0.01 and 0 < sets["compute.default.recv_s_per_message"] < 0.01
     assert sets["compute.default.cpu.encode_s_per_mb"] > 0  # an FL client's codec encoding its update
+    # the controller's own work: its rule's aggregation, and saving a checkpoint
+    assert sets["compute.nodes.controller.cpu.sum_s_per_mb"] > 0 and sets["compute.nodes.controller.cpu.encode_s_per_mb"] > 0
     s = load_scenario(path, profile=tmp_path / "p.yaml")
     assert s.compute.default.train_s_per_sample == pytest.approx(sets["compute.default.train_s_per_sample"], rel=1e-6)
     assert emu_main(["run", str(path), "--no-tui", "--profile", str(tmp_path / "p.yaml"),

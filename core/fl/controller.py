@@ -35,7 +35,7 @@ from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.core.fl.population import Population
 from dtemu.core.fl.downlink import Downlink
 from dtemu.core.fl import fedasync
-from dtemu.core.fl.steps import accepted, barrier, blob, checkpoint, evaluate, refuse_update
+from dtemu.core.fl.steps import accepted, aggregate, barrier, blob, checkpoint, evaluate, refuse_update
 from dtemu.core import events as ev
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
@@ -157,9 +157,10 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
             note=f"final-ready={ready}/{len(asked)} (min={fl.min_clients})",
         )
         if ready >= fl.min_clients:
-            result.weights = strategy.aggregate(result.weights, list(updates.values()))
+            taken = list(updates.values())
+            result.weights = yield from aggregate(ctx, scenario, round_,
+                                                  lambda: strategy.aggregate(result.weights, taken), taken)
             result.rounds_completed += 1
-            ctx.emit(ev.AGGREGATED, round=round_, model_sha256=sha256_of(result.weights))
             yield Point(points.AGGREGATED, round_)
         else:
             result.rounds_failed += 1

@@ -21,8 +21,7 @@ import numpy as np
 
 from dtemu.core import events as ev
 from dtemu.core.runtime.verdict import ACCEPTED
-from dtemu.core.fl.steps import accepted, blob, checkpoint, evaluate, refuse_update
-from dtemu.core.ml.params import sha256_of
+from dtemu.core.fl.steps import accepted, aggregate, blob, checkpoint, evaluate, refuse_update
 from dtemu.core.ml.workload import round_seed
 from dtemu.core.runtime import points
 from dtemu.core.runtime.collect import FIRST, collect
@@ -93,12 +92,12 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
         accepted(ctx, result.counts, msg, verdict, round_=version, staleness=staleness)
         ctx.emit(ev.ROUND_CLOSE, round=version, ready=1, expected=1, min=1, clients=[client], timed_out=False,
                  note=f"{client}'s update from version {base} (staleness {staleness}{strategy.describe(staleness)})")
-        result.weights = strategy.apply(result.weights, verdict.item.payload.to_dense(), staleness, bases[base])
+        result.weights = yield from aggregate(ctx, scenario, version, lambda: strategy.apply(
+            result.weights, verdict.item.payload.to_dense(), staleness, bases[base]), [verdict.item])
         result.rounds_completed += 1
         bases[version] = result.weights
         for v in [v for v in bases if v != version and all(b != v for b, _ in at_work.values())]:
             del bases[v]   # no client trains from it any more
-        ctx.emit(ev.AGGREGATED, round=version, model_sha256=sha256_of(result.weights))
         yield Point(points.AGGREGATED, version)
         yield from checkpoint(ctx, scenario, result, version, {})
         yield from evaluate(fl, work, result.weights, version)

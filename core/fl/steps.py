@@ -12,7 +12,8 @@ from dtemu.core.runtime.verdict import LATE, Verdict
 from dtemu.core.runtime import points
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.errors import BarrierTimeout
-from dtemu.core.runtime.requests import Evaluate, Point, WaitPeers
+from dtemu.core.ml.params import sha256_of
+from dtemu.core.runtime.requests import Evaluate, Point, WaitPeers, cpu_work
 from dtemu.core.wire import messages
 from dtemu.core.wire.checkpoint import Checkpoint, encode_checkpoint
 from dtemu.core.wire.messages import ModelBlob
@@ -25,12 +26,25 @@ def blob(round_: int, weights: np.ndarray) -> bytes:
     return messages.encode(ModelBlob.of(round_, codecs.encode(weights, FP32)))
 
 
+# The controller's own CPU work, which emu prices where the scenario gives the controller's rates
+# (``emu calibrate`` measures them: emu.costs.fl_server_costs): the rule's aggregation is ``sum``, per
+# MB of the fp32 updates it takes in; saving a checkpoint is ``encode``, per MB of the model's.
+
+def aggregate(ctx, scenario, round_: int, rule, updates: list):
+    """``rule()``: the new model from ``updates``, logged with its hash (its CPU: ``sum`` per update)."""
+    weights = yield from cpu_work(scenario.compute_for(ctx.node).cpu, "sum",
+                                  sum(4 * u.payload.dim for u in updates), rule)
+    ctx.emit(ev.AGGREGATED, round=round_, model_sha256=sha256_of(weights))
+    return weights
+
+
 def checkpoint(ctx, scenario, result, round_: int, state: dict):
     """Save what a restarted controller resumes from after ``round_`` (``result``: its ControllerResult,
     whose tallies the checkpoint keeps too)."""
     extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed,
              "counts": dict(result.counts)}
-    where = ctx.save_checkpoint(encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra, state)))
+    where = yield from cpu_work(scenario.compute_for(ctx.node).cpu, "encode", result.weights.nbytes, lambda: ctx.save_checkpoint(
+        encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra, state))))
     ctx.emit(ev.CHECKPOINT, round=round_, path=where)
     yield Point(points.CHECKPOINTED, round_)
 

@@ -45,7 +45,7 @@ from dtemu.core.geo.payload import (STATE, decode, encode_beat, encode_blocks, e
 from dtemu.core.geo.spec import FLAT_PS, GLOBAL_PS, MASTER, site_ps, site_workers, worker_sites
 from dtemu.core.geo.receiver import Beat, Receiver
 from dtemu.core.ml.params import grads_vector, load_params, params_vector, sha256_of
-from dtemu.core.runtime.requests import Compute, Send, WaitPeers
+from dtemu.core.runtime.requests import Compute, Send, WaitPeers, cpu_work
 from dtemu.core.ml.jobs import gradient_pass
 from dtemu.core.ml.task import failed_gradients
 
@@ -82,11 +82,8 @@ class _Base:
         sent_across(self.result, self.site_of, self.site, to, len(sealed), init)
 
     def cpu(self, op: str, nbytes: int, fn):
-        """``fn()``: CPU work ``op`` on ``nbytes`` (core.runtime.compute.CPU_OPS), a ``Compute`` that
-        emu times when the scenario prices ``op``; otherwise called here, taking no request."""
-        if nbytes and getattr(self.cpu_costs, f"{op}_s_per_mb"):
-            return (yield Compute(fn, kind=op, nbytes=nbytes))
-        return fn()
+        """``fn()``: CPU work ``op`` on ``nbytes``, timed by emu where the scenario prices it."""
+        return (yield from cpu_work(self.cpu_costs, op, nbytes, fn))
 
     def receiver(self, topic: str) -> Receiver:
         return Receiver(self.ctx, topic, self.dim, self.site_of, self.site, self.result)

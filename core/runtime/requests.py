@@ -97,6 +97,15 @@ class Compute:
     job: Any = None
 
 
+def cpu_work(costs, op: str, nbytes: int, fn: Callable[[], Any]):
+    """``fn()``: a role's CPU work ``op`` (core.runtime.compute.CPU_OPS) on ``nbytes``, as a ``Compute``
+    that emu times where ``costs`` (the node's ``compute.cpu``) prices ``op``; otherwise called in
+    place, taking no request: an unpriced op moves no event."""
+    if nbytes and getattr(costs, f"{op}_s_per_mb", 0.0):
+        return (yield Compute(fn, kind=op, nbytes=nbytes))
+    return fn()
+
+
 @dataclass(frozen=True)
 class Evaluate:
     """Measure the model of round ``round`` (``fn()``: its accuracy; ``job``: the same as an
