@@ -235,8 +235,8 @@ def dim_of(scenario) -> int:
 # --- each mode's costs (core.modes names them: Mode.costs) ---------------------------------
 
 def transport_only_sets(scenario, reps: int = 7, dim: int | None = None) -> list[str]:
-    """Real mode's transport: its framing and the writer history its run would have (mode ps: its
-    messages' decoding is not measured yet, so this is all)."""
+    """Real mode's transport: its framing and the writer history its run would have (the base of
+    every mode's costs; a mode that names no costs of its own gets this alone)."""
     return transport_sets({}, run_window(scenario.mode, dim or dim_of(scenario)))
 
 
@@ -289,6 +289,67 @@ def fl_server_costs(scenario, dim: int, reps: int = 7) -> dict[str, float]:
         path = Path(folder) / "checkpoint.dtck"
         save = median_s(lambda: atomic_write(path, encode_checkpoint(
             Checkpoint(1, weights, scenario.digest(), {"rounds_completed": 1}, rule.state()))), reps)
+    mb = weights.nbytes / 1e6
+    return {"sum": median_s(take, reps) / (n * mb), "encode": save / mb}
+
+
+def ps_sets(scenario, reps: int = 7) -> list[str]:
+    """A worker's decoding of the model and the parameter server's of an update, the server's own
+    work (its rule taking updates, saving a checkpoint), and real mode's transport."""
+    from dtemu.core.ps.spec import PS
+
+    dim = dim_of(scenario)
+    decode = ps_decode_costs(dim, reps)
+    return transport_only_sets(scenario, reps, dim) + [
+        f"compute.default.decode_s_per_mb={decode['worker']:.6e}",
+        f"compute.nodes.{PS}.decode_s_per_mb={decode['server']:.6e}",
+        *[f"compute.nodes.{PS}.cpu.{op}_s_per_mb={v:.6e}" for op, v in ps_server_costs(scenario, dim, reps).items()]]
+
+
+def ps_decode_costs(dim: int, reps: int = 7) -> dict[str, float]:
+    """Seconds per MB for a worker decoding the model and the server an update (core.ps.messages)."""
+    import torch
+
+    from dtemu.core.ps import messages as pm
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    model = pm.encode_ps(pm.Model(1, rng.standard_normal(dim).astype(np.float32)))
+    update = pm.encode_ps(pm.Update(1, 2, 1, 32, 0.1, rng.standard_normal(dim).astype(np.float32) * 0.01))
+    return {side: median_s(lambda: pm.decode_ps(bytes(bytearray(data)), dim), reps) / (len(data) / 1e6)
+            for side, data in (("worker", model), ("server", update))}
+
+
+def ps_server_costs(scenario, dim: int, reps: int = 7) -> dict[str, float]:
+    """Seconds per MB of the parameter server's own work (core.ps.server): its rule taking a round's
+    updates (``sum``, per MB of the fp32 updates: one per worker; one under an asynchronous rule),
+    and saving a checkpoint of the model (``encode``, per MB of it)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from dtemu.core.ps import messages as pm
+    from dtemu.core.ps.strategies import make_strategy, weighed
+    from dtemu.host.rundir import atomic_write
+
+    torch.set_num_threads(1)
+    ps = scenario.ps
+    rng = np.random.default_rng(2)
+    weights = rng.standard_normal(dim).astype(np.float32) * 0.05
+    ranks = list(range(2, 2 + ps.workers))
+    rule = make_strategy(ps, ranks, scenario.seed)
+    delta = lambda: rng.standard_normal(dim).astype(np.float32) * 0.01
+    if ps.algorithm in ("asgd", "dcasgd", "fedasync"):
+        n, one = 1, delta()
+        take = lambda: rule.apply(weights.copy(), one, 1, weights)
+    else:
+        n = len(ranks)
+        updates = weighed([pm.Update(0, r, 1, 32, 0.1, delta()) for r in ranks], {r: 100 for r in ranks})
+        take = lambda: rule.aggregate(weights.copy(), updates)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "checkpoint.dtck"
+        save = median_s(lambda: atomic_write(path, pm.encode_ps(pm.Model(1, weights))), reps)
     mb = weights.nbytes / 1e6
     return {"sum": median_s(take, reps) / (n * mb), "encode": save / mb}
 

@@ -453,3 +453,31 @@ def test_a_rounds_inbox_says_what_each_worker_message_is():
     nan = pm.encode_ps(pm.Update(3, 3, 1, 16, 0.5, np.array([np.nan, 0], np.float32)))
     assert offer(3, nan).kind == NOT_FINITE and offer(3, update(3)).kind == DUPLICATE
     assert offer(4, update(4)).kind == ACCEPTED and inbox.unanswered() == []
+
+
+@pytest.mark.parametrize("algorithm", ["ssgd", "asgd"])
+def test_pricing_the_servers_own_work_delays_its_versions(tmp_path, algorithm):
+    """The server's rule costs ``sum`` per MB of the updates it takes, a checkpoint ``encode`` per MB of
+    the model (its rates, emu.costs.ps_server_costs), as FL's controller.  A synchronous round keeps
+    its model (an asynchronous one may take its updates in another order)."""
+    s = scenario(algorithm=algorithm, rounds=3)
+    free, free_events = run(tmp_path, s, "free")
+    priced, events = run(tmp_path, parse_scenario(s.to_dict(), [f"compute.nodes.ps.cpu.{op}_s_per_mb=0.05"
+                                                                for op in ("sum", "encode")]), "priced")
+    assert priced["rounds"] == free["rounds"] == 3
+    if algorithm == "ssgd":
+        assert priced["model_sha256"] == free["model_sha256"]
+    last = [max(e["t"] for e in evs if e["kind"] == ev.PS_UPDATE) for evs in (free_events, events)]
+    assert last[1] > last[0]
+
+
+def test_calibrate_measures_the_servers_and_workers_costs():
+    """emu calibrate's costs of mode ps (emu.costs.ps_sets): each side's decoding, the server's own
+    work, and real mode's transport."""
+    from dtemu.emu.costs import ps_sets
+
+    sets = dict(a.split("=", 1) for a in ps_sets(scenario(algorithm="esync"), reps=1))
+    for key in ("compute.default.decode_s_per_mb", "compute.nodes.ps.decode_s_per_mb",
+                "compute.nodes.ps.cpu.sum_s_per_mb", "compute.nodes.ps.cpu.encode_s_per_mb"):
+        assert float(sets[key]) > 0, key
+    assert sets["network.framing"] == "rtps"

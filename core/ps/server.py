@@ -49,7 +49,7 @@ from dtemu.core.ps.spec import PS, SS
 from dtemu.core.ps.strategies import make_strategy, weighed
 from dtemu.core.runtime import points
 from dtemu.core.runtime.collect import Quorum, collect
-from dtemu.core.runtime.requests import Compute, Point, Send, WaitPeers
+from dtemu.core.runtime.requests import Compute, Point, Send, WaitPeers, cpu_work
 from dtemu.core.wire.topics import PS_MODEL
 from dtemu.core.runtime.refusal import refuse
 
@@ -79,6 +79,7 @@ class _Server:
         self.samples = {self.rank_of[w]: len(work.partitions[i]) for i, w in enumerate(self.ps.worker_names)}
         self.strategy = make_strategy(self.ps, self.ranks, scenario.seed)
         self.uses_ss = self.ps.uses_state_server
+        self.cpu_costs = scenario.compute_for(ctx.node).cpu
         # what the rounds tell ESync's state server (core.fl.esync, as FL's controller tells it)
         self.ss = Leader(ctx, self.rank_of[PS], self.rank_of[SS])
         self.model = work.new_model()
@@ -108,6 +109,15 @@ class _Server:
     def send_model(self, data: bytes, to: str | None = None) -> Send:
         """``data`` (a model, or Stop) to the workers (or one), sealed under the run's key."""
         return Send(PS_MODEL, self.ctx.seal(PS_MODEL, self.out.version, data), to=to)
+
+    # The server's own CPU work, which emu prices where the scenario gives the server's rates (as
+    # FL's controller: core.fl.steps): its rule taking updates is ``sum``, per MB of the fp32
+    # updates; saving a checkpoint is ``encode``, per MB of the model's.
+    def cpu(self, op: str, nbytes: int, fn):
+        return (yield from cpu_work(self.cpu_costs, op, nbytes, fn))
+
+    def checkpoint(self):
+        yield from self.cpu("encode", 4 * self.work.dim, lambda: self.ctx.save_checkpoint(self.model_bytes()))
 
     def refuse(self, msg, reason: str, error: str = "") -> None:
         refuse(self.ctx, self.out.counts, msg, reason, ev.UPDATE_REJECTED, reason=reason, src=msg.src, error=error)
@@ -159,6 +169,12 @@ class _Server:
         self.ctx.emit(ev.EVAL, round=self.out.version, accuracy=acc, loss=round(loss, 6))
         if not np.isfinite(loss):
             self.diverge(f"version {self.out.version}'s test loss is not finite")
+
+
+def _quiet(rule, *args):
+    """``rule(*args)`` without NumPy's overflow warnings: a model not finite is checked, and not taken."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return rule(*args)
 
 
 def parameter_server(ctx, scenario, work, init: bytes | None = None):
@@ -240,9 +256,9 @@ def _synchronous(s: _Server):
         # min_workers is the quorum of a round its deadline closed.
         enough = not short or len(updates) >= min(ps.min_workers, len(expected))
         if enough:
-            with np.errstate(over="ignore", invalid="ignore"):  # checked: a model not finite is not taken
-                enough = s.take(strategy.aggregate(out.weights, weighed(list(updates.values()), s.samples)),
-                                f"round {version}'s aggregate of {len(updates)} updates")
+            taken = weighed(list(updates.values()), s.samples)
+            new = yield from s.cpu("sum", 4 * s.work.dim * len(taken), lambda: _quiet(strategy.aggregate, out.weights, taken))
+            enough = s.take(new, f"round {version}'s aggregate of {len(updates)} updates")
         extra = {"not_finite": sorted(s.name_of[k] for k in failed)} if failed else {}
         ctx.emit(ev.PS_ROUND, version=version, updates=len(updates), expected=len(expected), quorum=quorum,
                  timed_out=timed_out, aggregated=enough, selected=sorted(s.name_of[k] for k in expected),
@@ -257,7 +273,7 @@ def _synchronous(s: _Server):
                 yield send
         yield Point(points.AGGREGATED, version)
         out.version = version + 1
-        ctx.save_checkpoint(s.model_bytes())
+        yield from s.checkpoint()
         yield from s.evaluate()
 
 
@@ -274,8 +290,8 @@ def _asynchronous(s: _Server):
                 return True
         elif verdict.kind == ACCEPTED:
             staleness = out.version - m.version
-            with np.errstate(over="ignore", invalid="ignore"):  # checked: a model not finite is not taken
-                new = strategy.apply(out.weights, m.delta, staleness, base[m.worker])
+            new = yield from s.cpu("sum", m.delta.nbytes,
+                                   lambda: _quiet(strategy.apply, out.weights, m.delta, staleness, base[m.worker]))
             if not s.take(new, f"{msg.src}'s update from version {m.version} (staleness {staleness})"):
                 s.refuse(msg, "diverges", "applying it gives a model that is not finite")
                 return True
@@ -293,7 +309,7 @@ def _asynchronous(s: _Server):
             before = len(out.history)
             yield from s.evaluate()
             if len(out.history) > before:
-                ctx.save_checkpoint(s.model_bytes())
+                yield from s.checkpoint()
         return False
 
     going = Quorum(None, lambda: out.version < ps.rounds and not s.time_up() and not s.diverged)
