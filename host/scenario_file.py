@@ -10,6 +10,7 @@ the key and the file when it is not.  Every refusal is a ``ScenarioError``
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from dtemu.core import bounded_yaml
@@ -17,8 +18,27 @@ from dtemu.core.errors import CheckpointError, DataError, ScenarioError
 from dtemu.core.ml import user_code
 from dtemu.host import devices
 from dtemu.host import profile as profiles
-from dtemu.core.scenario import Scenario, parse_scenario
+from dtemu.core.scenario import Scenario, apply_override, parse_scenario
 from dtemu.core.wire.checkpoint import decode_checkpoint
+
+
+def _cleared(raw: dict, costs: list[str], overrides: list[str]) -> list[str]:
+    """The profile's costs that an override took away by replacing a mapping above them, again: ``--set
+    compute.nodes={worker2: {slowdown: 4}}`` replaces the nodes' mapping, and with it the profile's
+    ``compute.nodes.ps.decode_s_per_mb``, which the user did not mean to set.  A cost the user set
+    itself, at its key or inside a mapping that names it, stays the user's."""
+    merged = copy.deepcopy(raw)
+    for assignment in [*costs, *overrides]:
+        apply_override(merged, assignment)
+    return [c for c in costs if not _has(merged, c.split("=", 1)[0].split("."))]
+
+
+def _has(node, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bool = True,
@@ -44,7 +64,7 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
     if profile is not None or scenario.compute.profile:
         where = Path(profile).resolve() if profile is not None else profiles.resolve(scenario.compute.profile, path)
         costs = profiles.assignments(profiles.read_profile(where))
-        scenario = parse_scenario(raw, [*costs, *overrides, f"{profiles.KEY}={where}"])
+        scenario = parse_scenario(raw, [*costs, *overrides, *_cleared(raw, costs, overrides), f"{profiles.KEY}={where}"])
     devices.resolve(scenario)  # a GPU it cannot have: refused now, not run on the CPU
     if not allow_code:
         refuse_code(scenario)

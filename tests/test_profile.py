@@ -39,6 +39,20 @@ def test_a_scenario_names_its_profile_relative_to_its_folder_and_its_own_sets_wi
     assert load_scenario(by_hand).digest() == s.digest()
 
 
+def test_an_override_of_a_whole_mapping_keeps_the_profiles_costs_inside_it(tmp_path):
+    """``--set compute.nodes={client2: {slowdown: 4}}`` replaces the nodes' mapping; the profile's
+    cost for the controller, inside it, stays (the user did not set it); one the user names is theirs."""
+    write_profile(tmp_path / "p.yaml", {"compute.nodes.controller.decode_s_per_mb": 1e-3,
+                                        "compute.default.decode_s_per_mb": 2e-3})
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY)
+    s = load_scenario(path, ["compute.nodes={client2: {slowdown: 4}}"], profile=tmp_path / "p.yaml")
+    assert s.compute.nodes["controller"].decode_s_per_mb == 1e-3 and s.compute.nodes["client2"].slowdown == 4
+    assert s.compute.default.decode_s_per_mb == 2e-3
+    mine = load_scenario(path, ["compute.nodes={controller: {decode_s_per_mb: 5.0e-3}}"], profile=tmp_path / "p.yaml")
+    assert mine.compute.nodes["controller"].decode_s_per_mb == 5e-3
+
+
 @pytest.mark.parametrize("text,message", [
     ("format: 1\nsets: {fl.lr: 10.0}\n", "sets only the machine's costs"),
     ("format: 1\nsets: {compute.default: {slowdown: 2}}\n", "must be a single value"),
