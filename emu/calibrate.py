@@ -12,9 +12,9 @@ It measures, on this machine and with this process's arithmetic:
   16 processes), which is what a run whose ranks share this machine sees, and
   every CPU cost below slowed by the same factor (``measured.contention``);
 - what the mode's roles spend outside training, as the mode names it
-  (emu.costs: FL's decoding and its clients' codec encoding, DDP's decoding per
-  MB, geo's decoding and its roles' CPU per op), and real mode's framing and
-  writer history;
+  (emu.costs; emu.federation_costs: FL's and ps's decoding, a client's codec
+  encoding and the server's own work; DDP's decoding per MB, geo's decoding and
+  its roles' CPU per op), and real mode's framing and writer history;
 - what one message costs the CPU over DDS, each side, whatever its size
   (real.message_costs, run as a command: a writer and a reader process, on loopback).
 

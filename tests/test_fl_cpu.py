@@ -42,7 +42,7 @@ def _times(folder, kind):
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedasync"])
 def test_pricing_the_controllers_own_work_charges_its_aggregation_and_checkpoint(tmp_path, algorithm):
     """The rule's aggregation costs ``sum`` per MB of the updates it takes, a checkpoint ``encode`` per MB
-    of the model (the controller's rates, emu.costs.fl_server_costs): each lands that much after the
+    of the model (the controller's rates, emu.federation_costs.fl_server_costs): each lands that much after the
     round closes; the model is the same."""
     raw = {"name": "srv", "model": "small_cnn", "fl": {"clients": 2, "rounds": 2, "subset": 64, "algorithm": algorithm}}
     free = run_emulation(parse_scenario(raw), tmp_path / "free")

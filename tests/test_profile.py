@@ -129,9 +129,9 @@ def test_contention_slows_every_cpu_cost_and_nothing_else():
 
 def test_the_controllers_decoding_is_priced_in_the_scenarios_codec():
     """A q8 update is a quarter of fp32's bytes, and each of its bytes becomes a float: per MB of what
-    travels, the controller's decoding costs more than fp32's (emu.costs.fl_decode_costs)."""
+    travels, the controller's decoding costs more than fp32's (emu.federation_costs.fl_decode_costs)."""
     from dtemu.core.compression.codecs import CodecParams
-    from dtemu.emu.costs import fl_decode_costs
+    from dtemu.emu.federation_costs import fl_decode_costs
 
     fp32 = fl_decode_costs(200_000, reps=3)
     q8 = fl_decode_costs(200_000, reps=3, codec=CodecParams("q8"))

@@ -458,7 +458,7 @@ def test_a_rounds_inbox_says_what_each_worker_message_is():
 @pytest.mark.parametrize("algorithm", ["ssgd", "asgd"])
 def test_pricing_the_servers_own_work_delays_its_versions(tmp_path, algorithm):
     """The server's rule costs ``sum`` per MB of the updates it takes, a checkpoint ``encode`` per MB of
-    the model (its rates, emu.costs.ps_server_costs), as FL's controller.  A synchronous round keeps
+    the model (its rates, emu.federation_costs.ps_server_costs), as FL's controller.  A synchronous round keeps
     its model (an asynchronous one may take its updates in another order)."""
     s = scenario(algorithm=algorithm, rounds=3)
     free, free_events = run(tmp_path, s, "free")
@@ -472,9 +472,9 @@ def test_pricing_the_servers_own_work_delays_its_versions(tmp_path, algorithm):
 
 
 def test_calibrate_measures_the_servers_and_workers_costs():
-    """emu calibrate's costs of mode ps (emu.costs.ps_sets): each side's decoding, the server's own
+    """emu calibrate's costs of mode ps (emu.federation_costs.ps_sets): each side's decoding, the server's own
     work, and real mode's transport."""
-    from dtemu.emu.costs import ps_sets
+    from dtemu.emu.federation_costs import ps_sets
 
     sets = dict(a.split("=", 1) for a in ps_sets(scenario(algorithm="esync"), reps=1))
     for key in ("compute.default.decode_s_per_mb", "compute.nodes.ps.decode_s_per_mb",

@@ -472,7 +472,8 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
         mbps: float = 100.0, delay_ms: float = 2.0, extra_sets: list[str] = (), out: Path | None = None,
         keep: bool = False, timeout_s: float = 600.0, test_samples: int = 2000, reuse: Path | None = None) -> dict:
     from dtemu.host.scenario_file import load_scenario
-    from dtemu.emu.costs import fl_decode_costs, transport_sets
+    from dtemu.emu.costs import transport_sets
+    from dtemu.emu.federation_costs import fl_decode_costs
 
     out = Path(out or ROOT / "runs" / f"netns-fl-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)

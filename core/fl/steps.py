@@ -27,7 +27,7 @@ def blob(round_: int, weights: np.ndarray) -> bytes:
 
 
 # The controller's own CPU work, which emu prices where the scenario gives the controller's rates
-# (``emu calibrate`` measures them: emu.costs.fl_server_costs): the rule's aggregation is ``sum``, per
+# (``emu calibrate`` measures them: emu.federation_costs.fl_server_costs): the rule's aggregation is ``sum``, per
 # MB of the fp32 updates it takes in; saving a checkpoint is ``encode``, per MB of the model's.
 
 def aggregate(ctx, scenario, round_: int, rule, updates: list):

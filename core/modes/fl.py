@@ -20,7 +20,7 @@ class FederatedLearning(Mode):
     crash_points = {"leader": CONTROLLER_CRASH_POINTS, "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_fl:check_fl"
     report = "dtemu.report.fl:write_fl_report"
-    costs = "dtemu.emu.costs:fl_sets"
+    costs = "dtemu.emu.federation_costs:fl_sets"
 
     def node_names(self, s):
         """The controller, the clients, and the state server a rule brings (esync: "ss", last, so

@@ -14,7 +14,7 @@ class ParameterServer(Mode):
     audit = "dtemu.report.audit_ps:check_ps"
     report = "dtemu.report.ps:write_ps_report"
     units = "dtemu.core.modes.units:esync_versions"
-    costs = "dtemu.emu.costs:ps_sets"
+    costs = "dtemu.emu.federation_costs:ps_sets"
 
     def node_names(self, s):
         return [PS, SS] + s.ps.worker_names
