@@ -64,7 +64,8 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
     if profile is not None or scenario.compute.profile:
         where = Path(profile).resolve() if profile is not None else profiles.resolve(scenario.compute.profile, path)
         costs = profiles.assignments(profiles.read_profile(where))
-        scenario = parse_scenario(raw, [*costs, *overrides, *_cleared(raw, costs, overrides), f"{profiles.KEY}={where}"])
+        again = _cleared(raw, costs, overrides)
+        scenario = parse_scenario(raw, [*costs, *overrides, *again, f"{profiles.KEY}={where}"])
     devices.resolve(scenario)  # a GPU it cannot have: refused now, not run on the CPU
     if not allow_code:
         refuse_code(scenario)

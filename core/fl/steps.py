@@ -27,8 +27,8 @@ def blob(round_: int, weights: np.ndarray) -> bytes:
 
 
 # The controller's own CPU work, which emu prices where the scenario gives the controller's rates
-# (``emu calibrate`` measures them: emu.federation_costs.fl_server_costs): the rule's aggregation is ``sum``, per
-# MB of the fp32 updates it takes in; saving a checkpoint is ``encode``, per MB of the model's.
+# (``emu calibrate`` measures them: emu.federation_costs.fl_server_costs): the rule's aggregation is
+# ``sum``, per MB of the fp32 updates it takes in; saving a checkpoint is ``encode``, per MB of the model's.
 
 def aggregate(ctx, scenario, round_: int, rule, updates: list):
     """``rule()``: the new model from ``updates``, logged with its hash (its CPU: ``sum`` per update)."""
@@ -43,8 +43,9 @@ def checkpoint(ctx, scenario, result, round_: int, state: dict):
     whose tallies the checkpoint keeps too)."""
     extra = {"rounds_completed": result.rounds_completed, "rounds_failed": result.rounds_failed,
              "counts": dict(result.counts)}
-    where = yield from cpu_work(scenario.compute_for(ctx.node).cpu, "encode", result.weights.nbytes, lambda: ctx.save_checkpoint(
-        encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra, state))))
+    data = lambda: encode_checkpoint(Checkpoint(round_, result.weights, scenario.digest(), extra, state))
+    where = yield from cpu_work(scenario.compute_for(ctx.node).cpu, "encode", result.weights.nbytes,
+                                lambda: ctx.save_checkpoint(data()))
     ctx.emit(ev.CHECKPOINT, round=round_, path=where)
     yield Point(points.CHECKPOINTED, round_)
 

@@ -257,7 +257,8 @@ def _synchronous(s: _Server):
         enough = not short or len(updates) >= min(ps.min_workers, len(expected))
         if enough:
             taken = weighed(list(updates.values()), s.samples)
-            new = yield from s.cpu("sum", 4 * s.work.dim * len(taken), lambda: _quiet(strategy.aggregate, out.weights, taken))
+            new = yield from s.cpu("sum", 4 * s.work.dim * len(taken),
+                                   lambda: _quiet(strategy.aggregate, out.weights, taken))
             enough = s.take(new, f"round {version}'s aggregate of {len(updates)} updates")
         extra = {"not_finite": sorted(s.name_of[k] for k in failed)} if failed else {}
         ctx.emit(ev.PS_ROUND, version=version, updates=len(updates), expected=len(expected), quorum=quorum,
