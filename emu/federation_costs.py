@@ -11,8 +11,8 @@ from .costs import dim_of, median_s, transport_only_sets
 
 
 def fl_sets(scenario, reps: int = 7) -> list[str]:
-    """A client's and the controller's decoding, a client's encoding of its update, and real mode's
-    transport."""
+    """A client's and the controller's decoding, a client's encoding of its update, the controller's
+    own work (its rule taking updates, saving a checkpoint), and real mode's transport."""
     from dtemu.core.compression import codecs
 
     dim = dim_of(scenario)
@@ -152,7 +152,7 @@ def ps_server_costs(scenario, dim: int, reps: int = 7) -> dict[str, float]:
     ranks = list(range(2, 2 + ps.workers))
     rule = make_strategy(ps, ranks, scenario.seed)
     delta = lambda: rng.standard_normal(dim).astype(np.float32) * 0.01
-    if ps.algorithm in ("asgd", "dcasgd", "fedasync"):
+    if ps.asynchronous:   # (as the server itself chooses its loop)
         n, one = 1, delta()
         take = lambda: rule.apply(weights.copy(), one, 1, weights)
     else:
