@@ -40,7 +40,7 @@ class Failures:
             stats.wire_bytes_sent += wire
             stats.messages_lost_to_failure += 1
             self._abort(flow, wire, now)
-            self._busy[flow.src] -= 1
+            self._let_go(flow)
         self._drop_waiting(node, now)
         for delivery in self._pending.pop(node, ()):
             delivery.cancelled = True

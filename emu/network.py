@@ -54,7 +54,9 @@ takes the time real mode's does; ``bytes_sent``/``bytes_received`` stay payload,
 returns succeeds once the flow has only the message's last writer-history group
 left (``wire_model.tail_bytes``; a small message returns at once), and the node's
 uplink is a FIFO: a later send from it starts once every earlier flow from it has
-ended (the flows of one message to several receivers, one ``batch``, share it); a
+left the sender's link, at the link's rate, or ended if sooner (the flows of one message
+to several receivers, one ``batch``, share it).  A flow slowed by its receiver's side
+waits in the network's queue, as in the testbed's qdiscs, not in the sender's; a
 message waiting there returns when it starts.  Its FlowResult is completed in
 place when the flow ends.
 
@@ -102,6 +104,10 @@ class Network(Multicasting, Failures):
         self._busy: dict[str, int] = defaultdict(int)
         self._waiting: dict[str, list] = defaultdict(list)
         self._batch_on_wire: dict[str, object] = {}  # the batch token of a node's flows on the wire
+        # The flows that still hold their sender's link (counted in _busy), and when each node's link
+        # has sent what is on it (send_window: a flow holds it until then, or its end if sooner).
+        self._holding: set = set()
+        self._uplink_free: dict[str, float] = {}
         self.site_of = dict(sites or {})
         self.wan = dict(wan or {})
         for node, site in self.site_of.items():
@@ -205,12 +211,35 @@ class Network(Multicasting, Failures):
         self._active[self._next_flow_id] = flow
         self._next_flow_id += 1
         self._busy[flow.src] += 1
+        self._holding.add(flow)
+        if self.send_window:
+            # Its bytes leave the sender at its link's rate, after those ahead of them; where the
+            # receiver's side is slower they wait in the network's queue (the testbed's qdiscs), not
+            # in the sender's: its next message goes out behind them on its own link.
+            now = self.env.now
+            free = max(self._uplink_free.get(flow.src, now), now) + flow.total / self._capacity[(flow.src, "up")]
+            self._uplink_free[flow.src] = free
+            self.env.timeout(free - now).callbacks.append(lambda _ev, f=flow: self._left_uplink(f))
         self._schedule_update()
 
-    def _flow_left(self, src: str) -> None:
-        """A flow from ``src`` ended or was aborted: its next batch may start."""
-        self._busy[src] -= 1
-        self._start_next(src)
+    def _let_go(self, flow) -> bool:
+        """``flow`` no longer holds its sender's link (True if it did until now)."""
+        if flow not in self._holding:
+            return False
+        self._holding.discard(flow)
+        self._busy[flow.src] -= 1
+        return True
+
+    def _left_uplink(self, flow) -> None:
+        """send_window: ``flow``'s bytes are off its sender's link: the sender's next batch may start."""
+        if self._let_go(flow):
+            self._sync()
+            self._start_next(flow.src)
+
+    def _flow_left(self, flow) -> None:
+        """``flow`` ended or was aborted: its sender's next batch may start."""
+        self._let_go(flow)
+        self._start_next(flow.src)
 
     def _start_next(self, src: str) -> None:
         """send_window: once nothing of ``src`` is on the wire, its next waiting batch starts."""
@@ -331,7 +360,7 @@ class Network(Multicasting, Failures):
                 self._flow_done(f.src, f.dst, f.nbytes, f.total, f.start, f.lost, f.event,
                                 f.on_deliver,
                                 delay=(1 + 2 * f.lost) * self._path_latency(f.src, f.dst), released=f.result)
-            self._flow_left(f.src)
+            self._flow_left(f)
 
     def _schedule_update(self) -> None:
         """Recompute rates once, later in this instant, for any number of changes now."""

@@ -106,9 +106,31 @@ def test_a_later_send_waits_behind_the_tail_in_the_senders_fifo():
     # c's message is not behind a's queue: it shares b's downlink with the model's tail (max-min
     # fair, half the rate each), which it delays by its own 100 bytes.
     assert log["other.delivered"] == approx(4.5 + 200 / 1e6)
-    assert log["model"] == approx(n / 1e6 + 100 / 1e6)
-    # a's command starts when the model's last byte left (FIFO), then goes alone at full rate.
+    # a's command starts when the model's bytes have left a's link (FIFO, at the link's rate: 4.8 s);
+    # the model's last 100 bytes, held back at b's downlink by c's, then share it with the command.
+    assert log["model"] == approx(n / 1e6 + 200 / 1e6)
     assert log["cmd"] == approx(n / 1e6 + 200 / 1e6)
+
+
+def test_a_flow_slowed_at_its_receiver_does_not_hold_its_senders_next_message():
+    """A ring or pipelined collective with a late member (a straggler): a's message to b shares b's
+    downlink with c's, so it moves at half a's rate; a's next message, to d, goes out once a's link
+    has sent the first (1 s), not once b has it all (2 s).  On the testbed the rest waits in b's
+    queue and a's link is free: emu held a's next send behind it, and a late member's few
+    milliseconds grew to a tenth of a second of every DDP step (notebook entry 35)."""
+    env, net = _net(window=2 * MIB, nodes=("a", "b", "c", "d"))
+    log = {}
+
+    def a():
+        yield net.send("a", "b", MB, lambda: log.setdefault("ab", env.now))
+        yield net.send("a", "d", MB, lambda: log.setdefault("ad", env.now))
+
+    env.process(a())
+    _send(env, net, 0, "c", "b", MB, log, "cb")
+    env.run()
+    assert log["ab"] == approx(2.0) and log["cb.delivered"] == approx(2.0)   # b's downlink halved
+    # a -> d from 1 s: half of a's link while a -> b still goes (0.5 MB by 2 s), then all of it
+    assert log["ad"] == approx(2.5)
 
 
 def test_one_message_to_two_receivers_shares_the_link_and_returns_once():
