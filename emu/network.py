@@ -213,11 +213,14 @@ class Network(Multicasting, Failures):
         self._busy[flow.src] += 1
         self._holding.add(flow)
         if self.send_window:
-            # Its bytes leave the sender at its link's rate, after those ahead of them; where the
-            # receiver's side is slower they wait in the network's queue (the testbed's qdiscs), not
-            # in the sender's: its next message goes out behind them on its own link.
+            # Its bytes leave the sender's side (its link, and its site's WAN uplink where it
+            # crosses it: FIFO queues of the sender's own bytes) at the slower one's rate, after
+            # those ahead of them.  Where the receiver's side is slower, they wait in the network's
+            # queue (the testbed's qdiscs), not in the sender's: its next message goes out behind
+            # them, as a DDS writer's next sample does.
             now = self.env.now
-            free = max(self._uplink_free.get(flow.src, now), now) + flow.total / self._capacity[(flow.src, "up")]
+            rate = min(self._capacity[port] for port in flow.ports if port[1] == "up")
+            free = max(self._uplink_free.get(flow.src, now), now) + flow.total / rate
             self._uplink_free[flow.src] = free
             self.env.timeout(free - now).callbacks.append(lambda _ev, f=flow: self._left_uplink(f))
         self._schedule_update()
