@@ -30,10 +30,12 @@ MAX_TOGETHER = 16  # processes measured at once (more ranks than this share the 
 TOGETHER_TIMEOUT_S = 120.0
 
 
-def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, sample=None) -> float:
+def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, sample=None,
+                          step_times: list | None = None) -> float:
     """Seconds per training sample of the scenario's model on this machine, with its threads and
     its task's loss (``barrier``: wait there after the untimed steps, so that processes measured
-    together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images)."""
+    together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images;
+    ``step_times``: each timed step's seconds are appended to it)."""
     batch = scenario.kind.batch_size(scenario)
     device = devices.resolve(scenario)   # (a GPU's step is timed there; its work is waited for)
     model = build_model(scenario.model_spec, seed=scenario.seed).to(device)
@@ -53,10 +55,15 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
                 if barrier is not None:
                     barrier.wait(timeout=TOGETHER_TIMEOUT_S)
                 wait()
-                t0 = time.perf_counter()
+                t0 = last = time.perf_counter()
             opt.zero_grad()
             task.loss(model(x), y).backward()
             opt.step()
+            if step_times is not None and i >= 2:
+                wait()
+                now = time.perf_counter()
+                step_times.append(now - last)
+                last = now
         wait()
         return (time.perf_counter() - t0) / (steps * batch)
     finally:
@@ -75,11 +82,21 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     if group is not None:
         group.join()
     torch.set_num_threads(scenario.threads)
-    results.put(measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample))
+    steps: list[float] = []
+    results.put((measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps), steps))
+
+
+def spread_of(step_times: list[float]) -> float:
+    """How much a step's time varies: the standard deviation of ``step_times`` over their mean
+    (0 for fewer than two)."""
+    if len(step_times) < 2:
+        return 0.0
+    mean = sum(step_times) / len(step_times)
+    return (sum((t - mean) ** 2 for t in step_times) / len(step_times)) ** 0.5 / mean
 
 
 def measured_together(scenario: Scenario, ranks: int, sample=None, share: float | None = None,
-                      per_group: int = 1) -> float:
+                      per_group: int = 1, step_times: list | None = None) -> float:
     """Seconds per training sample when ``ranks`` processes train at once, as a launch's do (median).
 
     Oversubscribed cores cost more than their share: eight torch threads on two cores spin and
@@ -87,7 +104,8 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     four.  Only measuring it says how much.  ``share``: each process has that much of a core of its
     own (host.cpu_shares), as the testbed's machines have: a quota isolates CPU time, not the caches
     and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once).
-    ``per_group``: that many of the processes share each group, as a site's workers share its machine."""
+    ``per_group``: that many of the processes share each group, as a site's workers share its machine;
+    ``step_times``: every process's timed steps are appended to it."""
     from dtemu.host import cpu_shares
 
     ctx = multiprocessing.get_context("spawn")
@@ -99,7 +117,11 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     for p in procs:
         p.start()
     try:
-        costs = sorted(results.get(timeout=TOGETHER_TIMEOUT_S) for _ in procs)
+        got = [results.get(timeout=TOGETHER_TIMEOUT_S) for _ in procs]
+        costs = sorted(cost for cost, _ in got)
+        for _, steps in got:
+            if step_times is not None:
+                step_times.extend(steps)
     finally:
         for p in procs:
             p.join(timeout=5)

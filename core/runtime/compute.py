@@ -4,7 +4,10 @@ The PyTorch work really runs (its result is real); the clock advances by a
 model of it instead of by this machine's wall time, so that a scenario's
 timeouts and stragglers are decided the same way on any machine:
 
-    duration = samples * train_s_per_sample * slowdown * (1 + U(-jitter, +jitter))
+    duration = samples * train_s_per_sample * slowdown * (1 + U(-jitter, +jitter)) * spread factor
+
+(``spread``, emu only: the calibrated machine's own variation of a job, mean 1; real mode's
+machines vary by themselves, so ``stretch`` leaves it out.)
 
 ``compute.<node>.schedule`` and ``.varying`` make the slowdown change over time:
 a job takes the slowdown in force when it starts (``slowdown_at``), a step of the
@@ -54,9 +57,13 @@ class ComputeTimer:
         self.s_per_sample = None if self.cost is None else self.cost * spec.slowdown
         self.jitter = spec.jitter
         self.rng = np.random.default_rng(seed)
+        self.seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
+        # Emu: the calibrated machine's own variation of a training job (``spread``), from a stream
+        # of its own, so that a scenario's jitter draws are the same with or without it.
+        self.spread = getattr(spec, "spread", 0.0) or 0.0
+        self.spread_rng = np.random.default_rng([*self.seed, 0x5D])
         self.schedule = tuple(spec.schedule)
         self.varying = spec.varying
-        self.seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
         # Emu: CPU seconds per MB of a received message before the role gets it (0: none).
         self.decode_s_per_mb = getattr(spec, "decode_s_per_mb", 0.0) or 0.0
         # Emu: CPU seconds per message sent and received, whatever its size (0: none).
@@ -115,7 +122,15 @@ class ComputeTimer:
             raise ScenarioError("compute.default.train_s_per_sample", "the model has no reference cost (a model factory, or a task without train_s_per_sample): "
                                 "set it, e.g. from `emu calibrate`")
         per_sample = self.cost * self.slowdown_at(now) if self.changing else self.s_per_sample
-        return samples * per_sample * self._factor()
+        return samples * per_sample * self._factor() * self._spread()
+
+    def _spread(self) -> float:
+        """A training job's factor for the machine's own variation: uniform with mean 1 and standard
+        deviation ``spread`` (half-width sqrt(3) times it), kept above 0."""
+        if not self.spread:
+            return 1.0
+        half = min(self.spread * 3 ** 0.5, 0.9)
+        return 1.0 + float(self.spread_rng.uniform(-half, half))
 
     def stretch(self, kind: str = "train", now: float = 0.0) -> float:
         """How many times its measured time a job started at ``now`` should take on this node
