@@ -15,7 +15,8 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
 - cores:     with ``compute.shared_cores`` N, the CPU work priced per MB (decoding,
              ``compute.cpu``'s ops) of every node queues for N shared cores (FIFO).
 - machines:  with ``compute.machines: sites``, the jobs of a site's nodes share its one
-             machine's CPU (emu.machines: processor sharing), as on the testbed's machines.
+             machine's CPU (emu.machines: processor sharing), as on the testbed's machines:
+             their training, their CPU ops, and each message's CPU on either side.
 - wait_peers: until the peers are up (matched), or the deadline.
 - die:       the node goes down (state, inbox and flows lost) and, if the
              crash says so, restarts later.
@@ -103,7 +104,7 @@ class EmuNode:
         # the seal's HMAC (once) and the transport's write (per receiver): the sender's CPU
         cost = len(targets) * self.timer.send_s_per_message + self._sealing(data)
         if cost and targets:
-            yield from self.world.on_cpu(cost)
+            yield from self._on_cpu(cost)
         if self.world.multicast and len(targets) > 1:
             flows = [self.world.transmit_many(self.node, targets, topic, data)]
         else:
@@ -112,6 +113,15 @@ class EmuNode:
         if flows:
             yield self.world.env.all_of(flows)
         return len(targets)
+
+    def _on_cpu(self, seconds: float):
+        """A message's CPU work on this node: on its machine where it shares one (it slows the jobs
+        of the machine's other nodes, and they slow it), else on the shared cores or at once."""
+        machine = self.world.machines.get(self.node)
+        if machine is not None:
+            yield from machine.run(seconds)
+        else:
+            yield from self.world.on_cpu(seconds)
 
     def _sealing(self, data) -> float:
         """The CPU seconds of sealing or opening ``data`` (a sealed run's HMAC; 0 without a key)."""
@@ -133,7 +143,7 @@ class EmuNode:
                 cost = (len(msg.data) * self.timer.decode_s_per_mb / 1e6 + self.timer.recv_s_per_message
                         + self._sealing(msg.data))
                 if cost:
-                    yield from self.world.on_cpu(cost)
+                    yield from self._on_cpu(cost)
                 return msg
             if deadline is not None and deadline <= env.now:
                 return None

@@ -84,3 +84,29 @@ def test_a_geo_site_sharing_its_machine_is_slower_and_trains_the_same_model(tmp_
         out[machines] = json.loads((tmp_path / machines / "summary.json").read_text())
     assert out["sites"]["model_sha256"] == out["nodes"]["model_sha256"]   # FSA: the same sums, later
     assert out["sites"]["time_s"] > out["nodes"]["time_s"]
+
+
+def test_a_messages_cpu_shares_its_nodes_machine():
+    """Decoding a message on a site's machine slows the training beside it (and is slowed by it),
+    as the transport's threads share a testbed machine's quota; a node of its own pays it alone."""
+    import types
+
+    from dtemu.emu.world import EmuNode
+
+    env = simpy.Environment()
+    machine = SharedMachine(env)
+    world = types.SimpleNamespace(env=env, machines={"a-w0": machine, "a-ps": machine},
+                                  on_cpu=lambda s: (yield env.timeout(s)))
+    ends = {}
+
+    def run(name, work):
+        yield from work
+        ends[name] = env.now
+
+    worker = EmuNode(world, "a-w0", 0, (), None, None)
+    alone = EmuNode(world, "other", 1, (), None, None)
+    env.process(run("decode", worker._on_cpu(1.0)))
+    env.process(run("train", machine.run(1.0)))
+    env.process(run("alone", alone._on_cpu(1.0)))
+    env.run()
+    assert ends == {"decode": pytest.approx(2.0), "train": pytest.approx(2.0), "alone": pytest.approx(1.0)}
