@@ -62,7 +62,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     from dtemu.host import devices
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import (MAX_TOGETHER, measured_s_per_sample, measured_together, sample_of,
-                                       spread_of)
+                                       spread_parts)
     from dtemu.host.resolve import resolve
 
     from .costs import seal_cost
@@ -81,22 +81,22 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     # (hyperthreads, memory bandwidth): only timing them together says how much.
     ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
     device = devices.resolve(scenario)   # (where the step below is timed)
-    steps: list[float] = []
-    train = min(measured_s_per_sample(scenario, steps=24, sample=sample, step_times=steps) for _ in range(3))
+    runs: list[list[float]] = [[], [], []]
+    train = min(measured_s_per_sample(scenario, steps=24, sample=sample, step_times=run) for run in runs)
     contention = 1.0
     if ranks > 1:
         # The ranks' other CPU work (decoding, codecs, each message) is slowed as their training
         # is: every cost below, timed alone, takes the factor the training took together.
-        steps = []
+        runs = []
         alone, train = train, measured_together(scenario, ranks, sample, share=share,
-                                                per_group=per_machine, step_times=steps) / per_machine
+                                                per_group=per_machine, step_times=runs) / per_machine
         contention = max(1.0, train / alone)
     costs = [_times(a, contention) for a in [*resolve(scenario.kind.costs)(scenario, reps), *messages]]
-    # How much a step varies where it was timed (co-runners, the quota's periods, the hypervisor)
-    # stands for how much a job varies: on the testbed a 16-step FL job varied about as much as a
-    # one-step DDP step did (6.5% and 8%, notebook entry 35), so the slow spells outlast a job.
-    assignments = [f"compute.default.train_s_per_sample={train:.6e}",
-                   f"compute.default.spread={spread_of(steps):.4f}", *costs]
+    # How much a job varies where it was timed (co-runners, the quota's periods, the hypervisor): a
+    # part that outlasts a job and a step's own, which a long job averages out (notebook entry 35).
+    spread, per_sample = spread_parts(runs, scenario.kind.batch_size(scenario))
+    assignments = [f"compute.default.train_s_per_sample={train:.6e}", f"compute.default.spread={spread:.4f}",
+                   f"compute.default.spread_per_sample={per_sample:.4f}", *costs]
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
                                             "input_dtype": str(sample[0].dtype), "reps": reps,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import statistics
 import time
 
 import torch
@@ -86,13 +87,29 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     results.put((measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps), steps))
 
 
-def spread_of(step_times: list[float]) -> float:
-    """How much a step's time varies: the standard deviation of ``step_times`` over their mean
-    (0 for fewer than two)."""
-    if len(step_times) < 2:
+def spread_of(values: list[float]) -> float:
+    """How much ``values`` vary, as a fraction of their median: the interquartile range over 1.349
+    (a normal law's standard deviation), so that one step the scheduler held up (a tenth of a
+    second once in 48 steps) does not count as the spread of every job (0 for fewer than four)."""
+    if len(values) < 4:
         return 0.0
-    mean = sum(step_times) / len(step_times)
-    return (sum((t - mean) ** 2 for t in step_times) / len(step_times)) ** 0.5 / mean
+    q1, median, q3 = statistics.quantiles(values, n=4)
+    return (q3 - q1) / 1.349 / median
+
+
+SPREAD_BLOCK = 6  # steps a block: a timing of 24 steps makes four
+
+
+def spread_parts(runs: list[list[float]], batch: int, block: int = SPREAD_BLOCK) -> tuple[float, float]:
+    """(spread, spread_per_sample) of the steps timed in ``runs`` (each a process's, in order): a
+    job's variation that its length does not average out, and a step's own over the square root of
+    its samples (core.runtime.compute_spec).  A step varies by both (v1^2 = a^2 + b^2), the mean
+    of ``block`` steps by b and by a over sqrt(block) (v^2 = a^2/block + b^2): two equations."""
+    steps = [t for run in runs for t in run]
+    means = [sum(run[i:i + block]) / block for run in runs for i in range(0, len(run) - block + 1, block)]
+    v1, vb = spread_of(steps), spread_of(means)
+    own = max(0.0, (v1 ** 2 - vb ** 2) * block / (block - 1))   # a^2
+    return max(0.0, v1 ** 2 - own) ** 0.5, (own * batch) ** 0.5
 
 
 def measured_together(scenario: Scenario, ranks: int, sample=None, share: float | None = None,
@@ -105,7 +122,7 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     own (host.cpu_shares), as the testbed's machines have: a quota isolates CPU time, not the caches
     and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once).
     ``per_group``: that many of the processes share each group, as a site's workers share its machine;
-    ``step_times``: every process's timed steps are appended to it."""
+    ``step_times``: every process's timed steps are appended to it (a list each)."""
     from dtemu.host import cpu_shares
 
     ctx = multiprocessing.get_context("spawn")
@@ -121,7 +138,7 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
         costs = sorted(cost for cost, _ in got)
         for _, steps in got:
             if step_times is not None:
-                step_times.extend(steps)
+                step_times.append(steps)
     finally:
         for p in procs:
             p.join(timeout=5)

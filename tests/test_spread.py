@@ -5,7 +5,7 @@ import statistics
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.compute_spec import ComputeSpec
 from dtemu.core.scenario import parse_scenario
-from dtemu.host.train_cost import spread_of
+from dtemu.host.train_cost import spread_of, spread_parts
 
 
 def _durations(spec, n=4000, seed=(1, 2)):
@@ -18,6 +18,15 @@ def test_spread_draws_jobs_around_their_mean_with_that_deviation():
     assert abs(statistics.mean(times) - 0.1) < 0.002
     assert abs(statistics.pstdev(times) / 0.1 - 0.08) < 0.005
     assert min(times) > 0
+
+
+def test_a_steps_own_spread_averages_out_over_a_longer_job():
+    spec = ComputeSpec(train_s_per_sample=1e-3, spread=0.03, spread_per_sample=0.4)
+    for samples in (16, 1600):
+        timer = ComputeTimer(spec, None, seed=[1, 2])
+        times = [timer.duration(samples) for _ in range(4000)]
+        want = (0.03 ** 2 + 0.4 ** 2 / samples) ** 0.5   # 0.104 for one 16-sample step, 0.031 for 100
+        assert abs(statistics.pstdev(times) / statistics.mean(times) - want) < 0.1 * want
 
 
 def test_spread_is_seeded_and_leaves_the_jitter_stream_alone():
@@ -43,7 +52,31 @@ def test_no_spread_keeps_a_scenarios_digest():
     assert parse_scenario({**raw, "compute": {"default": {"spread": 0.05}}}).digest() != parse_scenario(raw).digest()
 
 
-def test_spread_of_step_times():
-    assert spread_of([0.1]) == 0.0
-    assert spread_of([0.1, 0.1, 0.1]) < 1e-12
-    assert abs(spread_of([0.09, 0.11]) - 0.1) < 1e-12
+def test_spread_of_step_times_is_robust_to_one_held_up_step():
+    import numpy as np
+
+    assert spread_of([0.1, 0.1, 0.1]) == 0.0   # too few to say
+    steps = list(np.random.default_rng(0).normal(0.1, 0.006, 4000))
+    assert abs(spread_of(steps) - 0.06) < 0.004
+    steps = list(np.random.default_rng(1).normal(0.1, 0.006, 48))
+    held_up = steps[:-1] + [0.4]
+    assert abs(spread_of(held_up) - spread_of(steps)) < 0.01   # a standard deviation would be 0.42
+
+
+def test_spread_parts_separates_a_steps_own_variation_from_slow_spells():
+    """Steps of 32 samples: each varies by 8% on its own, and each run of 6 by a common 4% (a slow
+    spell): the parts come back as (0.04, 0.08 * sqrt(32))."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    runs = []
+    for _ in range(200):
+        run = []
+        for _block in range(4):
+            spell = 1 + 0.04 * rng.standard_normal()
+            run += list(0.1 * spell * (1 + 0.08 * rng.standard_normal(6)))
+        runs.append(run)
+    spread, per_sample = spread_parts(runs, batch=32)
+    assert abs(spread - 0.04) < 0.006
+    assert abs(per_sample / 32 ** 0.5 - 0.08) < 0.006
+    assert spread_parts([[0.1] * 24, [0.1] * 24], batch=32) == (0.0, 0.0)

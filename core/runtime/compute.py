@@ -6,8 +6,8 @@ timeouts and stragglers are decided the same way on any machine:
 
     duration = samples * train_s_per_sample * slowdown * (1 + U(-jitter, +jitter)) * spread factor
 
-(``spread``, emu only: the calibrated machine's own variation of a job, mean 1; real mode's
-machines vary by themselves, so ``stretch`` leaves it out.)
+(``spread`` and ``spread_per_sample``, emu only: the calibrated machine's own variation of a job,
+mean 1; real mode's machines vary by themselves, so ``stretch`` leaves it out.)
 
 ``compute.<node>.schedule`` and ``.varying`` make the slowdown change over time:
 a job takes the slowdown in force when it starts (``slowdown_at``), a step of the
@@ -61,6 +61,7 @@ class ComputeTimer:
         # Emu: the calibrated machine's own variation of a training job (``spread``), from a stream
         # of its own, so that a scenario's jitter draws are the same with or without it.
         self.spread = getattr(spec, "spread", 0.0) or 0.0
+        self.spread_per_sample = getattr(spec, "spread_per_sample", 0.0) or 0.0
         self.spread_rng = np.random.default_rng([*self.seed, 0x5D])
         self.schedule = tuple(spec.schedule)
         self.varying = spec.varying
@@ -122,14 +123,16 @@ class ComputeTimer:
             raise ScenarioError("compute.default.train_s_per_sample", "the model has no reference cost (a model factory, or a task without train_s_per_sample): "
                                 "set it, e.g. from `emu calibrate`")
         per_sample = self.cost * self.slowdown_at(now) if self.changing else self.s_per_sample
-        return samples * per_sample * self._factor() * self._spread()
+        return samples * per_sample * self._factor() * self._spread(samples)
 
-    def _spread(self) -> float:
-        """A training job's factor for the machine's own variation: uniform with mean 1 and standard
-        deviation ``spread`` (half-width sqrt(3) times it), kept above 0."""
-        if not self.spread:
+    def _spread(self, samples: int) -> float:
+        """A training job's factor for the machine's own variation: uniform with mean 1 and the
+        standard deviation of its two parts (``spread``, and ``spread_per_sample`` over the square
+        root of its samples), kept above 0."""
+        if not (self.spread or self.spread_per_sample):
             return 1.0
-        half = min(self.spread * 3 ** 0.5, 0.9)
+        sd = (self.spread ** 2 + self.spread_per_sample ** 2 / samples) ** 0.5
+        half = min(sd * 3 ** 0.5, 0.9)
         return 1.0 + float(self.spread_rng.uniform(-half, half))
 
     def stretch(self, kind: str = "train", now: float = 0.0) -> float:

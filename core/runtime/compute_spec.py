@@ -51,11 +51,14 @@ class ComputeSpec:
     slowdown: float = field(default=1.0, metadata=check(positive))
     # Each compute step takes slowdown * cost * (1 + U(-jitter, +jitter)), from the seed.
     jitter: float = field(default=0.0, metadata=check(probability))
-    # Emu only: how much a training job's time varies on the machine it was calibrated on, as a
-    # fraction of its mean (its coefficient of variation; ``emu calibrate`` measures it).  Each job
-    # takes its modelled time times a factor drawn from a seeded stream of its own (uniform, mean
-    # 1).  Real mode stages nothing: its machines vary by themselves.  0: every job alike.
+    # Emu only: how much a training job's time varies on the machine it was calibrated on, in two
+    # parts (``emu calibrate`` measures both): ``spread``, what a job varies whatever its length (a
+    # fraction of its mean: slow spells longer than a job), and ``spread_per_sample``, what each step
+    # varies by itself and averages out over a job (a job of n samples varies by it over sqrt(n)).
+    # Each job takes its modelled time times a factor drawn from a seeded stream of its own (uniform,
+    # mean 1).  Real mode stages nothing: its machines vary by themselves.  0: every job alike.
     spread: float = field(default=0.0, metadata=check(non_negative))
+    spread_per_sample: float = field(default=0.0, metadata=check(non_negative))
     # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
     schedule: list[SlowdownStep] = field(default_factory=list)
     varying: VaryingSlowdown | None = None
@@ -89,6 +92,7 @@ class ComputeOverride:
     slowdown: float | None = field(default=None, metadata=check(positive))
     jitter: float | None = field(default=None, metadata=check(probability))
     spread: float | None = field(default=None, metadata=check(non_negative))
+    spread_per_sample: float | None = field(default=None, metadata=check(non_negative))
     schedule: list[SlowdownStep] | None = None
     varying: VaryingSlowdown | None = None
     eval_s_per_sample: float | None = field(default=None, metadata=check(non_negative))
