@@ -100,15 +100,13 @@ class Network(SenderFifo, Multicasting, Failures):
         self.framing, self.send_window = framing, int(send_window)
         if framing != "payload":
             wire_model.wire_bytes(0, mtu, framing)  # an mtu too small for the headers fails here
-        # send_window: each node's uplink a FIFO -- how many of its flows are on the wire, and
-        # those waiting behind them in send order, each with its batch token (one message).
-        self._busy: dict[str, int] = defaultdict(int)
+        # send_window: each node's uplink a FIFO (emu.sender_fifo) -- its flows that still hold
+        # it (until their bytes passed the sender's side, or their end if sooner), when it will have
+        # sent what is on it, and the flows waiting behind in send order, each with its batch token.
+        self._holding: dict[str, set] = defaultdict(set)
+        self._uplink_free: dict[str, float] = {}
         self._waiting: dict[str, list] = defaultdict(list)
         self._batch_on_wire: dict[str, object] = {}  # the batch token of a node's flows on the wire
-        # The flows that still hold their sender's link (counted in _busy), and when each node's link
-        # has sent what is on it (send_window: a flow holds it until then, or its end if sooner).
-        self._holding: set = set()
-        self._uplink_free: dict[str, float] = {}
         self.site_of = dict(sites or {})
         self.wan = dict(wan or {})
         for node, site in self.site_of.items():

@@ -23,7 +23,7 @@ class SenderFifo:
         """Put a flow on the wire, or (send_window) behind the earlier flows of its sender."""
         batch = object() if batch is None else batch
         queue = self._waiting[flow.src]
-        if self.send_window and self._busy[flow.src] and self._batch_on_wire.get(flow.src) is not batch:
+        if self.send_window and self._holding[flow.src] and self._batch_on_wire.get(flow.src) is not batch:
             queue.append((batch, flow))
             return
         if self.send_window and queue and queue[-1][0] is batch:  # its batch is waiting: with it
@@ -35,8 +35,7 @@ class SenderFifo:
     def _activate(self, flow) -> None:
         self._active[self._next_flow_id] = flow
         self._next_flow_id += 1
-        self._busy[flow.src] += 1
-        self._holding.add(flow)
+        self._holding[flow.src].add(flow)
         if self.send_window:
             # Its bytes leave the sender's side (its link, and its site's WAN uplink where it
             # crosses it: FIFO queues of the sender's own bytes) at the slower one's rate, after
@@ -52,10 +51,9 @@ class SenderFifo:
 
     def _let_go(self, flow) -> bool:
         """``flow`` no longer holds its sender's link (True if it did until now)."""
-        if flow not in self._holding:
+        if flow not in self._holding[flow.src]:
             return False
-        self._holding.discard(flow)
-        self._busy[flow.src] -= 1
+        self._holding[flow.src].discard(flow)
         return True
 
     def _left_uplink(self, flow) -> None:
@@ -72,7 +70,7 @@ class SenderFifo:
     def _start_next(self, src: str) -> None:
         """send_window: once nothing of ``src`` is on the wire, its next waiting batch starts."""
         queue = self._waiting.get(src)
-        if self._busy[src] or not queue:
+        if self._holding[src] or not queue:
             return
         batch = queue[0][0]
         self._batch_on_wire[src] = batch
