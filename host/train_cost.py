@@ -136,9 +136,8 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     try:
         got = [results.get(timeout=TOGETHER_TIMEOUT_S) for _ in procs]
         costs = sorted(cost for cost, _ in got)
-        for _, steps in got:
-            if step_times is not None:
-                step_times.append(steps)
+        if step_times is not None:
+            step_times.extend(steps for _, steps in got)
     finally:
         for p in procs:
             p.join(timeout=5)
