@@ -9,6 +9,17 @@ from dtemu.core.scenario import parse_scenario
 from helpers import needs_mnist
 
 
+def _torch_sees_a_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# (these two are about a machine without a GPU; on one, or under tests/fake_cuda.py's stand-in, they skip)
+no_gpu_here = pytest.mark.skipif(_torch_sees_a_gpu(), reason="torch sees a GPU here; this checks a machine without one")
+
+
+@no_gpu_here
 def test_cuda_is_refused_at_load_with_exit_2_and_no_run_folder(tmp_path, capsys):
     from dtemu.emu.cli import main
 
@@ -20,6 +31,7 @@ def test_cuda_is_refused_at_load_with_exit_2_and_no_run_folder(tmp_path, capsys)
     assert not (tmp_path / "run").exists()
 
 
+@no_gpu_here
 def test_auto_trains_on_the_cpu_and_the_summary_says_so(tmp_path):
     from dtemu.host.devices import resolve
 
