@@ -8,7 +8,7 @@ class Flow:
     """An active flow; ``remaining`` is exact as of ``Network._synced_at``."""
 
     __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate",
-                 "start", "lost", "event", "on_deliver", "release", "result")
+                 "start", "lost", "event", "on_deliver", "release", "result", "passed", "rate_up")
 
     def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=(), release=0.0):
         self.src, self.dst = src, dst
@@ -21,6 +21,8 @@ class Flow:
         # Writer history: the sender's event fires when `remaining` is down to `release`
         # (0: at the end); `result` is the FlowResult it fired with, completed at the end.
         self.release, self.result = release, None
+        # send_window (emu.tandem): the bytes that passed the sender's side, and at what rate.
+        self.passed, self.rate_up = 0.0, 0.0
 
 
 class MulticastFlow:
@@ -29,7 +31,7 @@ class MulticastFlow:
     receiver's, as a reliable multicast is paced); each member is (dst, lost, on_deliver)."""
 
     __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate", "start", "event", "members",
-                 "lost", "release", "result")
+                 "lost", "release", "result", "passed", "rate_up")
 
     def __init__(self, src, members, nbytes, total, start, event, wan=(), release=0.0):
         self.src, self.dst, self.members = src, "*", list(members)
@@ -39,6 +41,7 @@ class MulticastFlow:
         self.start, self.event = start, event
         self.lost = 0  # per member (an aborted multicast reports none)
         self.release, self.result = release, None  # as Flow's (result: the members' list)
+        self.passed, self.rate_up = 0.0, 0.0       # as Flow's
 
 
 class Delivery:

@@ -52,13 +52,14 @@ RTPS fragments, UDP datagrams, IPv4 packets and their Ethernet headers), so it
 takes the time real mode's does; ``bytes_sent``/``bytes_received`` stay payload,
 ``wire_bytes_sent`` counts the headers.  With ``send_window`` > 0 the event ``send``
 returns succeeds once the flow has only the message's last writer-history group
-left (``wire_model.tail_bytes``; a small message returns at once), and the node's
-uplink is a FIFO: a later send from it starts once every earlier flow from it has
-left the sender's link, at the link's rate, or ended if sooner (the flows of one message
-to several receivers, one ``batch``, share it).  A flow slowed by its receiver's side
-waits in the network's queue, as in the testbed's qdiscs, not in the sender's; a
-message waiting there returns when it starts.  Its FlowResult is completed in
-place when the flow ends.
+left (``wire_model.tail_bytes``; a small message returns at once); a flow crosses the
+network store and forward, the sender's side and then the receiver's (``emu.tandem``),
+and the node's uplink is a FIFO (``emu.sender_fifo``): a later send from it starts once
+every earlier flow from it has passed the sender's side, or ended if sooner (the flows of
+one message to several receivers, one ``batch``, share it).  A flow slowed by its
+receiver's side waits in that side's queue, as in the testbed's qdiscs, not in the
+sender's; a message waiting in the sender's FIFO returns when it starts.  Its FlowResult
+is completed in place when the flow ends.
 
 Failures: ``fail_node`` and ``restore_node`` (``emu.failures``).
 """
@@ -72,7 +73,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from . import wire_model
+from . import tandem, wire_model
 from .failures import Failures
 from .sender_fifo import SenderFifo
 from .fair_share import max_min_rates
@@ -101,10 +102,9 @@ class Network(SenderFifo, Multicasting, Failures):
         if framing != "payload":
             wire_model.wire_bytes(0, mtu, framing)  # an mtu too small for the headers fails here
         # send_window: each node's uplink a FIFO (emu.sender_fifo) -- its flows that still hold
-        # it (until their bytes passed the sender's side, or their end if sooner), when it will have
-        # sent what is on it, and the flows waiting behind in send order, each with its batch token.
+        # it (until their bytes passed the sender's side, or their end if sooner), and the flows
+        # waiting behind in send order, each with its batch token.
         self._holding: dict[str, set] = defaultdict(set)
-        self._uplink_free: dict[str, float] = {}
         self._waiting: dict[str, list] = defaultdict(list)
         self._batch_on_wire: dict[str, object] = {}  # the batch token of a node's flows on the wire
         self.site_of = dict(sites or {})
@@ -276,10 +276,16 @@ class Network(SenderFifo, Multicasting, Failures):
         # A flow due "now" can be left with float dust (elapsed is rounded to
         # the resolution of env.now); anything within that slack is done.
         slack = 4 * math.ulp(max(now, 1.0))
-        finished = []
+        finished, passed = [], []
         for flow_id, flow in self._active.items():
             if elapsed > 0:
                 flow.remaining -= flow.rate * elapsed
+            if self.send_window:   # emu.tandem: what passed the sender's side, and what arrived of it
+                flow.passed = min(flow.total, flow.passed + flow.rate_up * elapsed)
+                if tandem.stage_one_done(flow, flow.rate_up * slack):
+                    flow.passed = flow.total
+                    passed.append(flow)
+                flow.remaining = max(flow.remaining, flow.total - flow.passed)
             if flow.remaining <= flow.rate * slack + 1e-12 * flow.total:
                 finished.append(flow_id)
             elif flow.release and flow.result is None and flow.remaining <= flow.release + flow.rate * slack:
@@ -293,6 +299,10 @@ class Network(SenderFifo, Multicasting, Failures):
                                 f.on_deliver,
                                 delay=(1 + 2 * f.lost) * self._path_latency(f.src, f.dst), released=f.result)
             self._flow_left(f)
+        for f in passed:
+            self._passed_sender(f)
+        if passed:   # their second stage goes on alone: its rate is no longer the first's
+            self._schedule_update()
 
     def _schedule_update(self) -> None:
         """Recompute rates once, later in this instant, for any number of changes now."""
@@ -322,6 +332,9 @@ class Network(SenderFifo, Multicasting, Failures):
         """Every active flow's max-min fair rate over the ports in use (emu.fair_share)."""
         self._allocated_since_sync = True
         flows = list(self._active.values())
+        if self.send_window:   # store and forward: the sender's side, then the receiver's (emu.tandem)
+            tandem.allocate(flows, self._capacity)
+            return
         for flow, rate in zip(flows, max_min_rates([flow.ports for flow in flows], self._capacity)):
             flow.rate = rate
 
@@ -334,6 +347,10 @@ class Network(SenderFifo, Multicasting, Failures):
                                 if f.rate > 0 and f.release and f.result is None), default=None)
             if release_left is not None:
                 time_left = release_left if time_left is None else min(time_left, release_left)
+            # a first stage's end or a queue run dry changes the rates (emu.tandem)
+            changes = [t for t in map(tandem.next_change, self._active.values()) if t is not None]
+            if changes:
+                time_left = min(changes) if time_left is None else min(time_left, *changes)
         if time_left is None:
             return
         generation = self._generation

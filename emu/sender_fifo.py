@@ -3,9 +3,9 @@
 
 A sender's flows go out one message (one ``batch``: its flows to several receivers share the
 link) after another.  A message holds its sender until its bytes have passed the sender's side
-(its own link, and its site's WAN uplink where it crosses it) at the slowest of their rates, or
+(its own link, and its site's WAN uplink where it crosses it: emu.tandem's first stage), or
 until it ends if sooner; then the next one starts.  Where the receiver's side is slower, the rest
-waits in the network's queue, as in the testbed's qdiscs, and not in the sender's: a DDS writer's
+waits in that side's queue, as in the testbed's qdiscs, and not in the sender's: a DDS writer's
 next sample goes out behind it.  (Holding the sender until the receiver had it all made a DDP
 step with one member 0.024 s late take +0.17 s in emu, and +0 on the testbed: notebook entry 35.)
 
@@ -35,18 +35,9 @@ class SenderFifo:
     def _activate(self, flow) -> None:
         self._active[self._next_flow_id] = flow
         self._next_flow_id += 1
+        # send_window: it holds its sender until its bytes have passed the sender's side
+        # (emu.tandem's first stage: Network._sync lets it go), or until it ends if sooner.
         self._holding[flow.src].add(flow)
-        if self.send_window:
-            # Its bytes leave the sender's side (its link, and its site's WAN uplink where it
-            # crosses it: FIFO queues of the sender's own bytes) at the slower one's rate, after
-            # those ahead of them.  Where the receiver's side is slower, they wait in the network's
-            # queue (the testbed's qdiscs), not in the sender's: its next message goes out behind
-            # them, as a DDS writer's next sample does.
-            now = self.env.now
-            rate = min(self._capacity[port] for port in flow.ports if port[1] == "up")
-            free = max(self._uplink_free.get(flow.src, now), now) + flow.total / rate
-            self._uplink_free[flow.src] = free
-            self.env.timeout(free - now).callbacks.append(lambda _ev, f=flow: self._left_uplink(f))
         self._schedule_update()
 
     def _let_go(self, flow) -> bool:
@@ -56,10 +47,9 @@ class SenderFifo:
         self._holding[flow.src].discard(flow)
         return True
 
-    def _left_uplink(self, flow) -> None:
-        """send_window: ``flow``'s bytes are off its sender's link: the sender's next batch may start."""
+    def _passed_sender(self, flow) -> None:
+        """send_window: ``flow``'s bytes are off its sender's side: the sender's next batch may start."""
         if self._let_go(flow):
-            self._sync()
             self._start_next(flow.src)
 
     def _flow_left(self, flow) -> None:

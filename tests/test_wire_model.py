@@ -114,10 +114,12 @@ def test_a_later_send_waits_behind_the_tail_in_the_senders_fifo():
 
 def test_a_flow_slowed_at_its_receiver_does_not_hold_its_senders_next_message():
     """A ring or pipelined collective with a late member (a straggler): a's message to b shares b's
-    downlink with c's, so it moves at half a's rate; a's next message, to d, goes out once a's link
+    downlink with c's, so it arrives at half a's rate; a's next message, to d, goes out once a's link
     has sent the first (1 s), not once b has it all (2 s).  On the testbed the rest waits in b's
     queue and a's link is free: emu held a's next send behind it, and a late member's few
-    milliseconds grew to a tenth of a second of every DDP step (notebook entry 35)."""
+    milliseconds grew to a tenth of a second of every DDP step (notebook entry 35).  Store and
+    forward (emu.tandem): the first message's bytes left a's link by 1 s, so the second has all of
+    it (notebook entry 36: a fluid over both links kept half of a's link for the first until 2 s)."""
     env, net = _net(window=2 * MIB, nodes=("a", "b", "c", "d"))
     log = {}
 
@@ -129,8 +131,8 @@ def test_a_flow_slowed_at_its_receiver_does_not_hold_its_senders_next_message():
     _send(env, net, 0, "c", "b", MB, log, "cb")
     env.run()
     assert log["ab"] == approx(2.0) and log["cb.delivered"] == approx(2.0)   # b's downlink halved
-    # a -> d from 1 s: half of a's link while a -> b still goes (0.5 MB by 2 s), then all of it
-    assert log["ad"] == approx(2.5)
+    # a -> d from 1 s at all of a's link: a -> b's second half waits at b's side, not on a's link
+    assert log["ad"] == approx(2.0)
 
 
 def test_one_message_to_two_receivers_shares_the_link_and_returns_once():
@@ -257,3 +259,25 @@ def test_an_fl_round_starts_before_the_models_tail_has_gone(tmp_path):
     assert gap < 1e-3                                   # the model had arrived: the command goes at once
     assert gap_w - gap == pytest.approx(tail_s, abs=2e-4)
     assert round_w - round_s == pytest.approx(tail_s, abs=2e-4)
+
+
+
+def test_store_and_forward_shares_the_senders_link_and_arrives_no_faster_than_it_passes():
+    """emu.tandem's two stages: a batch's two flows share the sender's link (each passes it at half
+    its rate: 2 s for both, not 1 s for the first and then all of the link for the second while the
+    first's rest is counted as waiting downstream), and where nothing waits at the receiver's side a
+    flow arrives as it passes the sender's, however fast the receiver's link (10x here)."""
+    env, net = _net(window=2 * MIB, nodes=("a", "b", "c"))
+    log = {}
+    batch = object()
+    for dst in ("b", "c"):
+        net.send("a", dst, MB, lambda dst=dst: log.setdefault(dst, env.now), batch=batch)
+    env.run()
+    assert log["b"] == approx(2.0) and log["c"] == approx(2.0)
+
+    env = simpy.Environment()
+    links = {"a": Link(8e6, 8e6, 0.0), "b": Link(80e6, 80e6, 0.0)}
+    net = Network(env, links, send_window=2 * MIB)
+    net.send("a", "b", MB, lambda: log.setdefault("fast", env.now))
+    env.run()
+    assert log["fast"] == approx(1.0)
