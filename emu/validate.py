@@ -16,7 +16,9 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
    the fidelity monitors' verdict in its summary.
 4. **compare**, unit by unit (emu.fidelity, the mode's units: round, step or version):
    ``DIR/validation.json`` holds one record per repetition with ``time_error`` and ``comm_error``
-   ((emu - real) / real, fractions), ``same_model`` and ``faithful``; the table is printed.
+   ((emu - real) / real, fractions), ``same_model``, ``faithful`` and ``within_targets`` (the errors
+   within the targets on a faithful testbed: an unfaithful one's result does not count); the table is
+   printed.
 
 Exit 0 whether or not the targets (time within 10%, communication within 5%) are met; 2 when it
 refuses (no root, a bad scenario, shares over the box's cores).
@@ -111,7 +113,7 @@ def main(args) -> int:
     for warning in sorted({w for r in records for w in r.get("warnings", [])}):
         print(f"emu validate: warning: {warning}")
     print(f"emu validate: {sum(r['within_targets'] for r in records)} of {len(records)} repetitions within the "
-          f"targets (time 10%, comm 5%); records in {out / 'validation.json'}")
+          f"targets (time 10%, comm 5%) on a faithful testbed; records in {out / 'validation.json'}")
     return 0
 
 

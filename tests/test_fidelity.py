@@ -105,6 +105,8 @@ def test_errors_are_emu_against_real_with_the_testbeds_verdict(tmp_path):
     r = compare(s, _folder(tmp_path, "real2", 2.0, "abc", {"faithful": False, "why": ["x"]}),
                 _folder(tmp_path, "emu2", 2.0, "abd"))
     assert r["time_error"] == 0.0 and not r["same_model"] and not r["faithful"] and r["testbed_why"] == ["x"]
+    # its errors are within the targets, but an unfaithful testbed's result does not count
+    assert r["errors_within_targets"] and not r["within_targets"]
 
 
 def test_the_rows_of_the_issue():

@@ -113,6 +113,9 @@ def why_it_misses(name: str, records: list[dict]) -> str:
     for r in records:
         if _within(r) or r.get("real_s") is None:
             continue
+        if r.get("errors_within_targets"):
+            parts.append(f"run {r['repetition']}: errors within the targets, on an unfaithful testbed (not counted)")
+            continue
         real_compute, emu_compute = r["real_s"] - r["real_comm_s"], r["emu_s"] - r["emu_comm_s"]
         parts.append(f"run {r['repetition']}: compute emu {emu_compute:.3f} s vs real {real_compute:.3f} s, "
                      f"comm emu {r['emu_comm_s']:.3f} vs {r['real_comm_s']:.3f}")
