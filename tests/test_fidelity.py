@@ -64,6 +64,24 @@ def test_an_asynchronous_versions_communication_is_its_updates_trip():
     assert units.leader_rounds(events, "controller") == _flat({5: (1.0, 0.65)})
 
 
+
+def test_the_model_an_update_trained_from_is_the_last_to_arrive_not_the_last_taken():
+    """A real client may take its command first and a model that arrived with it only after training
+    (its deliver event's time): the trip counts the model by its arrival, sent_at + comm_s (the
+    receiver's received_at, so still no two clocks compared), as emu's client, which took it first."""
+    events = [{"kind": "round_close", "node": "controller", "round": 4, "t": 9.0, "clients": ["client1"]},
+              {"kind": "deliver", "node": "client2", "topic": "train/model_blob", "t": 7.0, "sent_at": 6.7,
+               "comm_s": 0.3},
+              {"kind": "train_start", "node": "client2", "round": 4, "t": 8.0},
+              {"kind": "upload_start", "node": "client2", "round": 4, "t": 9.5},
+              # arrived at 7.9, before the training began; taken at 9.7, after it
+              {"kind": "deliver", "node": "client2", "topic": "train/model_blob", "t": 9.7, "sent_at": 7.5,
+               "comm_s": 0.4},
+              {"kind": "update_accepted", "node": "controller", "client": "client2", "round": 5, "staleness": 1,
+               "comm_s": 0.25, "t": 9.9},
+              {"kind": "round_close", "node": "controller", "round": 5, "t": 10.0, "clients": ["client2"]}]
+    assert units.leader_rounds(events, "controller") == _flat({5: (1.0, 0.65)})
+
 def test_ddp_steps_are_the_workers_mean():
     events = [{"kind": "step", "node": w, "step": 1, "compute_s": 0.2, "compress_s": c, "comm_s": m}
               for w, c, m in (("worker1", 0.0, 0.5), ("worker2", 0.1, 0.3))]

@@ -66,14 +66,17 @@ def leader_rounds(events: list[dict], leader: str) -> Units:
 def _update_trips(events: list[dict], leader: str) -> dict[int, float]:
     """version -> the seconds its update spent travelling (asynchronous versions only): its way up
     (``update_accepted``'s ``comm_s``) and the way down of the model its client trained from, the
-    last delivered to it before its training started.  Each ``comm_s`` is one message's, so no time
-    here compares two nodes' clocks."""
-    models: dict[str, list[tuple[float, float]]] = {}   # client -> (delivered at, comm_s) of each model
+    last to arrive before its training started.  Each ``comm_s`` is one message's, so no time
+    here compares two nodes' clocks: a message's arrival, ``sent_at + comm_s``, is its receiver's
+    ``received_at``.  (Arrival, not the ``deliver`` event's time, which is when the role took it: a
+    real client may take its command before a model that came with it and train on, taking the
+    model after; which copy of the same version it took first is the role's order, not the wire's.)"""
+    models: dict[str, list[tuple[float, float]]] = {}   # client -> (arrived at, comm_s) of each model
     began: dict[tuple[str, int], float] = {}            # (client, its command's round) -> training began
     taken = []
     for e in events:
         if e["kind"] == "deliver" and e.get("topic") == MODEL_BLOB:
-            models.setdefault(e["node"], []).append((e["t"], e["comm_s"]))
+            models.setdefault(e["node"], []).append((e.get("sent_at", e["t"] - e["comm_s"]) + e["comm_s"], e["comm_s"]))
         elif e["kind"] == "train_start":
             began[(e["node"], e["round"])] = e["t"]
         elif e["kind"] == "update_accepted" and e.get("node") == leader and "staleness" in e:
@@ -81,8 +84,8 @@ def _update_trips(events: list[dict], leader: str) -> dict[int, float]:
     trips = {}
     for e in taken:   # version V took an update from version V - 1 - staleness: its command was V - staleness
         start = began.get((e["client"], e["round"] - e["staleness"]))
-        down = [c for at, c in models.get(e["client"], []) if start is not None and at <= start]
-        trips[e["round"]] = e["comm_s"] + (down[-1] if down else 0.0)
+        down = sorted((at, c) for at, c in models.get(e["client"], []) if start is not None and at <= start)
+        trips[e["round"]] = e["comm_s"] + (down[-1][1] if down else 0.0)
     return trips
 
 
