@@ -90,12 +90,13 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
         yield meet(ctx, fl.barrier_timeout_s)
     # fl.downlink_codec: the model goes down as a compressed delta on the clients' reference
     downlink = Downlink(fl, clients) if fl.downlink_codec != "fp32" else None
-    first = downlink.full(start - 1, result.weights) if downlink else blob(start - 1, result.weights)
-    yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, first))
-
     if strategy.asynchronous:  # each update applied as it comes, then its client asked again
+        # (no broadcast first: each command goes with the model it is on, the first ones too; a
+        # broadcast before them sent every client the model twice, 0.8 s of a FedAsync row's link)
         round_ = yield from fedasync.run(ctx, scenario, work, result, population, inbox, strategy, start)
     else:
+        first = downlink.full(start - 1, result.weights) if downlink else blob(start - 1, result.weights)
+        yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, start - 1, first))
         round_ = yield from _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, start, ss)
 
     last = min(round_, fl.rounds)
