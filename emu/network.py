@@ -280,16 +280,8 @@ class Network(SenderFifo, Multicasting, Failures):
         for flow_id, flow in self._active.items():
             if elapsed > 0:
                 flow.remaining -= flow.rate * elapsed
-            if self.send_window:   # emu.tandem: what passed the sender's side, and what arrived of it
-                flow.passed = min(flow.total, flow.passed + flow.rate_up * elapsed)
-                if flow.rate_up > 0 and tandem.stage_one_done(flow, flow.rate_up * slack):   # just now
-                    flow.passed = flow.total
-                    flow.rate_up = 0.0
-                    passed.append(flow)
-                # a queue within float dust of dry is dry: a change due sooner than env.now can
-                # resolve would be armed again and again at the same instant
-                if tandem.queued(flow) <= tandem.DUST_BYTES + max(flow.rate - flow.rate_up, 0.0) * slack:
-                    flow.remaining = flow.total - flow.passed
+            if self.send_window and tandem.advance(flow, elapsed, slack):
+                passed.append(flow)
             if flow.remaining <= flow.rate * slack + 1e-12 * flow.total:
                 finished.append(flow_id)
             elif flow.release and flow.result is None and flow.remaining <= flow.release + flow.rate * slack:

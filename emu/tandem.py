@@ -42,6 +42,19 @@ def stage_one_done(flow, slack: float = 0.0) -> bool:
     return flow.passed >= flow.total - slack - DUST_BYTES
 
 
+def advance(flow, elapsed: float, slack: float) -> bool:
+    """Bring the flow's first stage to now (its ``remaining`` already is); True if it ended just now.
+    ``slack``: seconds of float dust at env.now, within which a stage is done and a queue dry (a change
+    due sooner than env.now can resolve would be armed again and again at the same instant)."""
+    flow.passed = min(flow.total, flow.passed + flow.rate_up * elapsed)
+    ended = flow.rate_up > 0 and stage_one_done(flow, flow.rate_up * slack)
+    if ended:
+        flow.passed, flow.rate_up = flow.total, 0.0
+    if queued(flow) <= DUST_BYTES + max(flow.rate - flow.rate_up, 0.0) * slack:
+        flow.remaining = flow.total - flow.passed
+    return ended
+
+
 def allocate(flows, capacity) -> None:
     """Each flow's ``rate_up`` (its first stage; 0 once done) and ``rate`` (its arrival)."""
     first = [i for i, f in enumerate(flows) if not stage_one_done(f)]

@@ -84,8 +84,9 @@ def _update_trips(events: list[dict], leader: str) -> dict[int, float]:
     trips = {}
     for e in taken:   # version V took an update from version V - 1 - staleness: its command was V - staleness
         start = began.get((e["client"], e["round"] - e["staleness"]))
-        down = sorted((at, c) for at, c in models.get(e["client"], []) if start is not None and at <= start)
-        trips[e["round"]] = e["comm_s"] + (down[-1][1] if down else 0.0)
+        down = max(((at, c) for at, c in models.get(e["client"], []) if start is not None and at <= start),
+                   default=(None, 0.0))
+        trips[e["round"]] = e["comm_s"] + down[1]
     return trips
 
 
