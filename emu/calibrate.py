@@ -59,7 +59,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     as the testbed places them.  A machine's ranks then share it, and the step is given per machine
     (the time measured over ``per_machine``): emu shares a machine among its jobs itself
     (compute.machines: sites)."""
-    from dtemu.host import devices
+    from dtemu.host import devices, heap
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import (MAX_TOGETHER, measured_s_per_sample, sample_of,
                                        spread_parts)
@@ -67,6 +67,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
 
     from .costs import seal_cost
 
+    heap.keep()   # timed as the ranks will train (real.cli)
     # every mode's messages cost the transport's CPU, whatever their size, and (sealed) per MB
     messages = [*_message_sets(), f"compute.default.seal_s_per_mb={seal_cost(reps):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too

@@ -80,8 +80,11 @@ def sample_of(data, scenario: Scenario):
 def _timed_together(scenario: Scenario, barrier, results, sample=None, group=None) -> None:
     """One of several processes that train at once (a child of ``measured_together``), in its own
     CPU group where it has one (a testbed machine's share)."""
+    from dtemu.host import heap
+
     if group is not None:
         group.join()
+    heap.keep()   # as a rank's (real.cli): timed as the ranks will train
     torch.set_num_threads(scenario.threads)
     steps: list[float] = []
     results.put((measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps), steps))
