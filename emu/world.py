@@ -7,8 +7,9 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
              (with ``network.send_window_bytes``: when the writer would return).
 - recv:      the node's inbox, with an exact virtual-time deadline; a message then
              costs ``compute.decode_s_per_mb`` of the node's time before the role has it,
-             and ``compute.recv_s_per_message`` (a send: ``send_s_per_message`` a receiver
-             before its flows start); in a sealed run, ``compute.seal_s_per_mb`` on both sides.
+             and ``compute.recv_s_per_message`` and ``recv_s_per_mb`` (a send:
+             ``send_s_per_message`` a receiver and ``send_s_per_mb``, before its flows start);
+             in a sealed run, ``compute.seal_s_per_mb`` on both sides.
 - computed:  the job already ran for real (the virtual clock did not move);
              advance the clock by its modelled duration (``ComputeTimer``), so
              timeouts do not depend on how fast this machine is.
@@ -101,8 +102,10 @@ class EmuNode:
         targets = self.world.receivers(self.node, topic, to)
         if topic in DURABLE_TOPICS:
             self.world.durable[(self.node, topic)] = data
-        # the seal's HMAC (once) and the transport's write (per receiver): the sender's CPU
-        cost = len(targets) * self.timer.send_s_per_message + self._sealing(data)
+        # the seal's HMAC and the transport's framing and serializing per byte (once), and its write
+        # (per receiver): the sender's CPU
+        cost = (len(targets) * self.timer.send_s_per_message + self._sealing(data)
+                + len(data) * self.timer.send_s_per_mb / 1e6)
         if cost and targets:
             yield from self._on_cpu(cost)
         if self.world.multicast and len(targets) > 1:
@@ -140,8 +143,8 @@ class EmuNode:
             msg = self.inbox.take(topics)
             if msg is not None:
                 # the hand-off, reassembly, opening the seal and decoding: the receiver's CPU
-                cost = (len(msg.data) * self.timer.decode_s_per_mb / 1e6 + self.timer.recv_s_per_message
-                        + self._sealing(msg.data))
+                cost = (len(msg.data) * (self.timer.decode_s_per_mb + self.timer.recv_s_per_mb) / 1e6
+                        + self.timer.recv_s_per_message + self._sealing(msg.data))
                 if cost:
                     yield from self._on_cpu(cost)
                 return msg

@@ -1,15 +1,21 @@
-"""What one small message costs in CPU over DDS on loopback, on each side (``emu calibrate`` sets
-``compute.default.send_s_per_message`` and ``recv_s_per_message`` from it; tools.bench_small_messages
-prints the same for three ways of reading).
+"""What a message costs in CPU over DDS on loopback, on each side, per message and per MB (``emu
+calibrate`` sets ``compute.default.send_s_per_message``, ``recv_s_per_message``, ``send_s_per_mb`` and
+``recv_s_per_mb`` from it; tools.bench_small_messages prints the first two for three ways of reading).
 
-One writer (this process) sends messages of a few bytes to one reader process, one every ``gap_ms``
-(so that each travels alone, as a query or an answer does).  The writer's cost is the CPU of
-``DdsTransport.send`` (CycloneDDS serializes, queues and sends the sample in the caller's thread);
-the reader's is the whole reader process's CPU per message (its receive thread, the hand-off, the
-thread in ``recv``).  Loopback only: what a message costs a machine's CPU, not the network.
+One writer (this process) sends messages to one reader process, one every ``gap_ms`` (so that each
+travels alone): first messages of a few bytes, as a query or an answer is, then messages of a few MB,
+as a model is.  The writer's cost is the CPU of ``DdsTransport.send`` (the framing, and CycloneDDS
+serializing, queueing and sending the sample in the caller's thread); the reader's is the whole reader
+process's CPU per message (its receive thread, the reassembly, the hand-off, the thread in ``recv``).
+A message's cost is the small one's, whatever its size, plus its MB times the large one's excess per
+MB.  The reader's per MB leaves out the copy that emu's decoding costs already hold (emu.costs: "one
+copy as the transport's reassembly"), timed in the reader on what it received.  Loopback only: what a
+message costs a machine's CPU, not the network.  CPU seconds: a caller under a CPU share divides them
+by it (emu.calibrate), as its machine's other work is timed in wall seconds under the share.
 
     python -m dtemu.real.message_costs --read thread|caller|bare --domain D --messages N   (the reader)
-    python -m dtemu.real.message_costs --measure   (both sides; prints {"send": s, "recv": s} as JSON)
+    python -m dtemu.real.message_costs --measure   (both sides; prints {"send": s, "recv": s,
+        "send_per_mb": s, "recv_per_mb": s} as JSON)
 
 It lives in real/ because it runs real's transport; ``emu calibrate`` runs it as a command and reads
 its JSON, so that emu imports nothing of real.
@@ -42,11 +48,20 @@ def read(domain: int, n: int, mode: str) -> None:
         recv = _bare_recv(t) if mode == "bare" else (lambda: t.recv([TRAIN_CMD], timeout_s=10))
         if recv() is None:  # the first one starts the clocks
             raise RuntimeError("no message")
-        cpu, ru, got = time.process_time(), _rusage(), 0
-        while got < n - 1 and recv() is not None:
-            got += 1
+        cpu, ru, got, last = time.process_time(), _rusage(), 0, None
+        while got < n - 1:
+            msg = recv()
+            if msg is None:
+                break
+            last, got = msg, got + 1
         cpu, ru = time.process_time() - cpu, [b - a for a, b in zip(ru, _rusage())]
-    print(json.dumps({"messages": got, "process_us": round(1e6 * cpu / got, 1),
+    copy_us = 0.0
+    if last is not None and hasattr(last, "data"):   # the copy emu's decoding costs hold (emu.costs)
+        c = time.process_time()
+        for _ in range(5):
+            bytes(bytearray(last.data))
+        copy_us = 1e6 * (time.process_time() - c) / 5
+    print(json.dumps({"messages": got, "process_us": round(1e6 * cpu / got, 1), "copy_us": round(copy_us, 1),
                       "caller_user_us": round(1e6 * ru[0] / got, 1), "caller_sys_us": round(1e6 * ru[1] / got, 1),
                       "caller_switches": round((ru[2] + ru[3]) / got, 2)}), flush=True)
 
@@ -94,9 +109,25 @@ def write(domain: int, n: int, size: int, gap_s: float) -> dict:
     return {"send_us": round(1e6 * send_cpu / n, 1), "dds_write_us": round(1e6 * write_cpu[0] / n, 1)}
 
 
+LARGE_BYTES = 4 << 20   # a model's size (mnist_cnn's fp32 is 4.8 MB): past the writer history (2 MiB)
+LARGE_MESSAGES = 16
+LARGE_GAP_MS = 60.0     # each one alone, past its acknowledgements
+
+
 def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> dict[str, float]:
-    """Seconds of CPU per message, whatever its size: the writer's ``send`` and the reader process
-    (its receive thread, the hand-off, the thread in ``recv``), over DDS on loopback."""
+    """Seconds of CPU per message, whatever its size (``send``, ``recv``), and per MB (1e6 bytes) of one
+    (``send_per_mb``, ``recv_per_mb``): the writer's ``send`` and the reader process (its receive
+    thread, the reassembly, the hand-off, the thread in ``recv``), over DDS on loopback."""
+    small_tx, small_rx = _exchange(messages, size, gap_ms)
+    large_tx, large_rx = _exchange(LARGE_MESSAGES, LARGE_BYTES, LARGE_GAP_MS)
+    mb = LARGE_BYTES / 1e6
+    return {"send": small_tx["send_us"] * 1e-6, "recv": small_rx["process_us"] * 1e-6,
+            "send_per_mb": max(0.0, large_tx["send_us"] - small_tx["send_us"]) / mb * 1e-6,
+            "recv_per_mb": max(0.0, large_rx["process_us"] - small_rx["process_us"] - large_rx["copy_us"]) / mb * 1e-6}
+
+
+def _exchange(messages: int, size: int, gap_ms: float) -> tuple[dict, dict]:
+    """(the writer's, the reader's) figures for ``messages`` of ``size`` bytes, one every ``gap_ms``."""
     domain = 140 + os.getpid() % 30
     rx = subprocess.Popen([sys.executable, "-m", "dtemu.real.message_costs", "--read", "thread", "--domain",
                            str(domain), "--messages", str(messages)], stdout=subprocess.PIPE, text=True)
@@ -109,7 +140,7 @@ def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> 
         if rx.poll() is None:
             rx.kill()
             rx.wait()
-    return {"send": wrote["send_us"] * 1e-6, "recv": read["process_us"] * 1e-6}
+    return wrote, read
 
 
 def main() -> int:

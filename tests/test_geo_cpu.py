@@ -127,6 +127,20 @@ def test_a_message_s_own_cpu_is_charged_per_message(tmp_path, key, per_round):
     assert zero == base
 
 
+def test_the_transports_cpu_per_mb_is_charged_on_both_sides(tmp_path):
+    """compute.send_s_per_mb once a message on its sender, recv_s_per_mb on each receiver beside its
+    decoding (emu calibrate measures both: real.message_costs); 0 moves nothing, nor the digest."""
+    base = _run(tmp_path, "base", **FAST_LAN)
+    assert _run(tmp_path, "zero", **FAST_LAN, **{"compute.default.send_s_per_mb": 0.0,
+                                                "compute.default.recv_s_per_mb": 0.0}) == base
+    assert geo_scenario(**{"compute.default.recv_s_per_mb": 0.0}).digest() == geo_scenario().digest()
+    # a received MB costs its node the same, whichever of the two names its price
+    as_recv = _run(tmp_path, "recv", **FAST_LAN, **{"compute.default.recv_s_per_mb": 0.01})
+    assert as_recv == _run(tmp_path, "decode", **FAST_LAN, **{"compute.default.decode_s_per_mb": 0.01})
+    sent = _delta(base, _run(tmp_path, "send", **FAST_LAN, **{"compute.default.send_s_per_mb": 0.01}))
+    assert sent[0] > 0 and sent == pytest.approx([sent[0]] * len(sent), abs=1e-9)   # the same messages each round
+
+
 def test_a_sealed_runs_hmac_is_charged_on_both_sides_only_where_it_is_sealed(tmp_path):
     """compute.seal_s_per_mb: every message's seal on its sender and its opening on each receiver,
     per MB, in a sealed run only (emu calibrate measures it: emu.costs.seal_cost)."""

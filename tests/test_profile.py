@@ -92,6 +92,8 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     assert sets["compute.nodes.controller.decode_s_per_mb"] > 0 and sets["network.framing"] == "rtps"
     # a message's own CPU over DDS, each side (real.message_costs: a reader process on loopback)
     assert 0 < sets["compute.default.send_s_per_message"] < 0.01 and 0 < sets["compute.default.recv_s_per_message"] < 0.01
+    # and per MB of it (large messages: framing and sockets; the receive thread beyond decoding's copy)
+    assert 0 < sets["compute.default.send_s_per_mb"] < 0.05 and 0 <= sets["compute.default.recv_s_per_mb"] < 0.05
     assert sets["compute.default.cpu.encode_s_per_mb"] > 0  # an FL client's codec encoding its update
     # the controller's own work: its rule's aggregation, and saving a checkpoint
     assert sets["compute.nodes.controller.cpu.sum_s_per_mb"] > 0 and sets["compute.nodes.controller.cpu.encode_s_per_mb"] > 0
@@ -137,3 +139,20 @@ def test_the_controllers_decoding_is_priced_in_the_scenarios_codec():
     q8 = fl_decode_costs(200_000, reps=3, codec=CodecParams("q8"))
     assert q8["update_bytes"] < fp32["update_bytes"] / 3 and q8["model_bytes"] == fp32["model_bytes"]
     assert q8["controller"] > fp32["controller"]
+
+
+def test_a_messages_cpu_is_priced_in_the_machines_seconds_under_a_share(monkeypatch):
+    """real.message_costs gives CPU seconds; under a CPU share the machine's other work is timed in
+    wall seconds within it, so a second of CPU is 1/share of them (and alone, one)."""
+    import subprocess
+    import types
+
+    from dtemu.emu.calibrate import _message_sets
+
+    measured = '{"send": 1e-4, "recv": 2e-4, "send_per_mb": 3e-4, "recv_per_mb": 4e-4}'
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=0, stdout=measured, stderr=""))
+    alone = dict(s.split("=") for s in _message_sets())
+    shared = dict(s.split("=") for s in _message_sets(0.5))
+    assert set(alone) == {f"compute.default.{side}_s_per_{u}" for side in ("send", "recv") for u in ("message", "mb")}
+    assert float(alone["compute.default.recv_s_per_mb"]) == pytest.approx(4e-4)
+    assert all(float(shared[k]) == pytest.approx(2 * float(alone[k])) for k in alone)

@@ -70,6 +70,9 @@ class ComputeTimer:
         # Emu: CPU seconds per message sent and received, whatever its size (0: none).
         self.send_s_per_message = getattr(spec, "send_s_per_message", 0.0) or 0.0
         self.recv_s_per_message = getattr(spec, "recv_s_per_message", 0.0) or 0.0
+        # Emu: and per MB of it, the transport's own on either side (0: none).
+        self.send_s_per_mb = getattr(spec, "send_s_per_mb", 0.0) or 0.0
+        self.recv_s_per_mb = getattr(spec, "recv_s_per_mb", 0.0) or 0.0
         # Emu, in a sealed run: CPU seconds per MB to seal a message sent and to open one received.
         self.seal_s_per_mb = getattr(spec, "seal_s_per_mb", 0.0) or 0.0
         self.eval_s_per_sample = getattr(spec, "eval_s_per_sample", 0.0) or 0.0

@@ -79,6 +79,11 @@ class ComputeSpec:
     # message received (before its role has it: the receive thread, the hand-off), whatever its size.
     send_s_per_message: float = field(default=0.0, metadata=check(non_negative))
     recv_s_per_message: float = field(default=0.0, metadata=check(non_negative))
+    # Emu only: and per MB (1e6 bytes) of it, the transport's own (framing, serializing and the
+    # sockets on the sender, once a message; the receive thread's reassembly and hand-off on each
+    # receiver, beyond the copy ``decode_s_per_mb`` holds).  0: free.
+    send_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
+    recv_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
     # Emu only, in a sealed run (a key): seconds of CPU per MB (1e6 bytes) of a message to seal it on
     # its sender (once, whoever it goes to) and to open it on each receiver (an HMAC over its bytes).
     seal_s_per_mb: float = field(default=0.0, metadata=check(non_negative))
@@ -101,6 +106,8 @@ class ComputeOverride:
     decode_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     send_s_per_message: float | None = field(default=None, metadata=check(non_negative))
     recv_s_per_message: float | None = field(default=None, metadata=check(non_negative))
+    send_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
+    recv_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     seal_s_per_mb: float | None = field(default=None, metadata=check(non_negative))
     cpu: CpuCosts | None = None   # replaces the default's block as a whole
 
