@@ -55,6 +55,21 @@ def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
     return record
 
 
+def judge_host(record: dict, before: dict[str, float], after: dict[str, float]) -> dict:
+    """``record`` (compare's) with the host's speed around its run (emu.speed_probe: each probe's move
+    from the calibration's, before and after the run): a run on a host that moved past the probe's
+    limits was on another machine than the one emu predicted, and its testbed is not faithful."""
+    from .speed_probe import past_limits
+
+    record["host_moved"] = {"before": before, "after": after}
+    why = sorted({w for moves in (before, after) for w in past_limits(moves)})
+    if why:
+        record["faithful"] = False
+        record["testbed_why"] = [*record.get("testbed_why", []), *why]
+    record["within_targets"] = record["errors_within_targets"] and record["faithful"]
+    return record
+
+
 def _warnings(rows: list[dict]) -> list[str]:
     """What makes a comparison say less than it seems to: units that did no training in either run
     (every one its deadline) compare two runs that only waited."""

@@ -18,7 +18,9 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
    ``DIR/validation.json`` holds one record per repetition with ``time_error`` and ``comm_error``
    ((emu - real) / real, fractions), ``same_model``, ``faithful`` and ``within_targets`` (the errors
    within the targets on a faithful testbed: an unfaithful one's result does not count); the table is
-   printed.
+   printed.  The host's own speed is probed after calibrating and after each run (emu.speed_probe): a
+   run whose probes moved past their limits was on another machine than the calibrated one, and its
+   testbed is not faithful (``host_moved`` holds the moves).
 
 Exit 0 whether or not the targets (time within 10%, communication within 5%) are met; 2 when it
 refuses (no root, a bad scenario, shares over the box's cores).
@@ -58,7 +60,8 @@ def main(args) -> int:
     from dtemu.host.scenario_file import check_code, load_scenario
     from dtemu.host.testbed_check import unavailable
 
-    from .fidelity import compare
+    from .fidelity import compare, judge_host
+    from .speed_probe import moved, probe
 
     try:
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code)
@@ -92,6 +95,8 @@ def main(args) -> int:
     profile = out / "profile.yaml"
     print(f"emu validate: 1/3 calibrating {scenario.name} under a CPU share of {share:g} -> {profile}", file=sys.stderr)
     _calibrate(scenario, args, share, per_machine, profile)
+    calibrated = probe()   # the host's speed as calibrated: each run is bracketed by probes against it
+    last = calibrated
     print("emu validate: 2/3 predicting (emu run)", file=sys.stderr)
     sites = [a for s in machines.emu_sets for a in ("--set", s)]
     _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(out / "emu"),
@@ -105,8 +110,11 @@ def main(args) -> int:
         code = _run([sys.executable, "-m", "dtemu.real.cli", "launch", args.scenario, "--machines", "netns",
                      "--time-scale", "1", "--no-tui", "--out", str(real), "--timeout", repr(args.timeout),
                      *share_args, *common], out / f"real-{i}.log", args.timeout + 120, check=False)
+        after = probe()
         record = {"repetition": i, "scenario": args.scenario, "mode": scenario.mode, "sets": list(args.overrides),
                   "real_exit": code, **compare(scenario, real, out / "emu")}
+        judge_host(record, moved(calibrated, last), moved(calibrated, after))
+        last = after
         records.append(record)
         (out / "validation.json").write_text(json.dumps(records, indent=1))
     print(table(records))
