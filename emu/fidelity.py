@@ -55,18 +55,17 @@ def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
     return record
 
 
-def judge_host(record: dict, before: dict[str, float], after: dict[str, float]) -> dict:
+def note_host(record: dict, before: dict[str, float], after: dict[str, float]) -> dict:
     """``record`` (compare's) with the host's speed around its run (emu.speed_probe: each probe's move
-    from the calibration's, before and after the run): a run on a host that moved past the probe's
-    limits was on another machine than the one emu predicted, and its testbed is not faithful."""
+    from the calibration's, before and after the run) in ``host_moved``, and a warning where a move
+    passed the probe's limits.  Recorded, not judged: on this box the probe moved by up to 20% from one
+    run to the next while the runs moved by 3-7% (notebook entry 37), so it does not yet say by how
+    much a run was on another machine than the calibrated one."""
     from .speed_probe import past_limits
 
     record["host_moved"] = {"before": before, "after": after}
-    why = sorted({w for moves in (before, after) for w in past_limits(moves)})
-    if why:
-        record["faithful"] = False
-        record["testbed_why"] = [*record.get("testbed_why", []), *why]
-    record["within_targets"] = record["errors_within_targets"] and record["faithful"]
+    moves = sorted({w for m in (before, after) for w in past_limits(m)})
+    record["warnings"] = [*record.get("warnings", []), *moves]
     return record
 
 

@@ -18,9 +18,9 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
    ``DIR/validation.json`` holds one record per repetition with ``time_error`` and ``comm_error``
    ((emu - real) / real, fractions), ``same_model``, ``faithful`` and ``within_targets`` (the errors
    within the targets on a faithful testbed: an unfaithful one's result does not count); the table is
-   printed.  The host's own speed is probed after calibrating and after each run (emu.speed_probe): a
-   run whose probes moved past their limits was on another machine than the calibrated one, and its
-   testbed is not faithful (``host_moved`` holds the moves).
+   printed.  The host's own speed is probed after calibrating and after each run (emu.speed_probe),
+   and each record holds the moves around its run (``host_moved``), with a warning past the probe's
+   limits: recorded, not yet judged.
 
 Exit 0 whether or not the targets (time within 10%, communication within 5%) are met; 2 when it
 refuses (no root, a bad scenario, shares over the box's cores).
@@ -60,7 +60,7 @@ def main(args) -> int:
     from dtemu.host.scenario_file import check_code, load_scenario
     from dtemu.host.testbed_check import unavailable
 
-    from .fidelity import compare, judge_host
+    from .fidelity import compare, note_host
     from .speed_probe import moved, probe
 
     try:
@@ -113,7 +113,7 @@ def main(args) -> int:
         after = probe()
         record = {"repetition": i, "scenario": args.scenario, "mode": scenario.mode, "sets": list(args.overrides),
                   "real_exit": code, **compare(scenario, real, out / "emu")}
-        judge_host(record, moved(calibrated, last), moved(calibrated, after))
+        note_host(record, moved(calibrated, last), moved(calibrated, after))
         last = after
         records.append(record)
         (out / "validation.json").write_text(json.dumps(records, indent=1))

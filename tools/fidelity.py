@@ -80,14 +80,14 @@ def validate(name: str, row: Row, out: Path, repeat: int) -> list[dict]:
 
 def recompare(row: Row, folder: Path, records: list[dict]) -> list[dict]:
     from dtemu.host.scenario_file import load_scenario
-    from dtemu.emu.fidelity import compare, judge_host
+    from dtemu.emu.fidelity import compare, note_host
 
     scenario = load_scenario(ROOT / row.scenario, row.sets)
     out = []
     for r in records:
         again = {**r, **compare(scenario, folder / f"real-{r['repetition']}", folder / "emu")}
-        if r.get("host_moved"):   # (the probes around the run, as validate judged them)
-            judge_host(again, r["host_moved"]["before"], r["host_moved"]["after"])
+        if r.get("host_moved"):   # (the probes around the run, as validate noted them)
+            note_host(again, r["host_moved"]["before"], r["host_moved"]["after"])
         out.append(again)
     return out
 
