@@ -18,7 +18,9 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
    ``DIR/validation.json`` holds one record per repetition with ``time_error`` and ``comm_error``
    ((emu - real) / real, fractions), ``same_model``, ``faithful`` and ``within_targets`` (the errors
    within the targets on a faithful testbed: an unfaithful one's result does not count); the table is
-   printed.  The host's own speed is probed after calibrating and after each run (emu.speed_probe),
+   printed.  A repetition whose monitors say its testbed was not faithful runs again, up to
+   ``--retries`` times (its record lists what each unfaithful attempt measured, and its folder stays
+   as ``real-<i>-unfaithful-<k>``).  The host's own speed is probed after calibrating and after each run (emu.speed_probe),
    and each record holds the moves around its run (``host_moved``), with a warning past the probe's
    limits: recorded, not yet judged.
 
@@ -47,6 +49,9 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=3, metavar="N", help="testbed runs to compare with (default 3)")
     p.add_argument("--cpu-share", type=float, default=None, metavar="CPUS",
                    help="each machine's CPU in cores (default: real launch --machines' own)")
+    p.add_argument("--retries", type=int, default=1, metavar="K",
+                   help="run a repetition whose testbed the monitors call unfaithful again, up to K times "
+                        "(default 1; its folder is kept as real-<i>-unfaithful-<k>)")
     p.add_argument("--reps", type=int, default=7, help="repetitions of each calibration timing (default 7)")
     p.add_argument("--key-file", help="seal every message with this key, in both runs")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up on a testbed run after this many seconds")
@@ -72,6 +77,8 @@ def main(args) -> int:
         machines = plan(scenario, cores.available(), 1.0, args.cpu_share)
         if args.repeat < 1:
             raise MachinesRefused("--repeat must be at least 1")
+        if args.retries < 0:
+            raise MachinesRefused("--retries must be 0 or more")
     except (ScenarioError, MachinesRefused) as err:
         print(f"emu validate: refused: {err}", file=sys.stderr)
         return 2
@@ -102,19 +109,28 @@ def main(args) -> int:
     _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(out / "emu"),
           "--profile", str(profile), *common, *sites], out / "emu.log", args.timeout)
     records = []
+    share_args = ["--cpu-share", repr(args.cpu_share)] if args.cpu_share is not None else []
+    launch = [sys.executable, "-m", "dtemu.real.cli", "launch", args.scenario, "--machines", "netns",
+              "--time-scale", "1", "--no-tui", "--timeout", repr(args.timeout), *share_args, *common]
     for i in range(1, args.repeat + 1):
-        real = out / f"real-{i}"
-        print(f"emu validate: 3/3 testbed run {i} of {args.repeat} (real launch --machines netns) -> {real}",
-              file=sys.stderr)
-        share_args = ["--cpu-share", repr(args.cpu_share)] if args.cpu_share is not None else []
-        code = _run([sys.executable, "-m", "dtemu.real.cli", "launch", args.scenario, "--machines", "netns",
-                     "--time-scale", "1", "--no-tui", "--out", str(real), "--timeout", repr(args.timeout),
-                     *share_args, *common], out / f"real-{i}.log", args.timeout + 120, check=False)
-        after = probe()
-        record = {"repetition": i, "scenario": args.scenario, "mode": scenario.mode, "sets": list(args.overrides),
-                  "real_exit": code, **compare(scenario, real, out / "emu")}
-        note_host(record, moved(calibrated, last), moved(calibrated, after))
-        last = after
+        real, given_up = out / f"real-{i}", []
+        for attempt in range(args.retries + 1):
+            print(f"emu validate: 3/3 testbed run {i} of {args.repeat}{f' (again: {attempt})' if attempt else ''} "
+                  f"(real launch --machines netns) -> {real}", file=sys.stderr)
+            code = _run([*launch, "--out", str(real)], out / f"real-{i}.log", args.timeout + 120, check=False)
+            after = probe()
+            record = {"repetition": i, "scenario": args.scenario, "mode": scenario.mode, "sets": list(args.overrides),
+                      "real_exit": code, **compare(scenario, real, out / "emu")}
+            note_host(record, moved(calibrated, last), moved(calibrated, after))
+            last = after
+            if record["faithful"] or attempt == args.retries:
+                break
+            # Its monitors say the testbed was not the machines emu predicted: run it again, and keep
+            # what this one measured beside the record (its folder too).
+            given_up.append(_set_aside(record, real, out / f"real-{i}-unfaithful-{attempt + 1}"))
+            print(f"emu validate: run {i} was on an unfaithful testbed ({'; '.join(record['testbed_why'])}): "
+                  f"running it again", file=sys.stderr)
+        record["unfaithful_attempts"] = given_up
         records.append(record)
         (out / "validation.json").write_text(json.dumps(records, indent=1))
     print(table(records))
@@ -123,6 +139,21 @@ def main(args) -> int:
     print(f"emu validate: {sum(r['within_targets'] for r in records)} of {len(records)} repetitions within the "
           f"targets (time 10%, comm 5%) on a faithful testbed; records in {out / 'validation.json'}")
     return 0
+
+
+def _set_aside(record: dict, real: Path, to: Path) -> dict:
+    """An unfaithful attempt's folder moved to ``to``, and what it measured."""
+    import shutil
+
+    if to.exists():
+        shutil.rmtree(to)
+    if real.exists():
+        real.rename(to)
+    log = real.with_name(real.name + ".log")
+    if log.exists():
+        log.rename(to.with_name(to.name + ".log"))
+    return {"folder": to.name, "testbed_why": record["testbed_why"], "time_error": record["time_error"],
+            "comm_error": record["comm_error"]}
 
 
 def _interrupt(signum, frame):

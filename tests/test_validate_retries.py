@@ -1,0 +1,70 @@
+"""emu validate runs a repetition again where its monitors call the testbed unfaithful (--retries),
+keeping what the unfaithful attempt measured beside the record and its folder as real-<i>-unfaithful-<k>.
+The testbed, the calibration and the probe are stood in for: this is the loop's bookkeeping."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from dtemu.emu import validate
+
+
+@pytest.fixture
+def testbed(monkeypatch):
+    """A stand-in testbed whose runs are faithful as ``verdicts`` says, one after the other."""
+    state = SimpleNamespace(verdicts=[], launches=0)
+
+    def run(cmd, log, timeout_s, check=True):
+        out = cmd[cmd.index("--out") + 1]
+        from pathlib import Path
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(log).write_text("log")
+        if "launch" in cmd:
+            state.launches += 1
+        return 0
+
+    def compare(scenario, real, emu):
+        faithful = state.verdicts.pop(0)
+        return {"faithful": faithful, "testbed_why": [] if faithful else ["steal 14%"], "time_error": 0.01,
+                "comm_error": 0.02, "errors_within_targets": True, "within_targets": faithful, "warnings": [],
+                "unit": "round", "units": 3, "same_model": True}
+
+    monkeypatch.setattr(validate, "_run", run)
+    monkeypatch.setattr(validate, "_calibrate", lambda *a, **k: None)
+    monkeypatch.setattr(validate, "table", lambda records: "")
+    monkeypatch.setattr("dtemu.emu.fidelity.compare", compare)
+    monkeypatch.setattr("dtemu.emu.speed_probe.probe", lambda: {"compute": 0.016, "memory": 0.021})
+    monkeypatch.setattr("dtemu.host.testbed_check.unavailable", lambda: None)
+    monkeypatch.setattr("dtemu.host.cpu_shares.sweep", lambda: None)
+    return state
+
+
+def _validate(tmp_path, *extra):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    validate.add_parser(p.add_subparsers(dest="command"))
+    args = p.parse_args(["validate", "scenarios/fl_codecs.yaml", "--out", str(tmp_path / "v"), "--repeat", "2",
+                         "--set", "fl.clients=2", *extra])
+    assert validate.main(args) == 0
+    return json.loads((tmp_path / "v" / "validation.json").read_text())
+
+
+def test_an_unfaithful_run_runs_again_and_its_attempt_is_kept(tmp_path, testbed):
+    testbed.verdicts = [False, True, True]
+    records = _validate(tmp_path)
+    assert testbed.launches == 3 and [r["faithful"] for r in records] == [True, True]
+    assert records[0]["unfaithful_attempts"] == [{"folder": "real-1-unfaithful-1", "testbed_why": ["steal 14%"],
+                                                  "time_error": 0.01, "comm_error": 0.02}]
+    assert records[1]["unfaithful_attempts"] == []
+    assert (tmp_path / "v" / "real-1-unfaithful-1").is_dir() and (tmp_path / "v" / "real-1-unfaithful-1.log").is_file()
+    assert (tmp_path / "v" / "real-1").is_dir()
+
+
+def test_retries_end_and_the_last_attempt_stands_unfaithful(tmp_path, testbed):
+    testbed.verdicts = [False, True]
+    records = _validate(tmp_path, "--retries", "0")
+    assert testbed.launches == 2 and [r["faithful"] for r in records] == [False, True]
+    assert records[0]["unfaithful_attempts"] == [] and not records[0]["within_targets"]
