@@ -69,7 +69,8 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
 
     heap.keep()   # timed as the ranks will train (real.cli)
     # every mode's messages cost the transport's CPU, whatever their size, and (sealed) per MB
-    messages = [*_message_sets(share), f"compute.default.seal_s_per_mb={seal_cost(reps):.6e}"]
+    # (CPU seconds, as the machine's share spends them: see _message_sets)
+    messages = [*_message_sets(share), f"compute.default.seal_s_per_mb={seal_cost(reps) / (share or 1.0):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         costs = [*resolve(scenario.kind.costs)(scenario, reps), *messages]
         contention = _app_contention(scenario, together, share, per_machine)

@@ -1,7 +1,7 @@
 """Where a run's shared key comes from: a file or the environment, never the scenario.
 
 A scenario is shared and copied into every run folder, so the key that seals
-messages (``core.wire.auth``) and frames (``real.frame_auth``) is read here,
+messages (``core.wire.auth``) and frames (``core.wire.frame_auth``) is read here,
 by the CLIs, and handed to the runtimes as bytes.
 """
 

@@ -52,7 +52,7 @@ from cyclonedds.sub import DataReader
 from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
-from dtemu.real import frame_auth
+from dtemu.core.wire import frame_auth
 from dtemu.real.dds_support import _delete_entity
 from dtemu.real.wire import Tick
 

@@ -20,7 +20,7 @@ import hmac
 import time
 from typing import Iterable, Mapping, Optional
 
-from dtemu.real import frame_auth
+from dtemu.core.wire import frame_auth
 from dtemu.real.dds_support import _matched_handles
 from dtemu.real.wire import Hello
 

@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from dtemu.core import events as ev
-from dtemu.real import frame_auth
+from dtemu.core.wire import frame_auth
 from dtemu.real.wire import Frame
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Reassembler:
     has no lock.  ``tools/fuzz.py`` drives it with arbitrary frames.
 
     With ``key`` (the run's shared key), a frame counts only if its tag
-    verifies (``real.frame_auth``): a forged frame is dropped before it touches
+    verifies (``core.wire.frame_auth``): a forged frame is dropped before it touches
     any state.  In every run a sender's messages on a topic must start with
     growing message ids: a part 0 that is not newer than the last one started
     (a replay) is dropped, and so is a repeated frame of the message being

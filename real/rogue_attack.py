@@ -38,7 +38,7 @@ from dtemu.core.wire.auth import Sealer, peek_inner
 from dtemu.core.errors import DecodeError
 from dtemu.core.wire.messages import ClientUpdate, ModelBlob, Stop, TrainCmd
 from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, TRAIN_CMD
-from dtemu.real import frame_auth
+from dtemu.core.wire import frame_auth
 from dtemu.real.transport import DdsTransport
 from dtemu.core.wire import topics
 from dtemu.real.wire import Frame, Hello, encode_frame
@@ -47,7 +47,7 @@ from dtemu.real.wire import Frame, Hello, encode_frame
 class Snooper(DdsTransport):
     """A transport that also keeps messages addressed to others, and the honest frames themselves.
 
-    In a sealed run every frame starts with a tag (real.frame_auth) it cannot
+    In a sealed run every frame starts with a tag (core.wire.frame_auth) it cannot
     make but can skip: it notices from the first single-frame message whose
     payload is 16 bytes longer than its total, and strips tags from then on.
     """

@@ -8,7 +8,7 @@ not import ``real.transport``).
   measured); the frames of one message are written back to back (a lock per
   topic), so with reliable in-order delivery per writer they arrive in order,
   possibly interleaved with frames of other senders.  In a sealed run each
-  frame starts with its tag (``real.frame_auth``).
+  frame starts with its tag (``core.wire.frame_auth``).
 * Writes go through ``dds_write`` via ctypes (``real.dds_support``), which
   releases the GIL, so this process's receiver keeps running while a send
   blocks on flow control (the stock ``DataWriter.write`` holds the GIL).
@@ -34,7 +34,8 @@ from cyclonedds.pub import DataWriter
 
 from dtemu.core.runtime.requests import Buffers
 from dtemu.core.wire import topics as wire_topics
-from dtemu.real import frame_auth, shm
+from dtemu.core.wire import frame_auth
+from dtemu.real import shm
 from dtemu.real.dds_support import _dds_write, _dds_write_ts, _SampleContainer, _wait_for_acks
 from dtemu.real.wire import Frame, encode_frame, encode_parts
 
@@ -114,7 +115,7 @@ class Sending:
                 mv = memoryview(bytes(data))
             for i in range(parts if only_frames is None else min(parts, only_frames)):
                 chunk = data if mv is None else mv[i * fb:(i + 1) * fb]
-                if sealed:  # the tag first: the receiver checks it before the frame counts (real.frame_auth)
+                if sealed:  # the tag first: the receiver checks it before the frame counts (core.wire.frame_auth)
                     chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
                                                  total, chunk) + chunk
                 ref = self._shm_put(wname, dests, chunk) if dests and len(chunk) >= shm.MIN_BYTES else None

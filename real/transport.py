@@ -88,7 +88,8 @@ from dtemu.real.config import config_xml
 from dtemu.core.wire import topics as wire_topics
 from dtemu.real.clock_sync import ClockExchange, skew_ns
 from dtemu.real.dds_support import _acquire_domain, _delete_entity, _release_domain
-from dtemu.real import frame_auth, shm
+from dtemu.core.wire import frame_auth
+from dtemu.real import shm
 from dtemu.real.presence import Presence
 from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, REASSEMBLY_STATS, Reassembler
 from dtemu.real.receiving import _ANY_STATE, POOL_VIEWS, Receiving
@@ -148,7 +149,7 @@ class DdsTransport(Sending, Receiving, Presence, Reassembler):
                  caller_takes: Iterable[str] = CALLER_TAKES,
                  clock_skew_s: Optional[float] = None):
         """``key``: the run's shared key; every frame sent is tagged and every frame received
-        must carry a valid tag (``real.frame_auth``).  ``clock_skew_s``: this node's clock set
+        must carry a valid tag (``core.wire.frame_auth``).  ``clock_skew_s``: this node's clock set
         off by so much (default ``$DTEMU_CLOCK_SKEW_S``, 0; real.clock_sync), to test that no time
         compares two clocks."""
         if not node or not isinstance(node, str):

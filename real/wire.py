@@ -91,7 +91,7 @@ class Hello(IdlStruct, typename="dtemu.Hello"):
     (bad UTF-8 in a name) or names no sensible node decodes as ``INVALID_HELLO``
     (``node == ""``), which every reader skips and counts, instead of raising
     inside a batch read and taking every honest peer's sample with it.  In a
-    sealed run ``tag`` authenticates (node, guid) (``real.frame_auth.hello_tag``)."""
+    sealed run ``tag`` authenticates (node, guid) (``core.wire.frame_auth.hello_tag``)."""
     node: str
     guid: str = ""
     key("guid")
@@ -133,7 +133,7 @@ class Tick(IdlStruct, typename="dtemu.Tick"):
     """One half of NTP's exchange (real.clock_sync): a ping (``dst`` empty; ``t1``, the pinger's
     wall clock in ns) or an answer to ``dst`` (``t1`` echoed, ``t2`` when the answerer took the
     ping and ``t3`` when it answered, on its own clock).  In a sealed run ``tag`` authenticates
-    the rest (``real.frame_auth.tick_tag``).  Anything that does not decode, or names no sensible
+    the rest (``core.wire.frame_auth.tick_tag``).  Anything that does not decode, or names no sensible
     node, decodes as ``INVALID_TICK`` (``src == ""``)."""
     src: str
     dst: str = ""

@@ -293,7 +293,7 @@ def test_rogue_participant_gets_nothing_in(tmp_path, monkeypatch):
     assert published["rounds_attacked"] == 3, published
     ctrl = read_summary(tmp_path / "controller")
     assert ctrl["updates"] == {"accepted": 6} and ctrl["rounds"] == 3  # no forgery even reached the role
-    # Every frame the rogue made was refused before reassembly (the frame tags, real.frame_auth), and
+    # Every frame the rogue made was refused before reassembly (the frame tags, core.wire.frame_auth), and
     # every honest frame it replayed was refused as a replay (the last round's may land after the
     # controller stopped reading).
     wire = ctrl["real"]["transport"]

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from dtemu.real import frame_auth
+from dtemu.core.wire import frame_auth
 from dtemu.real.reassembly import Reassembler
 from dtemu.real.wire import Frame
 
