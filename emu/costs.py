@@ -36,26 +36,21 @@ from dtemu.host.writer_history import whc_high_bytes, writer_history
 FL_WINDOW = whc_high_bytes()  # real mode's writer history outside DDP ("2MiB", or $DTEMU_DDS_WHC_HIGH)
 
 
-def median_s(fn, reps: int = 7) -> float:
+def median_s(fn, reps: int = 7, clock=time.perf_counter) -> float:
+    """The median of ``reps`` timings of ``fn`` (after one to warm it), in ``clock``'s seconds."""
     fn()  # warm
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
 def median_cpu_s(fn, reps: int = 7) -> float:
     """As ``median_s``, in this thread's CPU seconds: what an op costs a machine whatever its share
     (a short op timed in wall seconds under a quota fits in one period and shows no share at all)."""
-    fn()  # warm
-    times = []
-    for _ in range(reps):
-        t0 = time.thread_time()
-        fn()
-        times.append(time.thread_time() - t0)
-    return statistics.median(times)
+    return median_s(fn, reps, time.thread_time)
 
 
 def run_window(mode: str, model_params: int, real_dir=None) -> int:
