@@ -69,8 +69,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
 
     heap.keep()   # timed as the ranks will train (real.cli)
     # every mode's messages cost the transport's CPU, whatever their size, and (sealed) per MB
-    # (CPU seconds, as the machine's share spends them: see _message_sets)
-    messages = [*_message_sets(share), f"compute.default.seal_s_per_mb={seal_cost(reps) / (share or 1.0):.6e}"]
+    messages = [*_message_sets(share), f"compute.default.seal_s_per_mb={_in_share(seal_cost(reps), share):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         costs = [*resolve(scenario.kind.costs)(scenario, reps), *messages]
         contention = _app_contention(scenario, together, share, per_machine)
@@ -154,8 +153,7 @@ def _app_contention(scenario, together: bool, share: float | None, per_machine: 
 def _message_sets(share: float | None = None) -> list[str]:
     """A message's own CPU over DDS, each side, per message and per MB (real.message_costs, run as a
     command: a writer and a reader process on loopback), or nothing where CycloneDDS is not there (emu
-    needs it for nothing else).  Those are CPU seconds; under a CPU ``share`` a machine's other work is
-    timed in wall seconds within it, and a second of CPU takes 1/share of them."""
+    needs it for nothing else).  Those are CPU seconds, given in the ``share``'s (``_in_share``)."""
     import importlib.util
     import json
     import subprocess
@@ -168,9 +166,14 @@ def _message_sets(share: float | None = None) -> list[str]:
     if done.returncode != 0:
         raise RuntimeError(f"measuring a message's cost over DDS failed: {done.stderr.strip()[-500:]}")
     costs = json.loads(done.stdout.strip().splitlines()[-1])
-    per_share = 1.0 / share if share else 1.0
-    return [f"compute.default.{side}_s_per_{unit}={costs[key] * per_share:.6e}"
+    return [f"compute.default.{side}_s_per_{unit}={_in_share(costs[key], share):.6e}"
             for side in ("send", "recv") for unit, key in (("message", side), ("mb", f"{side}_per_mb"))]
+
+
+def _in_share(cpu_s: float, share: float | None) -> float:
+    """CPU seconds as a machine under a CPU ``share`` spends them (its other work is timed in wall
+    seconds within the share, where a second of CPU takes 1/share of them); alone, the same."""
+    return cpu_s / share if share else cpu_s
 
 
 def _profile(scenario, assignments: list[str], measured: dict) -> dict:

@@ -20,9 +20,9 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
    within the targets on a faithful testbed: an unfaithful one's result does not count); the table is
    printed.  A repetition whose monitors say its testbed was not faithful runs again, up to
    ``--retries`` times (its record lists what each unfaithful attempt measured, and its folder stays
-   as ``real-<i>-unfaithful-<k>``).  The host's own speed is probed after calibrating and after each run (emu.speed_probe),
-   and each record holds the moves around its run (``host_moved``), with a warning past the probe's
-   limits: recorded, not yet judged.
+   as ``real-<i>-unfaithful-<k>``).  The host's own speed is probed after calibrating and after each
+   run (emu.speed_probe), and each record holds the moves around its run (``host_moved``), with a
+   warning past the probe's limits: recorded, not yet judged.
 
 Exit 0 whether or not the targets (time within 10%, communication within 5%) are met; 2 when it
 refuses (no root, a bad scenario, shares over the box's cores).
