@@ -61,8 +61,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     (compute.machines: sites)."""
     from dtemu.host import devices, heap
     from dtemu.host.datasets import load_for
-    from dtemu.host.train_cost import (MAX_TOGETHER, measured_s_per_sample, sample_of,
-                                       spread_parts)
+    from dtemu.host.train_cost import MAX_TOGETHER, sample_of, spread_parts
     from dtemu.host.resolve import resolve
 
     from .costs import seal_cost
@@ -72,24 +71,24 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     messages = [*_message_sets(share), f"compute.default.seal_s_per_mb={_in_share(seal_cost(reps), share):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         costs = [*resolve(scenario.kind.costs)(scenario, reps), *messages]
-        contention = _app_contention(scenario, together, share, per_machine)
+        contention, reference = _app_contention(scenario, together, share, per_machine)
         return _profile(scenario, [_times(a, contention, every=True) for a in costs],
                         {"model": "the app's own", "reps": reps, "contention": round(contention, 3),
-                         "contention_of": "small_cnn" if together else None})
+                         "contention_of": "small_cnn" if together else None, "reference": reference})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
     # Ranks that train at once on one machine slow each other down, even where they fit its cores
     # (hyperthreads, memory bandwidth): only timing them together says how much.
     ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
     device = devices.resolve(scenario)   # (where the step below is timed)
-    runs: list[list[float]] = [[], [], []]
-    train = min(measured_s_per_sample(scenario, steps=24, sample=sample, step_times=run) for run in runs)
+    runs: list[list[float]] = []
+    train = alone = _step(scenario, 1, sample, share, 1, runs)
     contention = 1.0
     if ranks > 1:
         # The ranks' other CPU work (decoding, codecs, each message) is slowed as their training
         # is: every cost below, timed alone, takes the factor the training took together.
         runs = []
-        alone, train = train, _median_together(scenario, ranks, sample, share, per_machine, runs) / per_machine
+        train = _step(scenario, ranks, sample, share, per_machine, runs)
         contention = max(1.0, train / alone)
     costs = [_times(a, contention) for a in [*resolve(scenario.kind.costs)(scenario, reps), *messages]]
     # How much a job varies where it was timed (co-runners, the quota's periods, the hypervisor): a
@@ -102,6 +101,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
                                             "input_dtype": str(sample[0].dtype), "reps": reps,
                                             "ranks_training_at_once": ranks, "ranks_per_machine": per_machine,
                                             "contention": round(contention, 3),
+                                            "reference": _reference(scenario.model_spec, ranks, per_machine, train),
                                             # where the step was timed: a GPU's profile predicts a GPU's
                                             # runs, wherever emu runs them
                                             "device": device, **devices.describe(device)})
@@ -122,6 +122,56 @@ def _median_together(scenario, ranks: int, sample, share, per_machine: int, runs
     return times[len(times) // 2]
 
 
+def _step(scenario, ranks: int, sample, share, per_machine: int, runs: list | None = None) -> float:
+    """Seconds per sample of the scenario's step, per machine: alone, the best of three timings of 24
+    warm steps (other load only slows a step down); ``ranks`` > 1, the median of their timings at once
+    over ``per_machine`` (``_median_together``).  ``runs`` gets each timing's steps, a list each."""
+    from dtemu.host.train_cost import measured_s_per_sample
+
+    if ranks > 1:
+        return _median_together(scenario, ranks, sample, share, per_machine, runs) / per_machine
+    timed: list[list[float]] = [[], [], []]
+    best = min(measured_s_per_sample(scenario, steps=24, sample=sample, step_times=steps) for steps in timed)
+    if runs is not None:
+        runs.extend(timed)
+    return best
+
+
+def _reference(model: str, ranks: int, per_machine: int, s_per_sample: float) -> dict:
+    """The step a profile's prices move with when the host's speed moves (``host_speed``): which model,
+    timed how, and what it took."""
+    return {"model": model, "ranks": ranks, "per_machine": per_machine, "s_per_sample": float(f"{s_per_sample:.6e}")}
+
+
+def host_speed(scenario, profile: dict, share: float | None) -> float:
+    """How many times as long the profile's reference step takes now as when it was measured (> 1:
+    the host got slower), timed again the same way, under the same ``share`` (the caller confines
+    this process to it, as ``measure``'s).  A host's speed drifts by 10% or more within an hour of the
+    same work (notebook entry 37): ``emu validate`` follows it between its runs."""
+    ref = profile["measured"]["reference"]
+    subject, sample = _proxy(scenario), None
+    if scenario.kind.own_model:
+        from dtemu.host.datasets import load_for
+        from dtemu.host.train_cost import sample_of
+
+        subject, sample = scenario, sample_of(load_for(scenario), scenario)
+    return _step(subject, ref["ranks"], sample, share, ref["per_machine"]) / ref["s_per_sample"]
+
+
+def scaled(profile: dict, factor: float) -> dict:
+    """``profile`` with every CPU price (each ``..._s_per_...`` key: the step, the ops, the messages,
+    the seal) times ``factor``, as the host's speed moved; the factor recorded in ``measured``."""
+    sets = {k: (float(f"{v * factor:.6e}") if "_s_per_" in k else v) for k, v in profile["sets"].items()}
+    return {**profile, "measured": {**profile["measured"], "host_factor": round(factor, 4)}, "sets": sets}
+
+
+def _proxy(scenario):
+    """The reference model an app whose model is its own is timed by (small_cnn, the scenario's threads)."""
+    import dataclasses
+
+    return dataclasses.replace(scenario, model="small_cnn", task=None)
+
+
 def _times(assignment: str, factor: float, every: bool = False) -> str:
     """A ``--set`` of a CPU cost (seconds per MB or per message; ``every``: per sample too) times
     ``factor``; others as they are."""
@@ -131,23 +181,21 @@ def _times(assignment: str, factor: float, every: bool = False) -> str:
     return f"{key}={float(value) * factor:.6e}"
 
 
-def _app_contention(scenario, together: bool, share: float | None, per_machine: int) -> float:
+def _app_contention(scenario, together: bool, share: float | None, per_machine: int) -> tuple[float, dict]:
     """How much slower a Flower app's calls run with every client training at once (``--together``)
-    than the one at a time its calibration timed them: an app's model is its own and cannot be
-    stepped apart from it, so the factor is a reference model's (small_cnn: a step alone, then with
-    as many processes at once as the testbed's clients, each in its share), as every rank's work on
-    one box slows alike (caches, memory bandwidth, hyperthreads)."""
-    import dataclasses
-
-    from dtemu.host.train_cost import MAX_TOGETHER, measured_s_per_sample
+    than the one at a time its calibration timed them, and the reference step (``_reference``): an
+    app's model is its own and cannot be stepped apart from it, so the factor is a reference model's
+    (small_cnn: a step alone, then with as many processes at once as the testbed's clients, each in
+    its share), as every rank's work on one box slows alike (caches, memory bandwidth, hyperthreads)."""
+    from dtemu.host.train_cost import MAX_TOGETHER
 
     ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
+    proxy = _proxy(scenario)
+    alone = _step(proxy, 1, None, share, 1)
     if ranks < 2:
-        return 1.0
-    proxy = dataclasses.replace(scenario, model="small_cnn", task=None)
-    alone = min(measured_s_per_sample(proxy, steps=24) for _ in range(3))
-    at_once = _median_together(proxy, ranks, None, share, per_machine) / per_machine
-    return max(1.0, at_once / alone)
+        return 1.0, _reference(proxy.model_spec, 1, 1, alone)
+    at_once = _step(proxy, ranks, None, share, per_machine)
+    return max(1.0, at_once / alone), _reference(proxy.model_spec, ranks, per_machine, at_once)
 
 
 def _message_sets(share: float | None = None) -> list[str]:

@@ -22,7 +22,11 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
    ``--retries`` times (its record lists what each unfaithful attempt measured, and its folder stays
    as ``real-<i>-unfaithful-<k>``).  The host's own speed is probed after calibrating and after each
    run (emu.speed_probe), and each record holds the moves around its run (``host_moved``), with a
-   warning past the probe's limits: recorded, not yet judged.
+   warning past the probe's limits: recorded, not yet judged.  With ``--host-speed each`` (the
+   default), every run after the first is predicted again just before it: the calibration's step is
+   timed again as calibrated, and its prices scaled by how far the step moved
+   (``DIR/profile-<i>.yaml``, ``DIR/emu-<i>``; ``host_factor`` in its record), as the host's speed
+   drifts by 10% or more within an hour of the same work.
 
 Exit 0 whether or not the targets (time within 10%, communication within 5%) are met; 2 when it
 refuses (no root, a bad scenario, shares over the box's cores).
@@ -52,6 +56,10 @@ def add_parser(sub) -> None:
     p.add_argument("--retries", type=int, default=1, metavar="K",
                    help="run a repetition whose testbed the monitors call unfaithful again, up to K times "
                         "(default 1; its folder is kept as real-<i>-unfaithful-<k>)")
+    p.add_argument("--host-speed", choices=("each", "once"), default="each",
+                   help="each (default): before every run after the first, time the calibration's step again and "
+                        "predict that run from its prices scaled by how far the host's speed moved "
+                        "(profile-<i>.yaml, emu-<i>); once: one prediction for every run")
     p.add_argument("--reps", type=int, default=7, help="repetitions of each calibration timing (default 7)")
     p.add_argument("--key-file", help="seal every message with this key, in both runs")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up on a testbed run after this many seconds")
@@ -106,21 +114,34 @@ def main(args) -> int:
     last = calibrated
     print("emu validate: 2/3 predicting (emu run)", file=sys.stderr)
     sites = [a for s in machines.emu_sets for a in ("--set", s)]
-    _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(out / "emu"),
-          "--profile", str(profile), *common, *sites], out / "emu.log", args.timeout)
+
+    def predict(prof: Path, emu: Path) -> None:
+        _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(emu),
+              "--profile", str(prof), *common, *sites], emu.with_name(emu.name + ".log"), args.timeout)
+
+    predict(profile, out / "emu")
     records = []
     share_args = ["--cpu-share", repr(args.cpu_share)] if args.cpu_share is not None else []
     launch = [sys.executable, "-m", "dtemu.real.cli", "launch", args.scenario, "--machines", "netns",
               "--time-scale", "1", "--no-tui", "--timeout", repr(args.timeout), *share_args, *common]
     for i in range(1, args.repeat + 1):
-        real, given_up = out / f"real-{i}", []
+        real, given_up, emu, factor = out / f"real-{i}", [], out / "emu", 1.0
+        if i > 1 and args.host_speed == "each":
+            # The host's speed drifts by 10% or more within an hour (notebook entry 37): this run is
+            # predicted from the calibration's prices moved as its step moved since, timed just now.
+            factor = _follow_host(scenario, args, share, profile, out / f"profile-{i}.yaml")
+            print(f"emu validate: 2/3 predicting run {i}: the step takes {factor:.3f}x the calibration's",
+                  file=sys.stderr)
+            emu = out / f"emu-{i}"
+            predict(out / f"profile-{i}.yaml", emu)
         for attempt in range(args.retries + 1):
             print(f"emu validate: 3/3 testbed run {i} of {args.repeat}{f' (again: {attempt})' if attempt else ''} "
                   f"(real launch --machines netns) -> {real}", file=sys.stderr)
             code = _run([*launch, "--out", str(real)], out / f"real-{i}.log", args.timeout + 120, check=False)
             after = probe()
             record = {"repetition": i, "scenario": args.scenario, "mode": scenario.mode, "sets": list(args.overrides),
-                      "real_exit": code, **compare(scenario, real, out / "emu")}
+                      "real_exit": code, "emu": emu.name, "host_factor": round(factor, 4),
+                      **compare(scenario, real, emu)}
             note_host(record, moved(calibrated, last), moved(calibrated, after))
             last = after
             if record["faithful"] or attempt == args.retries:
@@ -172,6 +193,24 @@ def _calibrate(scenario, args, share: float, per_machine: int, profile: Path) ->
     measured["measured"]["cpu_share"] = share
     how = "".join(f" --set {s}" for s in args.overrides) + f" --together --cpu-share {share:g}"
     write(measured, profile, args.scenario, how, time.perf_counter() - t0)
+
+
+def _follow_host(scenario, args, share: float, profile: Path, to: Path) -> float:
+    """The calibration's reference step timed again in its share (emu.calibrate.host_speed), and
+    ``profile``'s prices scaled by how far it moved, written to ``to``; the factor."""
+    import yaml
+
+    from dtemu.host import cpu_shares
+
+    from .calibrate import host_speed, scaled, write
+
+    t0 = time.perf_counter()
+    calibrated = yaml.safe_load(profile.read_text())
+    with cpu_shares.confined(share):
+        factor = host_speed(scenario, calibrated, share)
+    write(scaled(calibrated, factor), to, args.scenario,
+          f" (then {profile.name}'s prices x{factor:.4f}: its reference step timed again)", time.perf_counter() - t0)
+    return factor
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float, check: bool = True) -> int:

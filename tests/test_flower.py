@@ -442,3 +442,13 @@ def test_a_run_takes_a_scenario_or_a_flower_app_and_a_folder_that_is_no_app_is_r
     assert real(["launch", "--no-tui"]) == 2 and "one of them" in capsys.readouterr().err
     assert main(["run", "--flower-app", str(tmp_path), "--no-tui"]) == 2
     assert "no Flower app" in capsys.readouterr().err
+
+
+def test_an_apps_own_model_is_followed_by_the_reference_models_step():
+    """A Flower app's model is its own: the step its prices move with is small_cnn's, timed as its
+    clients train (here one alone)."""
+    from dtemu.emu.calibrate import _app_contention
+
+    contention, reference = _app_contention(parse_scenario(toy()), False, None, 1)
+    assert contention == 1.0 and reference["model"] == "small_cnn" and reference["ranks"] == 1
+    assert reference["s_per_sample"] > 0

@@ -117,6 +117,30 @@ def test_calibrate_together_times_every_training_rank_at_once(tmp_path, monkeypa
     assert profile["measured"]["ranks_training_at_once"] == 2 and profile["measured"]["contention"] >= 1.0
     assert profile["sets"]["compute.default.train_s_per_sample"] > 0
     assert "--together" in (tmp_path / "p.yaml").read_text().splitlines()[0]
+    reference = profile["measured"]["reference"]
+    assert reference["ranks"] == 2 and reference["s_per_sample"] == pytest.approx(
+        profile["sets"]["compute.default.train_s_per_sample"], rel=1e-6)
+    # emu validate follows the host's speed by this step, timed again as calibrated
+    from dtemu.emu.calibrate import host_speed
+    from dtemu.host.scenario_file import load_scenario
+
+    assert 0.2 < host_speed(load_scenario(str(path)), profile, None) < 5
+
+
+def test_a_profile_follows_the_hosts_speed_in_every_cpu_price_and_nothing_else():
+    from dtemu.emu.calibrate import scaled
+
+    profile = {"measured": {"reference": {"s_per_sample": 1e-3}},
+               "sets": {"compute.default.train_s_per_sample": 1e-3, "compute.default.cpu.sum_s_per_mb": 2e-4,
+                        "compute.default.send_s_per_message": 5e-5, "compute.default.spread": 0.05,
+                        "network.send_window_bytes": 2097152, "network.framing": "rtps"}}
+    moved = scaled(profile, 1.1)
+    assert moved["sets"] == {"compute.default.train_s_per_sample": pytest.approx(1.1e-3),
+                             "compute.default.cpu.sum_s_per_mb": pytest.approx(2.2e-4),
+                             "compute.default.send_s_per_message": pytest.approx(5.5e-5),
+                             "compute.default.spread": 0.05, "network.send_window_bytes": 2097152,
+                             "network.framing": "rtps"}
+    assert moved["measured"]["host_factor"] == 1.1 and "host_factor" not in profile["measured"]
 
 
 def test_contention_slows_every_cpu_cost_and_nothing_else():
@@ -156,3 +180,4 @@ def test_a_messages_cpu_is_priced_in_the_machines_seconds_under_a_share(monkeypa
     assert set(alone) == {f"compute.default.{side}_s_per_{u}" for side in ("send", "recv") for u in ("message", "mb")}
     assert float(alone["compute.default.recv_s_per_mb"]) == pytest.approx(4e-4)
     assert all(float(shared[k]) == pytest.approx(2 * float(alone[k])) for k in alone)
+

@@ -13,7 +13,7 @@ from dtemu.emu import validate
 @pytest.fixture
 def testbed(monkeypatch):
     """A stand-in testbed whose runs are faithful as ``verdicts`` says, one after the other."""
-    state = SimpleNamespace(verdicts=[], launches=0)
+    state = SimpleNamespace(verdicts=[], launches=0, predictions=[])
 
     def run(cmd, log, timeout_s, check=True):
         out = cmd[cmd.index("--out") + 1]
@@ -23,6 +23,8 @@ def testbed(monkeypatch):
         Path(log).write_text("log")
         if "launch" in cmd:
             state.launches += 1
+        else:
+            state.predictions.append((Path(cmd[cmd.index("--profile") + 1]).name, Path(out).name))
         return 0
 
     def compare(scenario, real, emu):
@@ -33,6 +35,13 @@ def testbed(monkeypatch):
 
     monkeypatch.setattr(validate, "_run", run)
     monkeypatch.setattr(validate, "_calibrate", lambda *a, **k: None)
+    state.followed = []
+
+    def follow(scenario, args, share, profile, to):
+        state.followed.append(to.name)
+        return 1.05
+
+    monkeypatch.setattr(validate, "_follow_host", follow)
     monkeypatch.setattr(validate, "table", lambda records: "")
     monkeypatch.setattr("dtemu.emu.fidelity.compare", compare)
     monkeypatch.setattr("dtemu.emu.speed_probe.probe", lambda: {"compute": 0.016, "memory": 0.021})
@@ -68,3 +77,18 @@ def test_retries_end_and_the_last_attempt_stands_unfaithful(tmp_path, testbed):
     records = _validate(tmp_path, "--retries", "0")
     assert testbed.launches == 2 and [r["faithful"] for r in records] == [False, True]
     assert records[0]["unfaithful_attempts"] == [] and not records[0]["within_targets"]
+
+
+def test_each_run_after_the_first_is_predicted_again_at_the_hosts_speed(tmp_path, testbed):
+    testbed.verdicts = [True, True]
+    records = _validate(tmp_path)
+    assert testbed.followed == ["profile-2.yaml"]
+    assert testbed.predictions == [("profile.yaml", "emu"), ("profile-2.yaml", "emu-2")]
+    assert [(r["emu"], r["host_factor"]) for r in records] == [("emu", 1.0), ("emu-2", 1.05)]
+
+
+def test_host_speed_once_predicts_every_run_from_the_calibration(tmp_path, testbed):
+    testbed.verdicts = [True, True]
+    records = _validate(tmp_path, "--host-speed", "once")
+    assert testbed.followed == [] and testbed.predictions == [("profile.yaml", "emu")]
+    assert [r["emu"] for r in records] == ["emu", "emu"]

@@ -85,7 +85,7 @@ def recompare(row: Row, folder: Path, records: list[dict]) -> list[dict]:
     scenario = load_scenario(ROOT / row.scenario, row.sets)
     out = []
     for r in records:
-        again = {**r, **compare(scenario, folder / f"real-{r['repetition']}", folder / "emu")}
+        again = {**r, **compare(scenario, folder / f"real-{r['repetition']}", folder / r.get("emu", "emu"))}
         if r.get("host_moved"):   # (the probes around the run, as validate noted them)
             note_host(again, r["host_moved"]["before"], r["host_moved"]["after"])
         out.append(again)
