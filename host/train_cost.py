@@ -137,7 +137,7 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     for p in procs:
         p.start()
     try:
-        got = [results.get(timeout=TOGETHER_TIMEOUT_S) for _ in procs]
+        got = _gathered(procs, results)
         costs = sorted(cost for cost, _ in got)
         if step_times is not None:
             step_times.extend(steps for _, steps in got)
@@ -152,3 +152,24 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     return costs[len(costs) // 2]
 
 
+def _gathered(procs: list, results) -> list:
+    """Every process's result, or a clear error as soon as one of them died without giving one (a
+    spawned child that could not start, a crash), rather than the timeout's wait."""
+    import queue
+
+    got: list = []
+    deadline = time.monotonic() + TOGETHER_TIMEOUT_S
+    while len(got) < len(procs):
+        try:
+            got.append(results.get(timeout=0.5))
+            continue
+        except queue.Empty:
+            pass
+        dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(f"a process timing the step together died (exit {dead[0]}) before its result; "
+                               f"its error is in the output above")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the processes timing the step together gave {len(got)} of {len(procs)} results "
+                               f"in {TOGETHER_TIMEOUT_S:.0f} s")
+    return got
