@@ -28,6 +28,7 @@ with ``--together`` (docs/fidelity.md measures both ways against real runs);
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -90,7 +91,11 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
         runs = []
         train = _step(scenario, ranks, sample, share, per_machine, runs)
         contention = max(1.0, train / alone)
-    costs = [_times(a, contention) for a in [*resolve(scenario.kind.costs)(scenario, reps), *messages]]
+    # The roles' ops, timed in CPU seconds with the ranks' threads (emu.costs.median_cpu_s), in the
+    # share's seconds as the step is (``_in_share``), as slow as the ranks' training together makes them
+    with _threads(scenario.threads):
+        ops = [_share_of(a, share) for a in resolve(scenario.kind.costs)(scenario, reps)]
+    costs = [_times(a, contention) for a in [*ops, *messages]]
     # How much a job varies where it was timed (co-runners, the quota's periods, the hypervisor): a
     # part that outlasts a job and a step's own, which a long job averages out (notebook entry 35).
     spread, per_sample = spread_parts(runs, scenario.kind.batch_size(scenario))
@@ -216,6 +221,29 @@ def _message_sets(share: float | None = None) -> list[str]:
     costs = json.loads(done.stdout.strip().splitlines()[-1])
     return [f"compute.default.{side}_s_per_{unit}={_in_share(costs[key], share):.6e}"
             for side in ("send", "recv") for unit, key in (("message", side), ("mb", f"{side}_per_mb"))]
+
+
+def _share_of(assignment: str, share: float | None) -> str:
+    """A ``--set`` of an op's CPU seconds (per MB or per message) in the ``share``'s seconds; others as they are."""
+    key, _, value = assignment.partition("=")
+    if share is None or not key.endswith(("_s_per_mb", "_s_per_message")):
+        return assignment
+    return f"{key}={_in_share(float(value), share):.6e}"
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """torch's threads set to ``n`` for a while, as a rank runs (real.cli): an op timed with the
+    box's default threads under a quota spins them against each other (DGC's apply came out at 22 ms
+    a MB so, 4.5 on one thread: notebook entry 38)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _in_share(cpu_s: float, share: float | None) -> float:

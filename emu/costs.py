@@ -48,9 +48,11 @@ def median_s(fn, reps: int = 7, clock=time.perf_counter) -> float:
 
 
 def median_cpu_s(fn, reps: int = 7) -> float:
-    """As ``median_s``, in this thread's CPU seconds: what an op costs a machine whatever its share
-    (a short op timed in wall seconds under a quota fits in one period and shows no share at all)."""
-    return median_s(fn, reps, time.thread_time)
+    """As ``median_s``, in this process's CPU seconds (every thread's): what an op costs a machine
+    whatever its share.  Timed in wall seconds under a quota, a short op either fits in one period
+    and shows no share at all or waits out a throttle: the same decode came out 0.62 and 2.56 ms/MB
+    in two calibrations (notebook entry 38).  ``emu calibrate`` gives them in the share's seconds."""
+    return median_s(fn, reps, time.process_time)
 
 
 def run_window(mode: str, model_params: int, real_dir=None) -> int:
@@ -83,7 +85,7 @@ def ddp_decode_cost(reps: int = 7) -> float:
         bytes(head)
         np.frombuffer(memoryview(data)[64:], dtype=np.uint8).copy()
 
-    return median_s(receive, reps) / (len(frame) / 1e6)
+    return median_cpu_s(receive, reps) / (len(frame) / 1e6)
 
 
 def geo_decode_cost(dim: int, fp16: bool, reps: int = 7) -> float:
@@ -98,7 +100,7 @@ def geo_decode_cost(dim: int, fp16: bool, reps: int = 7) -> float:
     def receive():
         decode(bytes(bytearray(msg)), dim).dense()
 
-    return median_s(receive, reps) / (len(msg) / 1e6)
+    return median_cpu_s(receive, reps) / (len(msg) / 1e6)
 
 
 def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
@@ -129,12 +131,12 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
     n = max(1, g.workers_per_site)
     pushes = {f"w{i}": (decode(encode_dense(1, vec(), g.fp16), dim), b"") for i in range(n)}
     costs = {
-        "encode": median_s(lambda: encode_dense(1, grads_vector(model.parameters()), g.fp16), reps) / mb,
-        "sum": median_s(lambda: site_share(pushes, list(pushes), dim, 2 * n, n, g.sync), reps) / mb / n,
+        "encode": median_cpu_s(lambda: encode_dense(1, grads_vector(model.parameters()), g.fp16), reps) / mb,
+        "sum": median_cpu_s(lambda: site_share(pushes, list(pushes), dim, 2 * n, n, g.sync), reps) / mb / n,
     }
     applier = Applier(model, g.lr_at, worker_optimizer_momentum(g), False)
     update = vec() * np.float32(1e-3)
-    costs["apply"] = median_s(lambda: applier.apply(update, 1), reps) / mb
+    costs["apply"] = median_cpu_s(lambda: applier.apply(update, 1), reps) / mb
 
     # BiSparse: each site's sparsifier after a few rounds (its residual is what it would be), the
     # sites' payloads as the global PS gets them, their merged aggregate as a local PS gets it.
@@ -147,13 +149,13 @@ def geo_cpu_costs(scenario, reps: int = 7) -> dict[str, float]:
         payloads = [decode(_encode_bisparse(r, dim, sp.blocks, *sp.compress(vec(), r, g.density), g.fp16), dim)
                     for sp in sparsifiers]
     share = vec()
-    costs["sparsify"] = median_s(lambda: _encode_bisparse(
+    costs["sparsify"] = median_cpu_s(lambda: _encode_bisparse(
         r, dim, sparsifiers[0].blocks, *sparsifiers[0].compress(share, r, g.density), g.fp16), reps) / mb
-    costs["merge"] = median_s(lambda: _encode_bisparse(r, dim, blocks, *sum_sparse(payloads, dim), g.fp16),
+    costs["merge"] = median_cpu_s(lambda: _encode_bisparse(r, dim, blocks, *sum_sparse(payloads, dim), g.fp16),
                                reps) / mb / sites
     merged = _encode_bisparse(r, dim, blocks, *sum_sparse(payloads, dim), g.fp16)
     pull = decode(merged, dim)
-    costs["densify"] = median_s(lambda: site_downlink(pull, merged, g.fp16), reps) / mb
+    costs["densify"] = median_cpu_s(lambda: site_downlink(pull, merged, g.fp16), reps) / mb
     assert set(costs) == set(CPU_OPS)
     return costs
 
@@ -248,14 +250,14 @@ def ddp_exchange_costs(scenario, reps: int = 7) -> dict[str, float]:
     exchange = exchanges[0]
     mb = 4 * sum(p.numel() for p in model.parameters()) / 1e6
     payloads = [x.compress(0) for x in exchanges]
-    encode = median_s(lambda: exchange.compress(0), reps) / mb
+    encode = median_cpu_s(lambda: exchange.compress(0), reps) / mb
     # apply() as after a collective: the group's payloads for an allgather, the mean in place for
     # a ring or the pipelined allreduce (the exchange's own fields)
     group = types.SimpleNamespace(collect=lambda handle: payloads)
     exchange._handle = object()
     if getattr(exchange, "algorithm", "gather") != "gather":
         exchange._mean = exchange._flat.copy()
-    return {"encode": encode, "apply": median_s(lambda: exchange.apply(group, 0), reps) / mb}
+    return {"encode": encode, "apply": median_cpu_s(lambda: exchange.apply(group, 0), reps) / mb}
 
 
 def geo_sets(scenario, reps: int = 7) -> list[str]:

@@ -181,3 +181,16 @@ def test_a_messages_cpu_is_priced_in_the_machines_seconds_under_a_share(monkeypa
     assert float(alone["compute.default.recv_s_per_mb"]) == pytest.approx(4e-4)
     assert all(float(shared[k]) == pytest.approx(2 * float(alone[k])) for k in alone)
 
+
+
+def test_an_ops_cpu_seconds_are_given_in_the_shares_seconds_and_nothing_else():
+    """The roles' ops are timed in CPU seconds (emu.costs.median_cpu_s); under a share of 0.5 a machine
+    takes twice as long for each, as for its messages; a per-sample price and the framing stay."""
+    from dtemu.emu.calibrate import _share_of
+
+    assert _share_of("compute.default.cpu.apply_s_per_mb=1.0e-03", 0.5) == "compute.default.cpu.apply_s_per_mb=2.000000e-03"
+    assert _share_of("compute.nodes.controller.decode_s_per_mb=1e-03", 0.25) == \
+        "compute.nodes.controller.decode_s_per_mb=4.000000e-03"
+    assert _share_of("compute.default.cpu.apply_s_per_mb=1.0e-03", None) == "compute.default.cpu.apply_s_per_mb=1.0e-03"
+    assert _share_of("compute.default.train_s_per_sample=1e-03", 0.5) == "compute.default.train_s_per_sample=1e-03"
+    assert _share_of("network.framing=rtps", 0.5) == "network.framing=rtps"
