@@ -14,7 +14,10 @@ It measures, on this machine and with this process's arithmetic:
 - what the mode's roles spend outside training, as the mode names it
   (emu.costs; emu.federation_costs: FL's and ps's decoding, a client's codec
   encoding and the server's own work; DDP's decoding per MB, geo's decoding and
-  its roles' CPU per op), and real mode's framing and writer history;
+  its roles' CPU per op), and real mode's framing and writer history: each op
+  in CPU seconds, on the ranks' threads (emu.costs.median_cpu_s), given under
+  ``--cpu-share`` in the share's seconds (CPU seconds over the share), as the
+  messages' prices are;
 - what one message costs the CPU over DDS, each side, whatever its size
   (real.message_costs, run as a command: a writer and a reader process, on loopback).
 
