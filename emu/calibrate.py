@@ -228,10 +228,7 @@ def _message_sets(share: float | None = None) -> list[str]:
 
 def _share_of(assignment: str, share: float | None) -> str:
     """A ``--set`` of an op's CPU seconds (per MB or per message) in the ``share``'s seconds; others as they are."""
-    key, _, value = assignment.partition("=")
-    if share is None or not key.endswith(("_s_per_mb", "_s_per_message")):
-        return assignment
-    return f"{key}={_in_share(float(value), share):.6e}"
+    return _times(assignment, 1 / share) if share else assignment
 
 
 @contextlib.contextmanager
