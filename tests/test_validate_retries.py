@@ -13,7 +13,7 @@ from dtemu.emu import validate
 @pytest.fixture
 def testbed(monkeypatch):
     """A stand-in testbed whose runs are faithful as ``verdicts`` says, one after the other."""
-    state = SimpleNamespace(verdicts=[], launches=0, predictions=[])
+    state = SimpleNamespace(verdicts=[], launches=0, predictions=[], followed=[])
 
     def run(cmd, log, timeout_s, check=True):
         out = cmd[cmd.index("--out") + 1]
@@ -35,8 +35,6 @@ def testbed(monkeypatch):
 
     monkeypatch.setattr(validate, "_run", run)
     monkeypatch.setattr(validate, "_calibrate", lambda *a, **k: None)
-    state.followed = []
-
     def follow(scenario, args, share, profile, to):
         state.followed.append(to.name)
         return 1.05
