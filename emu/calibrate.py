@@ -19,7 +19,10 @@ It measures, on this machine and with this process's arithmetic:
   ``--cpu-share`` in the share's seconds (CPU seconds over the share), as the
   messages' prices are;
 - what one message costs the CPU over DDS, each side, whatever its size
-  (real.message_costs, run as a command: a writer and a reader process, on loopback).
+  (real.message_costs, run as a command: a writer and a reader process, on loopback), on the path
+  the run's messages take (``--messages-over``): beside DDS in shared memory, as ranks on one machine
+  send them (real launch), or every byte through DDS, as the testbed's machines and several hosts
+  do (the default under ``--cpu-share``).
 
 It writes them to a profile (host.profile) that records the machine.
 ``emu run SCENARIO --profile FILE``, or ``compute.profile: FILE`` in the
@@ -53,16 +56,21 @@ def add_parser(sub) -> None:
     p.add_argument("--cpu-share", type=float, default=None, metavar="CPUS",
                    help="(root) time everything under this much of a core, as a machine of real launch "
                         "--machines has (host.cpu_shares: the same quota and 5 ms period); recorded in the profile")
+    p.add_argument("--messages-over", choices=("shm", "dds"), default=None,
+                   help="the path messages are priced on: shm, large payloads beside DDS (real launch on one "
+                        "machine, unsealed); dds, every byte through DDS (real launch --machines, several hosts); "
+                        "default: dds under --cpu-share, else shm")
 
 
 def measure(scenario, reps: int = 7, together: bool = False, share: float | None = None,
-            per_machine: int = 1) -> dict:
+            per_machine: int = 1, messages_over: str | None = None) -> dict:
     """The profile of ``scenario`` on this machine (host.profile's format); ``together``: its
     training timed with every training rank at once (``--together``); ``share``: in CPU shares
     (the caller runs the rest under one: host.cpu_shares.confined), ``per_machine`` ranks to a share,
     as the testbed places them.  A machine's ranks then share it, and the step is given per machine
     (the time measured over ``per_machine``): emu shares a machine among its jobs itself
-    (compute.machines: sites)."""
+    (compute.machines: sites).  ``messages_over``: the path messages are priced on
+    (real.message_costs' ``shm`` or ``dds``; default ``dds`` under a share, the testbed's)."""
     from dtemu.host import devices, heap
     from dtemu.host.datasets import load_for
     from dtemu.host.train_cost import MAX_TOGETHER, sample_of, spread_parts
@@ -72,13 +80,14 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
 
     heap.keep()   # timed as the ranks will train (real.cli)
     # every mode's messages cost the transport's CPU, whatever their size, and (sealed) per MB
-    messages = [*_message_sets(share), f"compute.default.seal_s_per_mb={_in_share(seal_cost(reps), share):.6e}"]
+    over = messages_over or ("dds" if share else "shm")
+    messages = [*_message_sets(share, over), f"compute.default.seal_s_per_mb={_in_share(seal_cost(reps), share):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         costs = [*resolve(scenario.kind.costs)(scenario, reps), *messages]
         contention, reference = _app_contention(scenario, together, share, per_machine)
         return _profile(scenario, [_times(a, contention, every=True) for a in costs],
-                        {"model": "the app's own", "reps": reps, "contention": round(contention, 3),
-                         "contention_of": "small_cnn" if together else None, "reference": reference})
+                        {"model": "the app's own", "reps": reps, "messages_over": over,
+                         "contention": round(contention, 3), "contention_of": "small_cnn" if together else None, "reference": reference})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
     # Ranks that train at once on one machine slow each other down, even where they fit its cores
@@ -105,7 +114,8 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", f"compute.default.spread={spread:.4f}",
                    f"compute.default.spread_per_sample={per_sample:.4f}", *costs]
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
-                                            "threads": scenario.threads, "input_shape": list(sample[0].shape[1:]),
+                                            "threads": scenario.threads, "messages_over": over,
+                                            "input_shape": list(sample[0].shape[1:]),
                                             "input_dtype": str(sample[0].dtype), "reps": reps,
                                             "ranks_training_at_once": ranks, "ranks_per_machine": per_machine,
                                             "contention": round(contention, 3),
@@ -206,10 +216,11 @@ def _app_contention(scenario, together: bool, share: float | None, per_machine: 
     return max(1.0, at_once / alone), _reference(proxy.model_spec, ranks, per_machine, at_once)
 
 
-def _message_sets(share: float | None = None) -> list[str]:
+def _message_sets(share: float | None = None, over: str = "shm") -> list[str]:
     """A message's own CPU over DDS, each side, per message and per MB (real.message_costs, run as a
-    command: a writer and a reader process on loopback), or nothing where CycloneDDS is not there (emu
-    needs it for nothing else).  Those are CPU seconds, given in the ``share``'s (``_in_share``)."""
+    command: a writer and a reader process on loopback, on the path ``over``), or nothing where
+    CycloneDDS is not there (emu needs it for nothing else).  Those are CPU seconds, given in the
+    ``share``'s (``_in_share``)."""
     import importlib.util
     import json
     import subprocess
@@ -217,7 +228,7 @@ def _message_sets(share: float | None = None) -> list[str]:
 
     if importlib.util.find_spec("cyclonedds") is None:
         return []
-    done = subprocess.run([sys.executable, "-m", "dtemu.real.message_costs", "--measure"],
+    done = subprocess.run([sys.executable, "-m", "dtemu.real.message_costs", "--measure", "--path", over],
                           capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"measuring a message's cost over DDS failed: {done.stderr.strip()[-500:]}")
@@ -297,14 +308,16 @@ def main(args) -> int:
             return 2
         # Every timing below, and the reader process the message costs start, runs under the share.
         with cpu_shares.confined(share):
-            profile = measure(scenario, args.reps, together=args.together, share=share)
+            profile = measure(scenario, args.reps, together=args.together, share=share,
+                              messages_over=getattr(args, "messages_over", None))
         profile["measured"]["cpu_share"] = share
     else:
-        profile = measure(scenario, args.reps, together=args.together)
+        profile = measure(scenario, args.reps, together=args.together, messages_over=getattr(args, "messages_over", None))
     host = profile["machine"]["cpu"].split(" (")[0].replace(" ", "_")
     out = Path(args.out or f"profiles/{scenario.name}-{host}.yaml")
     how = ("".join(f" --set {s}" for s in args.overrides) + (" --together" if args.together else "")
-           + (f" --cpu-share {share:g}" if share is not None else ""))
+           + (f" --cpu-share {share:g}" if share is not None else "")
+           + (f" --messages-over {args.messages_over}" if getattr(args, "messages_over", None) else ""))
     write(profile, out, args.scenario, how, time.perf_counter() - t0)
     for key, value in profile["sets"].items():
         print(f"  {key}: {value}")

@@ -13,9 +13,16 @@ copy as the transport's reassembly"), timed in the reader on what it received.  
 message costs a machine's CPU, not the network.  CPU seconds: a caller under a CPU share divides them
 by it (emu.calibrate), as its machine's other work is timed in wall seconds under the share.
 
-    python -m dtemu.real.message_costs --read thread|caller|bare --domain D --messages N   (the reader)
-    python -m dtemu.real.message_costs --measure   (both sides; prints {"send": s, "recv": s,
-        "send_per_mb": s, "recv_per_mb": s} as JSON)
+Two paths, as real runs take them (``--path``): ``shm``, the loopback profile, whose large payloads go
+beside DDS through shared memory (real.shm: one machine, unsealed); ``dds``, the lan profile to
+127.0.0.1, every byte through CycloneDDS and the kernel's UDP path, as ranks on the testbed's machines
+(real launch --machines) or on several hosts send.  A MB costs the reader 4x as much CPU on the second
+(1.35 against 0.31 ms, notebook entry 39): a machine's messages priced on the first left a geo site's
+PS a third of the CPU it spent.
+
+    python -m dtemu.real.message_costs --read thread|caller|bare --domain D --messages N [--path P]  (the reader)
+    python -m dtemu.real.message_costs --measure [--path shm|dds]   (both sides; prints {"send": s,
+        "recv": s, "send_per_mb": s, "recv_per_mb": s} as JSON)
 
 It lives in real/ because it runs real's transport; ``emu calibrate`` runs it as a command and reads
 its JSON, so that emu imports nothing of real.
@@ -39,11 +46,29 @@ def _rusage() -> tuple:
     return (r.ru_utime, r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
 
 
-def read(domain: int, n: int, mode: str) -> None:
+# The transport's profile and peers for each path (``--path``)
+PATHS = {"shm": {"profile": "loopback"}, "dds": {"profile": "lan", "peers": ["127.0.0.1"]}}
+
+
+def _transport(node: str, domain: int, path: str, **kw):
+    """A DdsTransport of ``path`` on 127.0.0.1 alone (the lan profile's interface set to it)."""
     from dtemu.real.transport import DdsTransport
 
+    before = os.environ.get("DTEMU_DDS_INTERFACE")
+    if path == "dds":
+        os.environ["DTEMU_DDS_INTERFACE"] = "127.0.0.1"   # nothing leaves this box (read while it starts)
+    try:
+        return DdsTransport(node, domain_id=domain, **PATHS[path], **kw)
+    finally:
+        if before is None:
+            os.environ.pop("DTEMU_DDS_INTERFACE", None)
+        else:
+            os.environ["DTEMU_DDS_INTERFACE"] = before
+
+
+def read(domain: int, n: int, mode: str, path: str = "shm") -> None:
     kw = {"caller_takes": (TRAIN_CMD,)} if mode != "thread" else {}
-    with DdsTransport("rx", profile="loopback", domain_id=domain, subscribe=[TRAIN_CMD], **kw) as t:
+    with _transport("rx", domain, path, subscribe=[TRAIN_CMD], **kw) as t:
         print("ready", flush=True)
         recv = _bare_recv(t) if mode == "bare" else (lambda: t.recv([TRAIN_CMD], timeout_s=10))
         if recv() is None:  # the first one starts the clocks
@@ -84,10 +109,8 @@ def _bare_recv(t):
     return recv
 
 
-def write(domain: int, n: int, size: int, gap_s: float) -> dict:
-    from dtemu.real.transport import DdsTransport
-
-    with DdsTransport("tx", profile="loopback", domain_id=domain) as t:
+def write(domain: int, n: int, size: int, gap_s: float, path: str = "shm") -> dict:
+    with _transport("tx", domain, path) as t:
         if t.wait_matched({TRAIN_CMD: ["rx"]}, timeout_s=60):
             raise RuntimeError("the reader never matched")
         write_cpu = [0.0]
@@ -114,27 +137,30 @@ LARGE_MESSAGES = 16
 LARGE_GAP_MS = 60.0     # each one alone, past its acknowledgements
 
 
-def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48) -> dict[str, float]:
+def message_costs(messages: int = 2000, gap_ms: float = 0.3, size: int = 48, path: str = "shm") -> dict[str, float]:
     """Seconds of CPU per message, whatever its size (``send``, ``recv``), and per MB (1e6 bytes) of one
     (``send_per_mb``, ``recv_per_mb``): the writer's ``send`` and the reader process (its receive
-    thread, the reassembly, the hand-off, the thread in ``recv``), over DDS on loopback."""
-    small_tx, small_rx = _exchange(messages, size, gap_ms)
-    large_tx, large_rx = _exchange(LARGE_MESSAGES, LARGE_BYTES, LARGE_GAP_MS)
+    thread, the reassembly, the hand-off, the thread in ``recv``), over ``path`` on loopback."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
+    small_tx, small_rx = _exchange(messages, size, gap_ms, path)
+    large_tx, large_rx = _exchange(LARGE_MESSAGES, LARGE_BYTES, LARGE_GAP_MS, path)
     mb = LARGE_BYTES / 1e6
     return {"send": small_tx["send_us"] * 1e-6, "recv": small_rx["process_us"] * 1e-6,
             "send_per_mb": max(0.0, large_tx["send_us"] - small_tx["send_us"]) / mb * 1e-6,
             "recv_per_mb": max(0.0, large_rx["process_us"] - small_rx["process_us"] - large_rx["copy_us"]) / mb * 1e-6}
 
 
-def _exchange(messages: int, size: int, gap_ms: float) -> tuple[dict, dict]:
+def _exchange(messages: int, size: int, gap_ms: float, path: str = "shm") -> tuple[dict, dict]:
     """(the writer's, the reader's) figures for ``messages`` of ``size`` bytes, one every ``gap_ms``."""
     domain = 140 + os.getpid() % 30
     rx = subprocess.Popen([sys.executable, "-m", "dtemu.real.message_costs", "--read", "thread", "--domain",
-                           str(domain), "--messages", str(messages)], stdout=subprocess.PIPE, text=True)
+                           str(domain), "--messages", str(messages), "--path", path],
+                          stdout=subprocess.PIPE, text=True)
     try:
         if rx.stdout.readline().strip() != "ready":
             raise RuntimeError("the reader failed to start")
-        wrote = write(domain, messages, size, gap_ms / 1000)
+        wrote = write(domain, messages, size, gap_ms / 1000, path)
         read = json.loads(rx.communicate(timeout=120)[0].strip().splitlines()[-1])
     finally:
         if rx.poll() is None:
@@ -149,11 +175,14 @@ def main() -> int:
     p.add_argument("--read", choices=("thread", "caller", "bare"))
     p.add_argument("--domain", type=int)
     p.add_argument("--messages", type=int, default=2000)
+    p.add_argument("--path", choices=sorted(PATHS), default="shm",
+                   help="shm: the loopback profile, large payloads beside DDS (one machine, unsealed); "
+                        "dds: the lan profile, every byte through DDS (the testbed's machines, several hosts)")
     args = p.parse_args()
     if args.measure:
-        print(json.dumps(message_costs(args.messages)), flush=True)
+        print(json.dumps(message_costs(args.messages, path=args.path)), flush=True)
     elif args.read and args.domain is not None:
-        read(args.domain, args.messages, args.read)
+        read(args.domain, args.messages, args.read, args.path)
     else:
         p.error("give --measure, or --read and --domain")
     return 0

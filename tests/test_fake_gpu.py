@@ -162,7 +162,7 @@ def test_a_profile_timed_on_the_gpu_says_so(tmp_path, monkeypatch):
     from dtemu.emu.cli import main
     from dtemu.host.profile import read_profile
 
-    monkeypatch.setattr("dtemu.emu.calibrate._message_sets", lambda share=None: [])   # (DDS's message costs: not the GPU's)
+    monkeypatch.setattr("dtemu.emu.calibrate._message_sets", lambda share=None, over="shm": [])   # (DDS's message costs: not the GPU's)
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"name": "cal", "device": "cuda", **SMALL, **CASES["ddp_ring"]}))
     with fake_cuda():

@@ -183,6 +183,42 @@ def test_a_messages_cpu_is_priced_in_the_machines_seconds_under_a_share(monkeypa
 
 
 
+def test_messages_are_priced_on_the_path_the_run_takes(monkeypatch):
+    """Under a share (the testbed's machines: the lan profile, every byte through DDS) a message is
+    timed on the ``dds`` path; alone (real launch on one machine: large payloads beside DDS) on
+    ``shm``; ``--messages-over`` chooses either.  The path is written into the profile."""
+    import subprocess
+    import types
+
+    from dtemu.emu import calibrate
+
+    asked = []
+
+    def run(cmd, **kw):
+        asked.append(cmd[cmd.index("--path") + 1])
+        return types.SimpleNamespace(returncode=0, stdout='{"send": 1e-4, "recv": 2e-4, "send_per_mb": 3e-4, '
+                                                          '"recv_per_mb": 4e-4}', stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    calibrate._message_sets(0.5, "dds")
+    calibrate._message_sets(None, "shm")
+    assert asked == ["dds", "shm"]
+    with pytest.raises(ValueError, match="path must be one of"):
+        from dtemu.real.message_costs import message_costs
+        message_costs(path="tcp")
+
+
+@pytest.mark.slow
+def test_a_mb_through_dds_costs_the_reader_more_than_one_beside_it():
+    """The reason the path matters (notebook entry 39): over the lan profile every fragment crosses the
+    kernel's UDP path and CycloneDDS's reassembly; beside DDS, a MB is a copy out of shared memory."""
+    pytest.importorskip("cyclonedds")
+    from dtemu.real.message_costs import message_costs
+
+    shm, dds = message_costs(messages=200, path="shm"), message_costs(messages=200, path="dds")
+    assert dds["recv_per_mb"] > 1.5 * shm["recv_per_mb"]
+
+
 def test_an_ops_cpu_seconds_are_given_in_the_shares_seconds_and_nothing_else():
     """The roles' ops are timed in CPU seconds (emu.costs.median_cpu_s); under a share of 0.5 a machine
     takes twice as long for each, as for its messages; a per-sample price and the framing stay."""
