@@ -83,9 +83,11 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     over = messages_over or ("dds" if share else "shm")
     messages = [*_message_sets(share, over), f"compute.default.seal_s_per_mb={_in_share(seal_cost(reps), share):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
-        costs = [*resolve(scenario.kind.costs)(scenario, reps), *messages]
+        # its calls in CPU seconds (emu.costs.flower_sets), in the share's as every op's, as slow as
+        # the reference model's training together makes them
+        calls = [_times(a, 1 / share, every=True) if share else a for a in resolve(scenario.kind.costs)(scenario, reps)]
         contention, reference = _app_contention(scenario, together, share, per_machine)
-        return _profile(scenario, [_times(a, contention, every=True) for a in costs],
+        return _profile(scenario, [_times(a, contention, every=True) for a in [*calls, *messages]],
                         {"model": "the app's own", "reps": reps, "messages_over": over,
                          "contention": round(contention, 3), "contention_of": "small_cnn" if together else None, "reference": reference})
     data = load_for(scenario)

@@ -271,9 +271,11 @@ def geo_sets(scenario, reps: int = 7) -> list[str]:
 def flower_sets(scenario, reps: int = 7) -> list[str]:
     """A Flower app's training and evaluation cost per example: its ClientApp's train and evaluate calls
     timed in a short emulated run of the app itself (one round, ``reps`` + 1 clients; the first call,
-    which loads the data, left out), the median of wall seconds over the examples each reports; and its
+    which loads the data, left out), the median of CPU seconds over the examples each reports; and its
     ServerApp's own work between grid calls, per MB of the arrays it handled (server_app events).  An
-    app's model is its own, so this is the only way to time it."""
+    app's model is its own, so this is the only way to time it.  CPU seconds of the thread that ran
+    each, as every op's (``median_cpu_s``): a call's wall time under a CPU share held whatever else the
+    emulated run did meanwhile (its evaluate calls came out at 1.4-1.8x the testbed's: notebook 38)."""
     import tempfile
     from pathlib import Path
 
@@ -291,21 +293,21 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
     with tempfile.TemporaryDirectory() as folder:
         run_emulation(parse_scenario(raw), folder)
         calls = [json.loads(line) for line in (Path(folder) / "events.jsonl").read_text().splitlines()]
-    rates = [e["wall_s"] / e["examples"] for e in calls
+    rates = [e["cpu_s"] / e["examples"] for e in calls
              if e["kind"] == ev.FLOWER_CALL and is_train(e["type"]) and e["examples"]]
     if len(rates) < 2:
         raise ScenarioError("flower", "the app's train calls report no examples (flower.examples_key): "
                                       "nothing to price its training by")
     sets = [f"compute.default.train_s_per_sample={statistics.median(rates[1:]):.6e}"]
     # Its evaluate calls likewise (the first of them loads the test data: left out where there are more)
-    evals = [e["wall_s"] / e["examples"] for e in calls
+    evals = [e["cpu_s"] / e["examples"] for e in calls
              if e["kind"] == ev.FLOWER_CALL and e["type"].split(".")[0] == "evaluate" and e["examples"]]
     if evals:
         sets.append(f"compute.default.eval_s_per_sample={statistics.median(evals[1:] or evals):.6e}")
-    # The ServerApp's own work between its grid calls, per MB of the arrays it handled: its wall seconds
-    # over their MB, summed over its calls after the first (which includes the app's start)
+    # The ServerApp's own work between its grid calls, per MB of the arrays it handled: its thread's
+    # CPU seconds over their MB, summed over its calls after the first (which includes the app's start)
     gaps = [e for e in calls if e["kind"] == ev.SERVER_APP][1:]
     mb = sum(e["nbytes"] for e in gaps) / 1e6
     if mb > 0:
-        sets.append(f"compute.default.app_s_per_mb={sum(e['wall_s'] for e in gaps) / mb:.6e}")
+        sets.append(f"compute.default.app_s_per_mb={sum(e['cpu_s'] for e in gaps) / mb:.6e}")
     return sets

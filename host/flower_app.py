@@ -80,11 +80,11 @@ class LoadedApp(FlowerApp):
         from dtemu.host.flower_jobs import context_from_bytes
 
         try:
-            reply, error, wall_s, context = self.executor.result(mine)
+            reply, error, wall_s, cpu_s, context = self.executor.result(mine)
         except Exception as err:  # the worker could not run it (the app did not load there)
             return flower_thread.failed(instruction, f"the call failed in a worker: {type(err).__name__}: {err}")
         self.contexts[index] = context_from_bytes(context)
-        return Outcome(None if reply is None else wire.decode(reply), error, wall_s)
+        return Outcome(None if reply is None else wire.decode(reply), error, wall_s, cpu_s)
 
     def _take(self, message_id: str, index: int):
         """The ticket of this call's prefetch, if it ran on what the client holds now; the client's

@@ -33,8 +33,9 @@ class FlowerCall:
     def finish(self, results: list):
         return results[0]
 
-    def run(self) -> tuple[bytes | None, str, float, bytes]:
-        """(the reply's frame, or None if the call hung; what went wrong; wall seconds; the Context after)."""
+    def run(self) -> tuple[bytes | None, str, float, float, bytes]:
+        """(the reply's frame, or None if the call hung; what went wrong; wall seconds; CPU seconds; the
+        Context after)."""
         from dtemu.host import flower_thread
 
         if self.names not in _apps:
@@ -43,7 +44,7 @@ class FlowerCall:
         context = context_from_bytes(self.context)
         outcome = flower_thread.call(_apps[self.names], instruction, context, self.limit_s)
         reply = None if outcome.reply is None else wire.encode(wire.REPLY, outcome.reply)
-        return reply, outcome.error, outcome.wall_s, context_bytes(context)
+        return reply, outcome.error, outcome.wall_s, outcome.cpu_s, context_bytes(context)
 
 
 def context_bytes(context) -> bytes:

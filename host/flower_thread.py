@@ -42,8 +42,11 @@ class AppThread:
         self._started = False
         self.done = False
         self.gap = 0.0  # wall seconds the app ran before its last call
+        self.cpu_gap = 0.0  # and the CPU seconds its thread spent meanwhile (set in the app's thread)
+        self._cpu_mark = 0.0
 
     def _body(self) -> None:
+        self._cpu_mark = time.thread_time()
         try:
             self._main(self)
             self._calls.put(Finished())
@@ -58,8 +61,10 @@ class AppThread:
         asks from several threads gets each answer in the thread that asked; the role serves them one
         at a time, in the order asked.)"""
         slot: queue.Queue = queue.Queue(1)
+        self.cpu_gap = time.thread_time() - self._cpu_mark   # (read by the role once the call is queued)
         self._calls.put((call, slot))
         answer = slot.get()
+        self._cpu_mark = time.thread_time()
         if answer is _CANCEL:
             raise Cancelled()
         return answer
@@ -104,13 +109,13 @@ def call(client_app, instruction, context, limit_s: float) -> Outcome:
     box: dict = {}
 
     def body() -> None:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             box["reply"] = client_app(instruction, context)
         except BaseException as err:  # the app's own code: anything it raises is its failure
             box["error"] = f"{type(err).__name__}: {err}"
             box["trace"] = traceback.format_exc()
-        box["wall_s"] = time.perf_counter() - started
+        box["wall_s"], box["cpu_s"] = time.perf_counter() - started, time.thread_time() - cpu
 
     worker = threading.Thread(target=body, name="flower-clientapp", daemon=True)
     worker.start()
@@ -122,15 +127,15 @@ def call(client_app, instruction, context, limit_s: float) -> Outcome:
                               and reply.metadata.reply_to_message_id == instruction.metadata.message_id):
         error = f"the ClientApp returned {type(reply).__name__}, not a reply to its message"
     if error is not None:
-        return failed(instruction, error, box["wall_s"])
-    return Outcome(reply, "", box["wall_s"])
+        return failed(instruction, error, box["wall_s"], box["cpu_s"])
+    return Outcome(reply, "", box["wall_s"], box["cpu_s"])
 
 
-def failed(instruction, error: str, wall_s: float = 0.0) -> Outcome:
+def failed(instruction, error: str, wall_s: float = 0.0, cpu_s: float = 0.0) -> Outcome:
     """The error reply a client answers ``instruction`` with when its ClientApp failed (as Flower's
     own runtime answers: the strategy counts it as a failure)."""
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode
 
     reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=error[:1000]), reply_to=instruction)
-    return Outcome(reply, error, wall_s)
+    return Outcome(reply, error, wall_s, cpu_s)

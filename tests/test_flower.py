@@ -346,7 +346,7 @@ def test_the_dashboard_reads_every_event_of_a_flower_run(tmp_path):
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_clientapp_calls_in_worker_processes_give_the_same_run(tmp_path, executor):
     """--jobs 2: each call runs in a worker as soon as its instruction is sent, with the client's Context
-    shipped there and back; the events (but the calls' wall times) and the model are a serial run's."""
+    shipped there and back; the events (but the calls' wall and CPU times) and the model are a serial run's."""
     raw = toy({"bad": "raise", "bad-client": 1, "bad-round": 2, "num-server-rounds": 3},
               faults={"crashes": [{"node": "client3", "round": 2, "at": "during_train", "restart_after_s": 0.0}]})
     if executor == "ray":
@@ -354,7 +354,7 @@ def test_clientapp_calls_in_worker_processes_give_the_same_run(tmp_path, executo
     serial, one = run(tmp_path, raw, name="serial")
     pooled, two = run(tmp_path, raw, name="pooled", jobs=2, executor=executor)
     assert pooled["emu"]["executor"]["kind"] == executor and pooled["emu"]["executor"]["jobs"] == 2
-    strip = lambda events: [{k: v for k, v in e.items() if k != "wall_s"} for e in events]  # noqa: E731
+    strip = lambda events: [{k: v for k, v in e.items() if k not in ("wall_s", "cpu_s")} for e in events]  # noqa: E731
     assert strip(one) == strip(two) and pooled["model_sha256"] == serial["model_sha256"]
     assert kinds(two, "client_app_failed") and kinds(two, "node_down")
 
@@ -385,7 +385,7 @@ def test_the_serverapps_own_work_is_charged_to_the_server_by_the_arrays_it_handl
     free, events = run(tmp_path, toy())
     gaps = kinds(events, "server_app", "server")
     assert [g["call"] for g in gaps] == ["send_and_receive"] * 4  # train and evaluate, two rounds
-    assert all(g["wall_s"] >= 0 for g in gaps)
+    assert all(g["wall_s"] >= 0 and g["cpu_s"] >= 0 for g in gaps)
     # what it sends (the model once: one content for every node) and the replies it was last given
     # (three trained models after a train call; none after an evaluate call)
     model = gaps[0]["nbytes"]
@@ -404,6 +404,23 @@ def test_calibrate_prices_an_apps_calls_and_its_serverapps_work():
     sets = dict(a.split("=") for a in flower_sets(parse_scenario(toy()), reps=3))
     assert set(sets) == {f"compute.default.{k}" for k in ("train_s_per_sample", "eval_s_per_sample", "app_s_per_mb")}
     assert all(float(v) > 0 for v in sets.values())
+
+
+def test_an_apps_calls_are_priced_in_cpu_seconds_over_the_share(monkeypatch):
+    """emu calibrate under a share: the calls' CPU seconds (flower_sets) in the share's seconds, per
+    example too, times the reference model's contention; the messages' prices, already in the share's
+    seconds (emu.calibrate._message_sets), only times the contention."""
+    from dtemu.emu import calibrate
+
+    monkeypatch.setattr("dtemu.emu.costs.flower_sets", lambda scenario, reps: [
+        "compute.default.train_s_per_sample=1.0e-03", "compute.default.app_s_per_mb=2.0e-03"])
+    monkeypatch.setattr(calibrate, "_message_sets", lambda share=None, over="shm": ["compute.default.recv_s_per_mb=4.0e-03"])
+    monkeypatch.setattr(calibrate, "_app_contention", lambda *a: (1.5, {"model": "small_cnn"}))
+    monkeypatch.setattr("dtemu.emu.costs.seal_cost", lambda reps: 0.0)
+    sets = calibrate.measure(parse_scenario(toy()), reps=1, together=True, share=0.25)["sets"]
+    assert sets["compute.default.train_s_per_sample"] == pytest.approx(1e-3 / 0.25 * 1.5)
+    assert sets["compute.default.app_s_per_mb"] == pytest.approx(2e-3 / 0.25 * 1.5)
+    assert sets["compute.default.recv_s_per_mb"] == pytest.approx(4e-3 * 1.5)
 
 
 def _toy_app_folder(tmp_path: Path, federation: str = "") -> Path:

@@ -43,11 +43,14 @@ class Finished:
 @dataclass(frozen=True)
 class Outcome:
     """A ClientApp call's end: the reply to send (an error reply if the app failed), or None if it hung;
-    what went wrong, for client_app_failed; its wall time."""
+    what went wrong, for client_app_failed; its wall time, and the CPU seconds of the thread that ran it
+    (what `emu calibrate` prices a call by: a call's wall time under a CPU share depends on what else the
+    machine ran meanwhile)."""
 
     reply: object = None
     error: str = ""
     wall_s: float = 0.0
+    cpu_s: float = 0.0
 
 
 @dataclass

@@ -68,7 +68,8 @@ def client(ctx, scenario, app: FlowerApp, index: int):
             if outcome.reply is None:
                 continue
         examples = examples_of(outcome.reply, scenario.flower.examples_key)
-        ctx.emit(ev.FLOWER_CALL, round=round_, type=type_, examples=examples, wall_s=round(outcome.wall_s, 6))
+        ctx.emit(ev.FLOWER_CALL, round=round_, type=type_, examples=examples, wall_s=round(outcome.wall_s, 6),
+                 cpu_s=round(outcome.cpu_s, 6))
         kind = "train" if training else QUERY if type_.split(".")[0] == QUERY else CLIENT_EVAL
         if not outcome.error and (examples or kind == QUERY):  # its time in the compute model (emu), known now
             yield Compute(already_done, samples=examples or 0, kind=kind)

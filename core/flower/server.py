@@ -80,7 +80,8 @@ def server(ctx, scenario, app: FlowerApp, population=None):
                 failure = call
                 break
             handled = given + (array_bytes(call.args[0]) if call.name != "pull_messages" else 0)
-            ctx.emit(ev.SERVER_APP, call=call.name, nbytes=handled, wall_s=round(thread.gap, 6))
+            ctx.emit(ev.SERVER_APP, call=call.name, nbytes=handled, wall_s=round(thread.gap, 6),
+                     cpu_s=round(thread.cpu_gap, 6))
             yield Compute(already_done, kind=SERVER_APP, nbytes=handled)
             answer = yield from grid.carry_out(call)
             given = array_bytes(answer) if call.name != "push_messages" else 0
