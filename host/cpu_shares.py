@@ -5,7 +5,10 @@ A testbed machine (real.machines) gets ``cpus`` of the box's cores: ``cpu.cfs_qu
 training step under the same share (``confined``).  The period is short on purpose: at the
 kernel's default 100 ms a capped 3 ms training step was bimodal on this box (p90 42-53 ms: a step
 that ran out of quota waited for the next period); at 5 ms, four capped processes each stepped
-within 10% of one alone (DEVELOPERS.md's facts of this machine).
+within 10% of one alone (DEVELOPERS.md's facts of this machine).  The kernel's smallest quota is
+1 ms, so a share under 0.2 of a core takes a period just long enough to hold it (0.145: 6.9 ms):
+rounded up to 1 ms of 5, the Flower row's eleven machines of 0.145 each got 0.2 and ran a call
+1.38x faster than their share says (notebook entry 39).
 
 Every group is ``dtemu/dtm<pid>-<name>`` under each hierarchy, <pid> its maker's, so that ``sweep``
 finds and removes what a killed launch or calibration left.  A group reads what the monitors
@@ -15,6 +18,7 @@ threads' time on a CPU and time runnable but waiting (``/proc/<tid>/schedstat``)
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -26,6 +30,7 @@ ROOT = Path(os.environ.get("DTEMU_CGROUP_ROOT", "/sys/fs/cgroup"))
 HIERARCHIES = ("cpu", "cpuacct")
 PARENT = "dtemu"
 PERIOD_US = 5000
+MIN_QUOTA_US = 1000   # the kernel's floor for cpu.cfs_quota_us
 
 
 class CpuShareError(RuntimeError):
@@ -51,6 +56,12 @@ def _write(path: Path, value: str) -> None:
         raise CpuShareError(f"cannot write {value!r} to {path}: {err}") from err
 
 
+def period_for(cpus: float, period_us: int = PERIOD_US) -> int:
+    """The period a share of ``cpus`` gets: ``period_us``, or longer where its quota would fall under
+    the kernel's 1 ms (a quota of 1 ms over the longer period is the share exactly)."""
+    return max(int(period_us), math.ceil(MIN_QUOTA_US / cpus - 1e-9))
+
+
 class CpuGroup:
     """One machine's CPU share.  ``cpus`` of 1.5 is one and a half cores' worth of time a period."""
 
@@ -59,8 +70,8 @@ class CpuGroup:
             raise CpuShareError(f"a CPU share must be positive, not {cpus}")
         self.name = name
         self.cpus = float(cpus)
-        self.period_us = int(period_us)
-        self.quota_us = max(1000, round(self.cpus * self.period_us))  # the kernel's floor is 1 ms
+        self.period_us = period_for(self.cpus, int(period_us))
+        self.quota_us = round(self.cpus * self.period_us)
         self.paths = {h: ROOT / h / PARENT / name for h in HIERARCHIES}
 
     def create(self) -> "CpuGroup":

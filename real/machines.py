@@ -118,7 +118,7 @@ class Machines:
 
     def describe(self) -> dict:
         return {"kind": "netns", "machines": self.plan.describe(), "time_scale": self.plan.scale,
-                "cpu_period_us": cpu_shares.PERIOD_US, "netem": self.net.netem,
+                "cpu_period_us": max(g.period_us for g in self.groups), "netem": self.net.netem,
                 "latency": "netem" if self.net.netem else "held by the receiving rank (no netem)",
                 "not_applied": sorted({k for a in self.net.applied() for k in a["not_applied"]} - {"latency_ms"}),
                 "swept": self.swept}

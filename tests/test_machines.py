@@ -46,6 +46,18 @@ def test_shares_over_the_box_are_refused():
     assert M.plan(s, 2, cpus=0.3).cpus == [0.3] * 5
 
 
+@pytest.mark.parametrize("cpus, period, quota", [(0.533, 5000, 2665), (0.2, 5000, 1000), (0.145, 6897, 1000),
+                                                 (0.05, 20000, 1000), (1.5, 5000, 7500)])
+def test_a_share_under_a_fifth_of_a_core_keeps_its_value_by_a_longer_period(cpus, period, quota):
+    """The kernel's smallest quota is 1 ms: over the 5 ms period that is 0.2 of a core, so a smaller
+    share takes a period just long enough (rounded up to 0.2, eleven Flower machines of 0.145 got 0.2)."""
+    from dtemu.host.cpu_shares import CpuGroup
+
+    g = CpuGroup("x", cpus)
+    assert (g.period_us, g.quota_us) == (period, quota)
+    assert g.quota_us / g.period_us == pytest.approx(cpus, rel=1e-3)
+
+
 def test_without_root_launch_refuses_in_one_line(monkeypatch, capsys):
     from dtemu.real import cli
 
