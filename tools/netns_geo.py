@@ -45,7 +45,8 @@ Evaluation only after the last round (``geo.eval_every`` > rounds).  Then emu:
    for a geo payload of this model) and the roles' CPU outside the gradient
    (``compute.default.cpu``: every op's rate measured here by dtemu.emu.costs (`emu calibrate`),
    one thread) and a message's own CPU (``send_s_per_message``, ``recv_s_per_message``:
-   measured over DDS on loopback, dtemu.real.message_costs; `emu calibrate` does the same), on
+   measured over DDS on loopback, on the lan profile's path, dtemu.real.message_costs; `emu calibrate
+   --cpu-share` does the same), on
    ``compute.shared_cores`` = this machine's cores, which every rank shares for real;
 2. the same replay, that CPU on cores of each node's own (no sharing);
 3. the same replay with the CPU ops but not the messages' own CPU;
@@ -552,7 +553,7 @@ def run(scenario_path: str = "scenarios/geo_hips.yaml", *, rounds: int = 30, wor
         transport = transport_sets({n: decode for n in scen.node_names})
         # The roles' CPU outside the gradient, measured here now (one thread), and the cores every
         # rank shares for real (the ranks are processes of this one machine).
-        cpu, messages = geo_cpu_costs(scen), message_costs()
+        cpu, messages = geo_cpu_costs(scen), message_costs(path="dds")   # (the ranks' lan profile)
         cpu = {k: v * scale for k, v in cpu.items()}
         messages = {k: v * scale for k, v in messages.items()}
         full = transport + cpu_sets(cpu, cores, messages)
