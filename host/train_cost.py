@@ -31,8 +31,14 @@ MAX_TOGETHER = 16  # processes measured at once (more ranks than this share the 
 TOGETHER_TIMEOUT_S = 120.0
 
 
+def together_timeout_s(share: float | None) -> float:
+    """How long processes timing the step together may take: TOGETHER_TIMEOUT_S of a whole core, as
+    much longer as a share below one makes them."""
+    return TOGETHER_TIMEOUT_S / min(1.0, share) if share else TOGETHER_TIMEOUT_S
+
+
 def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, sample=None,
-                          step_times: list | None = None) -> float:
+                          step_times: list | None = None, barrier_timeout_s: float = TOGETHER_TIMEOUT_S) -> float:
     """Seconds per training sample of the scenario's model on this machine, with its threads and
     its task's loss (``barrier``: wait there after the untimed steps, so that processes measured
     together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images;
@@ -54,7 +60,7 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
         for i in range(steps + 2):
             if i == 2:
                 if barrier is not None:
-                    barrier.wait(timeout=TOGETHER_TIMEOUT_S)
+                    barrier.wait(timeout=barrier_timeout_s)
                 wait()
                 t0 = last = time.perf_counter()
             opt.zero_grad()
@@ -87,7 +93,8 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     heap.keep()   # as a rank's (real.cli): timed as the ranks will train
     torch.set_num_threads(scenario.threads)
     steps: list[float] = []
-    results.put((measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps), steps))
+    results.put((measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps,
+                                       barrier_timeout_s=together_timeout_s(group.cpus if group else None)), steps))
 
 
 def spread_of(values: list[float]) -> float:
@@ -137,7 +144,7 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     for p in procs:
         p.start()
     try:
-        got = _gathered(procs, results)
+        got = _gathered(procs, results, share)
         costs = sorted(cost for cost, _ in got)
         if step_times is not None:
             step_times.extend(steps for _, steps in got)
@@ -152,13 +159,16 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     return costs[len(costs) // 2]
 
 
-def _gathered(procs: list, results) -> list:
+def _gathered(procs: list, results, share: float | None = None) -> list:
     """Every process's result, or a clear error as soon as one of them died without giving one (a
-    spawned child that could not start, a crash), rather than the timeout's wait."""
+    spawned child that could not start, a crash), rather than the timeout's wait.  The wait is longer
+    under a share below a core: a process starts (torch's import) and steps at its share's pace
+    (ten at 0.145 each once gave none of their results in 120 s: notebook entry 39)."""
     import queue
 
     got: list = []
-    deadline = time.monotonic() + TOGETHER_TIMEOUT_S
+    limit = together_timeout_s(share)
+    deadline = time.monotonic() + limit
     while len(got) < len(procs):
         try:
             got.append(results.get(timeout=0.5))
@@ -171,5 +181,5 @@ def _gathered(procs: list, results) -> list:
                                f"its error is in the output above")
         if time.monotonic() > deadline:
             raise RuntimeError(f"the processes timing the step together gave {len(got)} of {len(procs)} results "
-                               f"in {TOGETHER_TIMEOUT_S:.0f} s")
+                               f"in {limit:.0f} s")
     return got
