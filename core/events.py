@@ -153,14 +153,14 @@ SERVER_APP_FAILED = _kind("server_app_failed", "error traceback",
                           doc="the ServerApp raised: the run ends, with its traceback here")
 SERVER_APP = _kind("server_app", "call nbytes wall_s", "cpu_s",
                    doc="the ServerApp made a grid call (send_and_receive, push_messages, pull_messages) after "
-                       "wall_s of its own work since the last, cpu_s of the process's CPU (measured: the fields "
+                       "wall_s of its own work since the last, cpu_s of its thread's CPU (measured: the fields "
                        "that differ run to run), "
                        "on the nbytes of arrays "
                        "it handled: the replies it was last given and what it sends; emu charges "
                        "compute.app_s_per_mb per MB of them")
 FLOWER_CALL = _kind("flower_call", "round type examples wall_s", "cpu_s",
                     doc="a ClientApp call returned: the examples its reply reports, the wall time it took "
-                        "and the process's CPU seconds meanwhile (what `emu calibrate` prices a Flower app's calls by)")
+                        "and its thread's CPU seconds (what `emu calibrate` prices a Flower app's calls by)")
 
 # --- mode ps: parameter server, state server, workers (core/ps) --------------------
 PS_UPDATE = _kind("ps_update", "worker version iterations samples staleness", "loss",

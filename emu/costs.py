@@ -273,9 +273,10 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
     timed in a short emulated run of the app itself (one round, ``reps`` + 1 clients; the first call,
     which loads the data, left out), the median of CPU seconds over the examples each reports; and its
     ServerApp's own work between grid calls, per MB of the arrays it handled (server_app events).  An
-    app's model is its own, so this is the only way to time it.  The process's CPU seconds while each
-    ran (torch's threads too), as every op's (``median_cpu_s``): a call's wall time under a CPU share
-    held whatever else the emulated run did meanwhile (notebook entries 38, 39)."""
+    app's model is its own, so this is the only way to time it.  The CPU seconds of the thread that ran
+    each (an app training on several torch threads is priced short by the others'), as every op's
+    (``median_cpu_s``): a call's wall time under a CPU share held whatever else the emulated run did
+    meanwhile, and so did the process's CPU (notebook entries 38, 39)."""
     import tempfile
     from pathlib import Path
 
@@ -304,7 +305,7 @@ def flower_sets(scenario, reps: int = 7) -> list[str]:
              if e["kind"] == ev.FLOWER_CALL and e["type"].split(".")[0] == "evaluate" and e["examples"]]
     if evals:
         sets.append(f"compute.default.eval_s_per_sample={statistics.median(evals[1:] or evals):.6e}")
-    # The ServerApp's own work between its grid calls, per MB of the arrays it handled: the process's
+    # The ServerApp's own work between its grid calls, per MB of the arrays it handled: its thread's
     # CPU seconds over their MB, summed over its calls after the first (which includes the app's start)
     gaps = [e for e in calls if e["kind"] == ev.SERVER_APP][1:]
     mb = sum(e["nbytes"] for e in gaps) / 1e6

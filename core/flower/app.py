@@ -43,8 +43,8 @@ class Finished:
 @dataclass(frozen=True)
 class Outcome:
     """A ClientApp call's end: the reply to send (an error reply if the app failed), or None if it hung;
-    what went wrong, for client_app_failed; its wall time, and the process's CPU seconds while it ran (torch's
-    threads too; what `emu calibrate` prices a call by: a call's wall time under a CPU share depends on what else the
+    what went wrong, for client_app_failed; its wall time, and the CPU seconds of the thread that ran it (what
+    `emu calibrate` prices a call by: a call's wall time under a CPU share depends on what else the
     machine ran meanwhile)."""
 
     reply: object = None
