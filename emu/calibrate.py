@@ -85,11 +85,13 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         # its calls in CPU seconds (emu.costs.flower_sets), in the share's as every op's, as slow as
         # the reference model's training together makes them
-        calls = [_times(a, 1 / share, every=True) if share else a for a in resolve(scenario.kind.costs)(scenario, reps)]
+        calls = [_times(a, 1 / share, every=True) if share else a
+                 for a in resolve(scenario.kind.costs)(scenario, reps)]
         contention, reference = _app_contention(scenario, together, share, per_machine)
         return _profile(scenario, [_times(a, contention, every=True) for a in [*calls, *messages]],
                         {"model": "the app's own", "reps": reps, "messages_over": over,
-                         "contention": round(contention, 3), "contention_of": "small_cnn" if together else None, "reference": reference})
+                         "contention": round(contention, 3), "contention_of": "small_cnn" if together else None,
+                         "reference": reference})
     data = load_for(scenario)
     sample = sample_of(data, scenario)
     # Ranks that train at once on one machine slow each other down, even where they fit its cores
@@ -299,7 +301,7 @@ def main(args) -> int:
         print(f"emu calibrate: {err}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    share = getattr(args, "cpu_share", None)
+    share, over = getattr(args, "cpu_share", None), getattr(args, "messages_over", None)
     if share is not None:
         from dtemu.host import cpu_shares
 
@@ -310,16 +312,15 @@ def main(args) -> int:
             return 2
         # Every timing below, and the reader process the message costs start, runs under the share.
         with cpu_shares.confined(share):
-            profile = measure(scenario, args.reps, together=args.together, share=share,
-                              messages_over=getattr(args, "messages_over", None))
+            profile = measure(scenario, args.reps, together=args.together, share=share, messages_over=over)
         profile["measured"]["cpu_share"] = share
     else:
-        profile = measure(scenario, args.reps, together=args.together, messages_over=getattr(args, "messages_over", None))
+        profile = measure(scenario, args.reps, together=args.together, messages_over=over)
     host = profile["machine"]["cpu"].split(" (")[0].replace(" ", "_")
     out = Path(args.out or f"profiles/{scenario.name}-{host}.yaml")
     how = ("".join(f" --set {s}" for s in args.overrides) + (" --together" if args.together else "")
            + (f" --cpu-share {share:g}" if share is not None else "")
-           + (f" --messages-over {args.messages_over}" if getattr(args, "messages_over", None) else ""))
+           + (f" --messages-over {over}" if over else ""))
     write(profile, out, args.scenario, how, time.perf_counter() - t0)
     for key, value in profile["sets"].items():
         print(f"  {key}: {value}")

@@ -47,10 +47,12 @@ class AppThread:
         # priced the testbed's 40-60% over (notebook entry 39); an app training on several torch threads
         # is priced short by what the others spend
         self.cpu_gap = 0.0
-        self._cpu_mark = 0.0
+        # where each asking thread's CPU clock stood at its last answer: a thread's clock is its own (an
+        # app may ask from several), and starts at 0 with it
+        self._cpu_marks = threading.local()
 
     def _body(self) -> None:
-        self._cpu_mark = time.thread_time()
+        self._cpu_marks.at = time.thread_time()   # (its first gap holds the app's start)
         try:
             self._main(self)
             self._calls.put(Finished())
@@ -65,10 +67,10 @@ class AppThread:
         asks from several threads gets each answer in the thread that asked; the role serves them one
         at a time, in the order asked.)"""
         slot: queue.Queue = queue.Queue(1)
-        self.cpu_gap = time.thread_time() - self._cpu_mark   # (read by the role once the call is queued)
+        self.cpu_gap = time.thread_time() - getattr(self._cpu_marks, "at", 0.0)   # (the role reads it once queued)
         self._calls.put((call, slot))
         answer = slot.get()
-        self._cpu_mark = time.thread_time()
+        self._cpu_marks.at = time.thread_time()
         if answer is _CANCEL:
             raise Cancelled()
         return answer
