@@ -110,3 +110,46 @@ def test_a_messages_cpu_shares_its_nodes_machine():
     env.process(run("alone", alone._on_cpu(1.0)))
     env.run()
     assert ends == {"decode": pytest.approx(2.0), "train": pytest.approx(2.0), "alone": pytest.approx(1.0)}
+
+
+def test_a_message_is_reassembled_while_its_bytes_come_in_on_its_nodes_machine():
+    """The receive thread's CPU per MB (compute.recv_s_per_mb) is spent while the bytes arrive: up to
+    the time from the send to the last byte, it delays nothing, and it runs on the receiver's machine
+    beside its other jobs; only what is left after the last byte comes before the role has it."""
+    import types
+
+    from dtemu.core.runtime.requests import Message
+    from dtemu.emu.world import EmuNode
+
+    env = simpy.Environment()
+    machine = SharedMachine(env)
+    world = types.SimpleNamespace(env=env, machines={"ps": machine}, key=None,
+                                  on_cpu=lambda s: (yield env.timeout(s)))
+    timer = types.SimpleNamespace(recv_s_per_mb=0.5, decode_s_per_mb=0.0, recv_s_per_message=0.0)
+    node = EmuNode(world, "ps", 0, ("t",), None, timer)
+    node.up = True   # (as started)
+    ends = {}
+
+    def train():
+        yield from machine.run(1.0)
+        ends["train"] = env.now
+
+    def take(name):
+        msg = yield from node.recv(("t",), None)
+        ends[name] = env.now, msg.data
+
+    env.process(train())
+    # 2 MB, sent at 0 and in at 0.4: 1.0 s of reassembly, 0.4 of it while it came in, 0.6 after its
+    # last byte, before the role has it; both on the machine beside the training (three jobs at a
+    # third each until the 0.4 ends at 1.2, then two at a half: the role's 0.6 ends at 1.6)
+    node.deliver(Message("t", "w", b"x" * 2_000_000, sent_at=0.0, received_at=0.4))
+    env.process(take("slow"))
+    env.run()
+    assert ends["slow"][0] == pytest.approx(1.6)
+    assert ends["train"] == pytest.approx(1.0 + 0.4 + 0.6)
+    # a transfer longer than its reassembly leaves none of it for after the last byte
+    node.deliver(Message("t", "w", b"x" * 200_000, sent_at=0.0, received_at=2.0))
+    before = env.now
+    env.process(take("hidden"))
+    env.run()
+    assert ends["hidden"][0] == pytest.approx(before)
