@@ -85,8 +85,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         # its calls in CPU seconds (emu.costs.flower_sets), in the share's as every op's, as slow as
         # the reference model's training together makes them
-        calls = [_times(a, 1 / share, every=True) if share else a
-                 for a in resolve(scenario.kind.costs)(scenario, reps)]
+        calls = [_share_of(a, share, every=True) for a in resolve(scenario.kind.costs)(scenario, reps)]
         contention, reference = _app_contention(scenario, together, share, per_machine)
         return _profile(scenario, [_times(a, contention, every=True) for a in [*calls, *messages]],
                         {"model": "the app's own", "reps": reps, "messages_over": over,
@@ -241,9 +240,10 @@ def _message_sets(share: float | None = None, over: str = "shm") -> list[str]:
             for side in ("send", "recv") for unit, key in (("message", side), ("mb", f"{side}_per_mb"))]
 
 
-def _share_of(assignment: str, share: float | None) -> str:
-    """A ``--set`` of an op's CPU seconds (per MB or per message) in the ``share``'s seconds; others as they are."""
-    return _times(assignment, 1 / share) if share else assignment
+def _share_of(assignment: str, share: float | None, every: bool = False) -> str:
+    """A ``--set`` of an op's CPU seconds (per MB or per message; ``every``: per sample too) in the
+    ``share``'s seconds; others as they are."""
+    return _times(assignment, 1 / share, every) if share else assignment
 
 
 @contextlib.contextmanager

@@ -7,9 +7,9 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
              (with ``network.send_window_bytes``: when the writer would return).
 - recv:      the node's inbox, with an exact virtual-time deadline; a message then
              costs ``compute.decode_s_per_mb`` of the node's time before the role has it,
-             and ``compute.recv_s_per_message``, and of ``recv_s_per_mb`` what its bytes'
-             arrival did not hide (the rest is spent as they come in, on its machine: a
-             send: ``send_s_per_message`` a receiver and ``send_s_per_mb``, before its flows start);
+             and ``compute.recv_s_per_message``, and what its bytes' arrival did not hide of
+             ``recv_s_per_mb`` (the rest runs on its machine as they come in); a send costs
+             ``send_s_per_message`` a receiver and ``send_s_per_mb``, before its flows start;
              in a sealed run, ``compute.seal_s_per_mb`` on both sides.
 - computed:  the job already ran for real (the virtual clock did not move);
              advance the clock by its modelled duration (``ComputeTimer``), so
