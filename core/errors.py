@@ -32,16 +32,6 @@ class StateMessageError(MessageError):
         super().__init__(f"{reason}: {detail}")
 
 
-class NotFiniteError(MessageError):
-    """A message that decodes but whose vector holds NaN or Inf (a diverged update): refused and
-    counted apart from malformed bytes.  ``report`` is what the message said about itself when its
-    header could be read (mode ps: the worker and version of an update), else None."""
-
-    def __init__(self, detail: str, report=None):
-        self.report = report
-        super().__init__(detail)
-
-
 class FrameError(DecodeError):
     """A malformed collective frame or gradient bucket (DDP)."""
 

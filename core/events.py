@@ -89,7 +89,7 @@ MODEL_SENT = _kind("model_sent", "round codec bytes base full_to",
 ROUND_FAILED = _kind("round_failed", "round ready min policy")
 CHECKPOINT = _kind("checkpoint", "round path")
 EVAL = _kind("eval", "accuracy", "round epoch step loss",
-             doc="test accuracy (FL: after a round; DDP: an epoch; ps: a global version, with the test loss)")
+             doc="test accuracy (FL: after a round or an update; DDP: an epoch; geo: a round)")
 RUN_END = _kind("run_end", "reason rounds_completed rounds_failed model_sha256 counts")
 # real launch --machines: the fidelity monitors' verdict changed (real.monitors; the dashboard's, not a rank's)
 TESTBED = _kind("testbed", "faithful why")
@@ -100,10 +100,10 @@ UPLOAD_START = _kind("upload_start", "round bytes", "steps loss")
 UPLOAD_DONE = _kind("upload_done", "round bytes")
 UPDATE_RESENT = _kind("update_resent", "round bytes", doc="the same command again: the answer was lost")
 UPDATE_NOT_FINITE = _kind("update_not_finite", "round",
-                          doc="training diverged; no update is sent (mode ps: a NOT_FINITE report instead)")
+                          doc="training diverged; no update is sent")
 TRAIN_FAILED = _kind("train_failed", "round error",
-                     doc="the training raised (the task's or the model's own code): no update this round "
-                         "(mode ps: a NOT_FINITE report instead); the node goes on")
+                     doc="the training raised (the task's or the model's own code): no update this round; "
+                         "the node goes on")
 CMD_SKIPPED = _kind("cmd_skipped", "round", "newer model_round iterations",
                     doc="a command overtaken by a newer one or by its round's model (iterations: ESync's "
                         "training stopped after that many, its update not sent)")
@@ -162,17 +162,7 @@ FLOWER_CALL = _kind("flower_call", "round type examples wall_s", "cpu_s",
                     doc="a ClientApp call returned: the examples its reply reports, the wall time it took "
                         "and its thread's CPU seconds (what `emu calibrate` prices a Flower app's calls by)")
 
-# --- mode ps: parameter server, state server, workers (core/ps) --------------------
-PS_UPDATE = _kind("ps_update", "worker version iterations samples staleness", "loss",
-                  doc="the parameter server took a worker's update (staleness: versions since its base)")
-PS_ROUND = _kind("ps_round", "version updates expected quorum timed_out aggregated",
-                 "selected iterations not_finite",
-                 doc="a synchronous round closed (iterations: each worker's local iterations; not_finite: "
-                     "the workers whose update was not finite)")
-PS_WORKER_ROUND = _kind("ps_worker_round", "round iterations samples compute_s c m", "blocked_s",
-                        doc="a worker pushed its update: local iterations, its compute so far (compute_s), c_k "
-                            "and m_k as it measured them, and the blocking time counted since its previous "
-                            "push (blocked_s: the wait for this round's model, less its transfer)")
+# --- ESync's state server (fl.algorithm esync, core/esync) ----------------------------
 SS_END = _kind("ss_end", "queries answers rejected", doc="the state server stopped: queries answered, refusals")
 
 BASE_FIELDS = frozenset({"t", "node", "kind"})

@@ -8,7 +8,7 @@ than the clients, a node name that does not exist, ...), so a scenario that
 cannot work is refused before anything starts.
 
 Each section's keys, with their defaults and what they mean, are in the section's own module:
-``core.fl.spec``, ``core.ddp.spec``, ``core.ps.spec``, ``core.geo.spec``, ``core.flower.spec``,
+``core.fl.spec``, ``core.ddp.spec``, ``core.geo.spec``, ``core.flower.spec``,
 ``core.runtime.network_spec``, ``core.runtime.compute_spec`` and ``core.runtime.fault_spec``;
 this one holds the top-level keys, the data's, and the checks across sections.
 """
@@ -27,9 +27,8 @@ from dtemu.core.fl.strategy import RULE_KEYS
 from dtemu.core.flower.spec import FlowerSpec, flatten_run_config
 from dtemu.core.geo.spec import GeoSpec, central_site
 from dtemu.core.ml.user_code import BUILTIN_TASKS as TASKS, model_spec
-from dtemu.core.modes import MODES, Mode
+from dtemu.core.modes import FORMS, MODES, Mode
 from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS  # noqa: F401 (their old home)
-from dtemu.core.ps.spec import PSSpec
 from dtemu.core.ddp.spec import DDPSpec
 # The sections' types, importable from here as before they had homes of their own:
 from dtemu.core.fl.spec import (AvailabilitySpec, ESyncSpec, FedAsyncSpec, FedDropSpec, FLSpec,  # noqa: F401
@@ -62,7 +61,8 @@ class DataSpec:
 class Scenario:
     # Names run folders (runs/<name>-<date>-<time>): letters, digits, . _ -, at most 100.
     name: str
-    mode: Literal["fl", "ddp", "ps", "geo", "flower"] = "fl"
+    # (mode ps is read as fl: core.fl.ps_form)
+    mode: Literal["fl", "ddp", "geo", "flower"] = "fl"
     seed: int = field(default=0, metadata=check(between(0, (1 << 63) - 1, "a 64-bit seed")))
     model: str = "mnist_cnn"
     # What it learns, as a plugin (core.ml.task): "package.module:Name" supplying the model, the data,
@@ -78,8 +78,6 @@ class Scenario:
     data: DataSpec = field(default_factory=DataSpec)
     fl: FLSpec = field(default_factory=FLSpec)
     ddp: DDPSpec = field(default_factory=DDPSpec)
-    # mode ps: a parameter server, a state server and workers (ESync and its baselines, core.ps)
-    ps: PSSpec = field(default_factory=PSSpec)
     network: NetworkSpec = field(default_factory=NetworkSpec)
     compute: ComputeModel = field(default_factory=ComputeModel)
     faults: FaultSpec = field(default_factory=FaultSpec)
@@ -150,7 +148,10 @@ class Scenario:
         the number of rounds (a run may be resumed to go on for longer).
         """
         d = self.to_dict()
-        d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds")}
+        # (fl.max_time_s, like the rounds, is how long it goes on; fl.init at its default: the digests of
+        # scenarios before the key)
+        d["fl"] = {k: v for k, v in d["fl"].items() if k not in ("init_path", "rounds", "max_time_s")
+                   and (k, v) != ("init", "seeded")}
         if d["fl"]["algorithm"] == "fedavg" and not d["fl"]["proximal_mu"]:  # (digests from before the rules)
             for key in ("algorithm", "proximal_mu", "server_opt", "fedasync"):
                 del d["fl"][key]
@@ -162,7 +163,7 @@ class Scenario:
             del d["task"]
         if d["device"] != "cuda":  # (digests from before devices; auto names no device of its own)
             del d["device"]
-        for section in ("fl", "ddp", "ps", "geo", "flower"):  # what its mode does not train with
+        for section in ("fl", "ddp", "geo", "flower"):  # what its mode does not train with
             if section not in self.kind.digest_sections:
                 d.pop(section)
         if d.get("flower", {}).get("app_dir"):   # the app, not where this checkout keeps it
@@ -253,7 +254,9 @@ def stretched(s: Scenario, factor: float) -> Scenario:
     return out
 
 
-def parse_scenario(raw: Any, overrides: list[str] = ()) -> Scenario:
+def parse_scenario(raw: Any, overrides: list[str] = (), notes: list[str] | None = None) -> Scenario:
+    """The scenario of ``raw`` with ``overrides``.  A scenario in a form that is no longer a mode (mode
+    ps) is read as the mode it became (core.modes.FORMS); what that changed is added to ``notes``."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -261,6 +264,11 @@ def parse_scenario(raw: Any, overrides: list[str] = ()) -> Scenario:
     raw = json.loads(json.dumps(raw))  # a deep copy that we may modify
     for assignment in overrides:
         apply_override(raw, assignment)
+    form = FORMS.get(raw.get("mode")) if isinstance(raw.get("mode"), str) else None
+    if form is not None:
+        said = form(raw)
+        if notes is not None:
+            notes.extend(said)
     flatten_run_config(raw.get("flower"))  # (Flower's run config is flat: model.name, not {model: {name}})
     scenario = build(Scenario, raw)
     validate(scenario)

@@ -1,7 +1,6 @@
-"""What a federation's server and its clients cost on this machine (FL and mode ps): each side's
-decoding, a client's codec encoding, the server's own work (its rule taking updates, saving a
-checkpoint); with real mode's transport, the ``costs`` that core.modes names for fl and ps
-(``emu calibrate``).  emu.costs has what every mode shares."""
+"""What a federation's server and its clients cost on this machine (FL): each side's decoding, a
+client's codec encoding, the server's own work (its rule taking updates, saving a checkpoint); with
+real mode's transport, the ``costs`` that core.modes names for fl (``emu calibrate``).  emu.costs has what every mode shares."""
 
 from __future__ import annotations
 
@@ -107,59 +106,6 @@ def fl_server_costs(scenario, dim: int, reps: int = 7) -> dict[str, float]:
         take = lambda: sha256_of(rule.aggregate(weights.copy(), updates))
     return server_costs(take, n, lambda: encode_checkpoint(
         Checkpoint(1, weights, scenario.digest(), {"rounds_completed": 1}, rule.state())), dim, reps)
-
-
-def ps_sets(scenario, reps: int = 7) -> list[str]:
-    """A worker's decoding of the model and the parameter server's of an update, the server's own
-    work (its rule taking updates, saving a checkpoint), and real mode's transport."""
-    from dtemu.core.ps.spec import PS
-
-    dim = dim_of(scenario)
-    decode = ps_decode_costs(dim, reps)
-    return transport_only_sets(scenario, reps, dim) + [
-        f"compute.default.decode_s_per_mb={decode['worker']:.6e}",
-        f"compute.nodes.{PS}.decode_s_per_mb={decode['server']:.6e}",
-        *[f"compute.nodes.{PS}.cpu.{op}_s_per_mb={v:.6e}" for op, v in ps_server_costs(scenario, dim, reps).items()]]
-
-
-def ps_decode_costs(dim: int, reps: int = 7) -> dict[str, float]:
-    """Seconds per MB for a worker decoding the model and the server an update (core.ps.messages)."""
-    import torch
-
-    from dtemu.core.ps import messages as pm
-
-    torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    model = pm.encode_ps(pm.Model(1, rng.standard_normal(dim).astype(np.float32)))
-    update = pm.encode_ps(pm.Update(1, 2, 1, 32, 0.1, rng.standard_normal(dim).astype(np.float32) * 0.01))
-    return {side: median_cpu_s(lambda: pm.decode_ps(bytes(bytearray(data)), dim), reps) / (len(data) / 1e6)
-            for side, data in (("worker", model), ("server", update))}
-
-
-def ps_server_costs(scenario, dim: int, reps: int = 7) -> dict[str, float]:
-    """Seconds per MB of the parameter server's own work (core.ps.server): its rule taking a round's
-    updates (``sum``, per MB of the fp32 updates: one per worker; one under an asynchronous rule),
-    and saving a checkpoint of the model (``encode``, per MB of it)."""
-    import torch
-
-    from dtemu.core.ps import messages as pm
-    from dtemu.core.ps.strategies import make_strategy, weighed
-
-    torch.set_num_threads(1)
-    ps = scenario.ps
-    rng = np.random.default_rng(2)
-    weights = rng.standard_normal(dim).astype(np.float32) * 0.05
-    ranks = list(range(2, 2 + ps.workers))
-    rule = make_strategy(ps, ranks, scenario.seed)
-    delta = lambda: rng.standard_normal(dim).astype(np.float32) * 0.01
-    if ps.asynchronous:   # (as the server itself chooses its loop)
-        n, one = 1, delta()
-        take = lambda: rule.apply(weights.copy(), one, 1, weights)
-    else:
-        n = len(ranks)
-        updates = weighed([pm.Update(0, r, 1, 32, 0.1, delta()) for r in ranks], {r: 100 for r in ranks})
-        take = lambda: rule.aggregate(weights.copy(), updates)
-    return server_costs(take, n, lambda: pm.encode_ps(pm.Model(1, weights)), dim, reps)
 
 
 def server_costs(take, updates: int, checkpoint, dim: int, reps: int) -> dict[str, float]:

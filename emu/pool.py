@@ -49,8 +49,7 @@ from typing import Any
 
 from dtemu.core import events as ev
 from dtemu.core.errors import DtemuError
-from dtemu.core.ml.jobs import (EvalJob, GradientJob, StepJob, TrainJob, run_eval_job, run_gradient_job,
-                                 run_step_job, run_train_job)
+from dtemu.core.ml.jobs import EvalJob, GradientJob, TrainJob, run_eval_job, run_gradient_job, run_train_job
 from dtemu.host import cores
 
 MAX_RESTARTS = 10
@@ -95,7 +94,7 @@ def run_job(job: TrainJob | EvalJob):
 
         devices.prepare(device)
         _on_device[device] = _dataset.to(device)
-    run = {EvalJob: run_eval_job, GradientJob: run_gradient_job, StepJob: run_step_job}.get(type(job), run_train_job)
+    run = {EvalJob: run_eval_job, GradientJob: run_gradient_job}.get(type(job), run_train_job)
     return run(job, _on_device[device], _models[key])
 
 

@@ -128,7 +128,7 @@ def _run(scenario: Scenario, run: RunDir, init, work, key, wall_start: float, po
         # Until the controller's role returns (it may crash and restart on the way),
         # then let what is still in flight land (the last model, Stop), as it would
         # for real; clients exit on Stop, so the event queue runs dry.
-        lead = scenario.node_names[0]  # the FL controller; mode ps: the parameter server
+        lead = scenario.node_names[0]  # the FL controller, ddp's worker0, geo's master
         done = world.nodes[lead].finished
         try:
             env.run(until=done)

@@ -78,8 +78,6 @@ class NodeView:
     # The mode's own progress (host.progress): a short line, and what it is made of.
     detail: str = ""
     iterations: int = 0
-    blocked_s: float = 0.0
-    staleness: int | None = None
     wan_bytes: int = 0
 
 
@@ -184,7 +182,7 @@ class DashboardState:
     # Controller events, one small method each.
     def _run_start(self, node: NodeView, ev: dict) -> None:
         clients = ev.get("clients")
-        for name in clients if isinstance(clients, list) else ():  # (mode ps: a count)
+        for name in clients if isinstance(clients, list) else ():
             self._node(name)
         if ev.get("rounds"):
             self.rounds_total = ev["rounds"]

@@ -1,8 +1,6 @@
 """What each mode's own events add to the live dashboard (host.dashboard): a node's state, its
 round (or step), and a short ``detail`` of the mode's own progress.
 
-    ps / ESync  a worker's local iterations, its blocking time and the staleness of its last update;
-                the server's versions and the updates it took
     geo         a role's rounds, its compute and push-to-pull time (workers), its wait and WAN time
                 and WAN bytes (PSs)
     ddp         a worker's steps with the compute / communication split
@@ -22,29 +20,6 @@ TRAINING, DONE = "training", "done"  # (host.dashboard_state's names for these s
 
 def _ms(seconds: Any) -> str:
     return f"{float(seconds) * 1e3:.0f} ms"
-
-
-def ps_worker_round(state, node, ev: dict) -> None:
-    node.state, node.round = TRAINING, ev["round"]
-    node.iterations += int(ev["iterations"])
-    node.blocked_s += float(ev.get("blocked_s") or 0.0)
-    node.detail = f"{node.iterations} it, blocked {node.blocked_s:.2f} s"
-    if node.staleness is not None:
-        node.detail += f", staleness {node.staleness}"
-
-
-def ps_update(state, node, ev: dict) -> None:
-    state.accepted += 1
-    state.round = node.round = int(ev["version"]) + 1
-    worker = state._named(ev["worker"])
-    worker.staleness = int(ev["staleness"])
-    node.detail = f"version {state.round}"
-
-
-def ps_round(state, node, ev: dict) -> None:
-    state.accepted += int(ev["updates"])
-    node.round = int(ev["version"])
-    node.detail = f"{ev['updates']}/{ev['expected']} updates" + (" (timed out)" if ev["timed_out"] else "")
 
 
 def ddp_start(state, node, ev: dict) -> None:
@@ -84,9 +59,6 @@ def finished(state, node, ev: dict) -> None:
 
 
 HANDLERS: dict[str, Callable[[Any, Any, dict], None]] = {
-    kinds.PS_WORKER_ROUND: ps_worker_round,
-    kinds.PS_UPDATE: ps_update,
-    kinds.PS_ROUND: ps_round,
     kinds.WORKER_START: ddp_start,
     kinds.STEP: ddp_step,
     kinds.WINDOW: ddp_window,

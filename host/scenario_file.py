@@ -11,6 +11,7 @@ the key and the file when it is not.  Every refusal is a ``ScenarioError``
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 from dtemu.core import bounded_yaml
@@ -60,12 +61,16 @@ def load_scenario(path: str | Path, overrides: list[str] = (), *, allow_code: bo
     except UnicodeDecodeError as err:
         raise ScenarioError("", f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     raw = _paths_from_file(bounded_yaml.load(text, str(path)), path)
-    scenario = parse_scenario(raw, overrides)
+    notes: list[str] = []   # what reading an older form (mode ps) changed
+    scenario = parse_scenario(raw, overrides, notes)
     if profile is not None or scenario.compute.profile:
         where = Path(profile).resolve() if profile is not None else profiles.resolve(scenario.compute.profile, path)
         costs = profiles.assignments(profiles.read_profile(where))
         again = _cleared(raw, costs, overrides)
-        scenario = parse_scenario(raw, [*costs, *overrides, *again, f"{profiles.KEY}={where}"])
+        notes.clear()
+        scenario = parse_scenario(raw, [*costs, *overrides, *again, f"{profiles.KEY}={where}"], notes)
+    for note in notes:
+        print(f"{path}: note: {note}", file=sys.stderr)
     devices.resolve(scenario)  # a GPU it cannot have: refused now, not run on the CPU
     if not allow_code:
         refuse_code(scenario)

@@ -22,9 +22,7 @@ from pathlib import Path
 
 from dtemu.host.keys import load_key
 from dtemu.core.errors import AppError, DtemuError, KeyFileError, ScenarioError
-from dtemu.core.ps.spec import PS
 from dtemu.core.scenario import CONTROLLER, stretched
-from dtemu.host.rundir import CHECKPOINT
 from dtemu.host.scenario_file import check_code, load_scenario, read_init
 from dtemu.host.verbs import plug
 from dtemu.real import rogue
@@ -202,8 +200,6 @@ def run_rank(args, scenario) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-real-{time.strftime('%Y%m%d-%H%M%S')}" / f"rank{args.rank}"
     try:  # a restarted controller (real launch, --append) may resume from the last round's checkpoint
         init = read_init(scenario, resuming_a_crash=args.append) if name == CONTROLLER else None
-        if name == PS and args.append and (out / CHECKPOINT).is_file():  # a restarted parameter server (mode ps)
-            init = (out / CHECKPOINT).read_bytes()
     except ScenarioError as err:
         print(f"real: {err}", file=sys.stderr)
         return EXIT_USAGE

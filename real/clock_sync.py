@@ -2,9 +2,9 @@
 
 A receiver reads when a message was sent from its DDS source timestamp, which
 is the *sender's* wall clock.  A message's transfer time (events' ``comm_s``),
-ESync's m_k (``core.ps.worker``) and a paced link's delivery time
+ESync's m_k (``core.fl.esync``) and a paced link's delivery time
 (``real.paced_links``) subtract it from the receiver's clock.  Between two
-machines whose clocks are off by a second, an ESync worker would then look a
+machines whose clocks are off by a second, an ESync client would then look a
 second slow (issue 28, part 4).  So every transport measures each peer's offset
 with NTP's four timestamps and reads source timestamps on its own clock:
 

@@ -105,8 +105,7 @@ HELLO = "ctl/hello"  # presence, real mode's own topic; the roles' topics are co
 # Topics whose addressed messages travel on per-node DDS topics (see the module docstring):
 # collective frames, the state server's answers (on the shared topic, each of 12 workers woke
 # for, took and dropped the 11 answers of every query round that were not its own: half of the
-# round trip, docs/notebook/) and the parameter server's models to one worker (an asynchronous
-# server's answer to each update went to every worker) and geo's pushes and pulls (on the shared
+# round trip, docs/notebook/) and geo's pushes and pulls (on the shared
 # topic the global PS's answer to one site reached every rank of every site, across the WAN:
 # docs/netns.md, "Geo sites over namespaces") and a Flower server's instructions (each to its node:
 # on the shared topic every client received all ten of a call's, 10x the bytes on the server's link,
@@ -115,7 +114,7 @@ HELLO = "ctl/hello"  # presence, real mode's own topic; the roles' topics are co
 # the shared topic it went to every client, twice the bytes on the controller's link with two
 # clients, 20% of a FedAsync version on the testbed: entry 33).  A durable topic's addressed
 # messages travel without durability: the latest model for a late joiner is the shared topic's.
-ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY, wire_topics.PS_MODEL,
+ADDRESSED_TOPICS = (wire_topics.COLL_FRAMES, wire_topics.SS_REPLY,
                     wire_topics.GEO_PUSH, wire_topics.GEO_PULL, wire_topics.FLOWER_INS, wire_topics.MODEL_BLOB)
 # Topics whose reader's thread does nothing but wait for them: the thread that calls recv takes
 # their samples itself (real.receiving), which spares the receive thread's wake-up and

@@ -3,7 +3,7 @@
     emu audit RUN [--json]
 
 Counts, from events.jsonl, the faults injected by class and the transport frames refused; then
-the run's mode (core.modes names its checks: report.audit_fl, audit_ps, audit_geo, audit_ddp)
+the run's mode (core.modes names its checks: report.audit_fl, audit_geo, audit_ddp)
 checks that nothing was lost or counted twice.  ``lost_data`` is the number of violations; it
 must be 0.  A mode without checks is refused in one line.
 """

@@ -9,8 +9,7 @@ accuracy per codec); everything named ``ddp_*`` / ``plot_ddp_*`` is the
 data-parallel comparison of the dense baseline with DGC (bytes per step,
 accuracy, communication time per window, ``ddp.md``); ``geo_*`` is training
 across data centres (WAN bytes per node and round, time to accuracy, accuracy over
-time, ``geo.md``); ``ps_*`` is ESync and its baselines (time to accuracy, accuracy and loss over
-time, each worker's local iterations and blocking, ``ps.md``).  Each mode has an entry in ``REPORTS``.
+time, ``geo.md``).  Each mode has an entry in ``REPORTS``.
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas, never
 through pyplot, so importing this module changes no global backend.

@@ -207,18 +207,3 @@ def test_check_update_norm_bound():
     # Large float32 entries: the norm must not overflow to a spurious inf.
     big = np.full(DIM, 1e30, dtype=np.float32)
     check_update(dense("a", 1, big), DIM, max_norm=1e32)
-
-
-def test_shares_first_is_the_papers_rounding():
-    """Mode ps's FedAvg: each delta weighed by n_k / n before the sum (ESync's Eq. 13), bit for bit
-    what the paper's formula gives, and the same rule as dividing once, up to rounding."""
-    g = rvec(0)
-    ds, ns = [rvec(i) for i in (1, 2, 3)], [7, 13, 40]
-    ups = [dense(f"w{i}", n, d) for i, (n, d) in enumerate(zip(ns, ds))]
-    out = FedAvg(0.5, shares_first=True).aggregate(g, list(reversed(ups)))
-    n = float(sum(ns))
-    total = np.zeros(DIM, np.float64)
-    for k, d in zip(ns, ds):
-        total += (k / n) * d.astype(np.float64)
-    np.testing.assert_array_equal(out, (g.astype(np.float64) + 0.5 * total).astype(np.float32))
-    np.testing.assert_allclose(out, FedAvg(0.5).aggregate(g, ups), rtol=1e-6, atol=1e-6)

@@ -83,10 +83,9 @@ def test_cifar10_resnet18_trains_in_emu_on_the_synthetic_archive(tmp_path, monke
     assert summary["bytes_up"] > 2 * 11_000_000  # two q8 updates of ResNet-18's 11.2M floats
 
 
-@pytest.mark.parametrize("mode", ["fl", "ps", "geo"])
+@pytest.mark.parametrize("mode", ["fl", "geo"])
 def test_the_char_lm_learns_in_other_modes_too(mode, tmp_path):
     sets = {"fl": ["mode=fl", "fl.clients=2", "fl.rounds=2", "fl.subset=256", "fl.lr=0.5"],
-            "ps": ["mode=ps", "ps.workers=2", "ps.rounds=6", "ps.algorithm=ssgd", "ps.lr=0.5"],
             "geo": ["mode=geo", "geo.workers_per_site=1", "geo.rounds=20", "geo.eval_every=20", "geo.lr=0.5",
                     "network.sites={c: {wan: {up_mbps: 10}}, a: {wan: {up_mbps: 10}}, b: {wan: {up_mbps: 10}}}"]}
     s = load_scenario(ROOT / "scenarios" / "examples" / "char_lm.yaml", sets[mode])

@@ -157,29 +157,32 @@ def test_a_forged_answer_moves_no_clock_in_a_sealed_run():
 @needs_mnist
 @pytest.mark.slow  # (the default run keeps under 10 minutes on 2 cores; issue 45)
 def test_esync_m_is_the_transfer_not_the_clock_error(tmp_path, monkeypatch):
-    """ESync for real, rank by rank, the parameter server's clock 30 s behind: each worker's m_k
-    (the model's transfer, ``ps_worker_round``) stays under a second, the parameter server sees
-    its updates arrive in well under a second, and the model is emu's."""
-    from dtemu.core.scenario import parse_scenario
-    from dtemu.emu.run import run_emulation
+    """ESync for real, rank by rank, the controller's clock 30 s behind: each client's m_k (the model's
+    transfer: its ``deliver`` of the model, ``comm_s``) stays under a second, the controller sees
+    their updates arrive in well under a second, and the state server answers every question."""
     from dtemu.host.rundir import read_summary
-    from test_ps_real import PS
 
     monkeypatch.setenv("DTEMU_DATA", DATA)
-    raw = {**PS, "name": "real_ps_skewed"}
+    raw = {"name": "real_esync_skewed", "seed": 5, "model": "small_cnn", "threads": 1,
+           "data": {"partition": "iid", "test_samples": 500},
+           "fl": {"clients": 2, "algorithm": "esync", "rounds": 3, "subset": 96, "batch_size": 32, "lr": 0.05,
+                  "init": "xavier", "round_timeout_s": 40, "barrier_timeout_s": 30},
+           "compute": {"nodes": {"client2": {"slowdown": 3}}}}
+    names = ("controller", "client1", "client2", "ss")
     ranks = Ranks(scenario_file(tmp_path, raw), tmp_path)
     try:
-        for rank, name in enumerate(("ps", "ss", "worker1", "worker2")):
-            ranks.start(rank, name, extra_env={"DTEMU_CLOCK_SKEW_S": "-30"} if name == "ps" else None)
-        for name in ("worker1", "worker2", "ss", "ps"):
+        for rank, name in enumerate(names):
+            ranks.start(rank, name, extra_env={"DTEMU_CLOCK_SKEW_S": "-30"} if name == "controller" else None)
+        for name in ("client1", "client2", "ss", "controller"):
             assert ranks.wait(name, 120) == 0, ranks.logs()
     finally:
         ranks.close()
-    for worker in ("worker1", "worker2"):
-        ms = [e["m"] for e in ranks.events(worker) if e["kind"] == "ps_worker_round"]
+    for client in ("client1", "client2"):
+        ms = [e["comm_s"] for e in ranks.events(client) if e["kind"] == "deliver" and e["topic"] == "train/model_blob"]
         assert ms and all(0.0 <= m < 1.0 for m in ms), ms
-        assert read_summary(tmp_path / worker)["real"]["clocks"]["ps"]["offset_s"] == pytest.approx(-30, abs=0.05)
-    comms = [e["comm_s"] for e in ranks.events("ps") if e["kind"] == "deliver" and e["src"].startswith("worker")]
-    assert comms and all(0.0 <= c < 1.0 for c in comms), comms
-    emu = run_emulation(parse_scenario(raw), tmp_path / "emu")
-    assert read_summary(tmp_path / "ps")["model_sha256"] == emu["model_sha256"]
+        clocks = read_summary(tmp_path / client)["real"]["clocks"]
+        assert clocks["controller"]["offset_s"] == pytest.approx(-30, abs=0.05)
+    comms = [e["comm_s"] for e in ranks.events("controller") if e["kind"] == "update_accepted"]
+    assert len(comms) == 6 and all(0.0 <= c < 1.0 for c in comms), comms
+    summary = read_summary(tmp_path / "controller")
+    assert summary["rounds"] == 3 and summary["rounds_failed"] == 0

@@ -10,7 +10,7 @@ from dtemu.core.scenario import parse_scenario
 from dtemu.emu.run import run_emulation
 from dtemu.host.dashboard import DashboardState, render
 from tests.test_geo import StandIn, geo_scenario
-from tests.test_ps import DATA, scenario as ps_scenario
+from tests.test_ps_form import DATA
 
 
 def folded(tmp_path, s, work):
@@ -22,22 +22,6 @@ def folded(tmp_path, s, work):
     console = Console(record=True, width=200)
     console.print(render(state, "test"))
     return state, console.export_text()
-
-
-def test_esync_shows_iterations_blocking_and_the_updates_taken(tmp_path):
-    s = ps_scenario(algorithm="esync", rounds=6)
-    state, text = folded(tmp_path, s, Workload(s, DATA))
-    assert state.rounds_total == 6 and state.accepted > 0
-    fast, slow = state.nodes["worker1"], state.nodes["worker4"]
-    assert fast.iterations > slow.iterations > 0          # ESync: the fast party does more local work
-    assert "it, blocked" in fast.detail and "round 6/6" in text
-
-
-def test_fedasync_shows_each_workers_staleness(tmp_path):
-    s = ps_scenario(algorithm="fedasync", rounds=8)
-    state, _ = folded(tmp_path, s, Workload(s, DATA))
-    assert state.accepted == 8
-    assert any(v.staleness is not None for v in state.nodes.values())
 
 
 def test_geo_shows_rounds_and_wan_bytes_per_site(tmp_path):

@@ -151,10 +151,10 @@ def test_an_fl_run_on_a_gpu_trains_the_same_model_twice(tmp_path, algorithm):
 
 @gpu_only
 @needs_mnist
-@pytest.mark.parametrize("name", ["ddp_ring", "ddp_dgc_worker_lost", "ps_esync_xavier", "geo_bisparse_fp16",
+@pytest.mark.parametrize("name", ["ddp_ring", "ddp_dgc_worker_lost", "fl_esync_xavier", "geo_bisparse_fp16",
                                   "geo_join"])
 def test_every_mode_trains_the_same_model_twice_on_a_gpu(tmp_path, name):
-    """ddp (dense and DGC, a worker lost), ps and geo (BiSparse, a site joining) on the GPU: the same
+    """ddp (dense and DGC, a worker lost), FL's ESync and geo (BiSparse, a site joining) on the GPU: the same
     model again (tests/test_fake_gpu.py runs the same scenarios on a stand-in GPU everywhere)."""
     from dtemu.emu.run import run_emulation
     from test_fake_gpu import CASES, SMALL

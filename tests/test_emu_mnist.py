@@ -115,10 +115,10 @@ def test_data_root_comes_from_the_environment():
 
 
 def test_jobs_place_every_modes_training(tmp_path, capsys):
-    """--jobs places the training of every mode: a ps worker's local iterations and a ddp worker's
+    """--jobs places the training of every mode: an FL client's local steps and a ddp worker's
     gradients go to the pool, and neither run says it trains in this process."""
     path = tmp_path / "s.yaml"
-    path.write_text("name: ps-jobs\nmode: ps\nmodel: small_cnn\nps: {workers: 2, rounds: 1, algorithm: ssgd}\n"
+    path.write_text("name: fl-jobs\nmode: fl\nmodel: small_cnn\nfl: {clients: 2, rounds: 1, subset: 32}\n"
                     "data: {test_samples: 100}\n")
     assert emu_main(["run", str(path), "--no-tui", "--jobs", "2", "--out", str(tmp_path / "run")]) == 0
     assert "trains inside this process" not in capsys.readouterr().err

@@ -15,21 +15,6 @@ def _flat(u: dict) -> dict:
     return {k: pytest.approx(v) for k, v in u.items()}
 
 
-def _esync(version_s: float, computes: dict[str, list[float]]) -> list[dict]:
-    events = [{"kind": "ps_round", "node": "ps", "version": v, "t": 10.0 + v * version_s} for v in range(4)]
-    for worker, per in computes.items():
-        total = 0.0
-        for v, c in enumerate(per):
-            total += c
-            events.append({"kind": "ps_worker_round", "node": worker, "round": v, "compute_s": total})
-    return events
-
-
-def test_esync_versions_and_their_slowest_compute():
-    u = units.esync_versions(_esync(2.0, {"worker1": [0.5, 0.6, 0.7, 0.8], "worker2": [1.0, 0.2, 0.2, 0.2]}), "ps")
-    assert u == _flat({1: (2.0, 1.4), 2: (2.0, 1.3), 3: (2.0, 1.2)})
-
-
 def test_fl_rounds_run_from_close_to_close_less_the_slowest_training_they_took():
     events = [{"kind": "round_close", "node": "controller", "round": r, "t": 3.0 * r,
                "clients": ["client1", "client2"] if r == 2 else []} for r in (1, 2, 3)]

@@ -116,12 +116,12 @@ def test_an_esync_run_resumes_from_its_checkpoint(tmp_path):
     assert steps["client5"] == 1 and max(steps.values()) > 1
 
 
-def test_the_shipped_example_is_esync_in_fl():
+def test_the_shipped_scenario_is_esync_in_fl():
     from pathlib import Path
 
     from dtemu.host.scenario_file import load_scenario
 
-    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "examples" / "fl_esync.yaml")
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "esync.yaml")
     assert (sc.mode, sc.fl.algorithm, sc.node_names[0], sc.node_names[-1]) == ("fl", "esync", "controller", "ss")
     assert len(sc.node_names) == 14 and sc.kind.readers_of(sc)["ps/state"] == {"ss"}
 

@@ -103,7 +103,7 @@ def test_the_scenario_imports_no_role():
             continue
         seen.add(name)
         todo += [i for i in imports(known[name], annotations=True) if i in known]
-    roles = {"dtemu.core.fl.client", "dtemu.core.fl.controller", "dtemu.core.ps.state_server",
+    roles = {"dtemu.core.fl.client", "dtemu.core.fl.controller", "dtemu.core.esync.state_server",
              "dtemu.core.ddp.worker", "dtemu.core.geo.roles", "dtemu.core.flower.server", "dtemu.core.flower.client"}
     assert seen & roles == set()
 

@@ -9,7 +9,6 @@ from dtemu.host.resolve import resolve
 SCENARIOS = {
     "fl": {"name": "m", "fl": {"clients": 3}},
     "ddp": {"name": "m", "mode": "ddp", "ddp": {"workers": 3, "max_steps": 7}},
-    "ps": {"name": "m", "mode": "ps", "ps": {"workers": 3}},
     "geo": {"name": "m", "mode": "geo", "network": {"sites": {"c": {}, "a": {}, "b": {}}}},
     "flower": {"name": "m", "mode": "flower", "flower": {"server_app": "a:s", "client_app": "a:c"}},
 }

@@ -148,19 +148,19 @@ GRADIENT_RUNS = {
     "ddp_dgc": ("ddp_dgc", ["ddp.max_steps=6", "ddp.warmup_steps_per_stage=2", "data.test_samples=200"]),
     "geo_hips": ("geo_hips", ["geo.rounds=3", "data.test_samples=200"]),
     "geo_hfa": ("geo_hips", ["geo.sync=hfa", "geo.k1=2", "geo.k2=2", "geo.rounds=2", "data.test_samples=200"]),
-    # ps: each local iteration (core.ml.jobs.StepJob); ESync's counts follow the clock, so the same
-    # events say every iteration took its modelled time
-    "ps_esync": ("esync", ["ps.rounds=2", "ps.max_local_iterations=6", "data.test_samples=200"]),
-    "ps_fedasync": ("ssgd_hetero", ["ps.algorithm=fedasync", "ps.rounds=6", "ps.local_epochs=1",
-                                    "ps.fixed_iterations=3", "data.test_samples=200"]),
+    # the shipped ESync scenarios (once mode ps): FL's clients, each round's training a job (FedAsync);
+    # ESync's steps a step at a time in this process, and its counts follow the clock, so the same
+    # events say every step took its modelled time
+    "fl_esync": ("esync", ["fl.rounds=2", "fl.esync.max_iterations=6", "data.test_samples=200"]),
+    "fl_fedasync": ("ssgd_hetero", ["fl.algorithm=fedasync", "fl.rounds=6", "fl.subset=96", "data.test_samples=200"]),
 }
 
 
 @needs_mnist
-@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.slow) if r in ("geo_hfa", "geo_hips", "ps_esync") else r
+@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.slow) if r in ("geo_hfa", "geo_hips", "fl_esync") else r
                                  for r in sorted(GRADIENT_RUNS)])
-def test_ddp_geo_and_ps_workers_in_worker_processes_give_the_serial_events(tmp_path, run):
-    """Every worker's forward and backward pass (ps: and its SGD step) runs in a worker process (its
+def test_ddp_geo_and_esync_workers_in_worker_processes_give_the_serial_events(tmp_path, run):
+    """Every worker's forward and backward pass (FL: a client's round) runs in a worker process (its
     model's state goes with it, its gradients or new state come back): the event log is the serial
     run's, byte for byte."""
     from dtemu.host.scenario_file import load_scenario

@@ -308,7 +308,7 @@ def test_fedasync_q8_sampled_sealed_runs_to_its_end_for_real(tmp_path):
     assert audit(out)["lost_data"] == 0
 
 
-# --- ps's rules in FL, for real: TiFL's tiers (measured on wall time), DC-ASGD one at a time -------
+# --- the rules that were mode ps's, in FL, for real: TiFL's tiers (on wall time), DC-ASGD one at a time ---
 
 PS_RULES_IN_FL = {
     "tifl": {"algorithm": "tifl", "rounds": 3, "min_clients": 1, "tifl": {"tiers": 2}},
@@ -317,7 +317,7 @@ PS_RULES_IN_FL = {
 }
 
 
-# the default run takes fedasync (the asynchronous rule); the rest are slow (tests/test_ps_real.py runs ESync for real)
+# all slow (the default run keeps under 10 minutes; tests/test_clock_sync.py runs ESync for real, rank by rank)
 @pytest.mark.parametrize("rule", [r if r == "fedasync" else pytest.param(r, marks=pytest.mark.slow)
                                   for r in sorted(PS_RULES_IN_FL)])
 def test_a_ps_rule_in_fl_q8_sampled_sealed_runs_to_its_end_for_real(tmp_path, rule):

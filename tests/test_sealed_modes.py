@@ -1,5 +1,5 @@
 """Sealing is one layer under every mode (core.wire.auth through the driver's context): a sealed
-run of ps (ESync), geo (HiPS, BiSparse) and ddp trains the model the open run trains, says so
+run of ESync (FL's, from a ps scenario), geo (HiPS, BiSparse) and ddp trains the model the open run trains, says so
 in summary.json, and refuses what an outsider without the key sends, counted with its reason."""
 
 import json
@@ -11,7 +11,7 @@ from dtemu.core.ml.workload import Workload
 from dtemu.core.runtime.requests import Message, RecordingContext, Recv
 from dtemu.emu.run import run_emulation
 from tests.test_geo import StandIn, geo_scenario
-from tests.test_ps import DATA, scenario as ps_scenario
+from tests.test_ps_form import DATA, scenario as ps_scenario
 
 KEY = b"sixteen or more bytes of key"
 
@@ -56,18 +56,18 @@ def test_a_sealed_ddp_run_trains_the_open_runs_model(tmp_path):
 
 
 def test_an_outsiders_message_is_refused_by_its_reason_in_each_role():
-    """The ps server, a geo inbox and a collective refuse unsigned and forged bytes and go on."""
-    from dtemu.core.ps.state_server import state_server
+    """The state server, a geo inbox and a collective refuse unsigned and forged bytes and go on."""
+    from dtemu.core.esync.state_server import state_server
     from dtemu.core.wire.auth import Sealer
     from dtemu.core.wire.topics import SS_STATE
 
     ctx = RecordingContext(node="ss", key=KEY)
-    names = ["ps", "ss", "worker1"]
-    role = state_server(ctx, names, [2])
+    names = ["controller", "client1", "ss"]
+    role = state_server(ctx, names, [1])
     assert isinstance(next(role), Recv)
-    outsider = Sealer(b"another key of sixteen bytes", "worker1")
+    outsider = Sealer(b"another key of sixteen bytes", "client1")
     for data in (b"plain bytes", outsider.seal(SS_STATE, 0, b"x" * 40)):
-        request = role.send(Message(SS_STATE, "worker1", data, 0.0, 0.0))
+        request = role.send(Message(SS_STATE, "client1", data, 0.0, 0.0))
         assert isinstance(request, Recv)   # refused, and it waits for the next message
     reasons = [e["reason"] for e in ctx.events if e["kind"] == ev.MESSAGE_REJECTED]
     assert reasons == ["unsigned", "forged"]

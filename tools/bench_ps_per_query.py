@@ -23,7 +23,7 @@ import time
 import timeit
 from collections import deque
 
-from dtemu.core.ps import messages as sm
+from dtemu.core.esync import state_messages as sm
 from dtemu.core.wire.topics import SS_REPLY, SS_STATE
 
 WORKERS = 12
@@ -72,7 +72,7 @@ class _Inbox:
 
 
 def role_us_per_query(n: int) -> float:
-    from dtemu.core.ps.state_server import state_server
+    from dtemu.core.esync.state_server import state_server
     from dtemu.core.runtime.driver import run_blocking
     from dtemu.host.rundir import RunDir
     from dtemu.real.node import real_driver
@@ -83,7 +83,7 @@ def role_us_per_query(n: int) -> float:
         inbox = _Inbox(n)
         driver = real_driver("ss", inbox, run, publishes=[SS_REPLY])
         cpu = time.process_time()
-        result = run_blocking(driver.run(state_server(driver, names, list(range(2, 2 + WORKERS)))))
+        result = run_blocking(driver.run(state_server(driver, names, list(range(2, 2 + WORKERS)), leader="ps")))
         cpu = time.process_time() - cpu
         run.close()
     if result.queries != n or inbox.sent != n:
@@ -92,7 +92,7 @@ def role_us_per_query(n: int) -> float:
 
 
 def pieces_us(n: int) -> dict:
-    from dtemu.core.ps.state_table import StateTable
+    from dtemu.core.esync.state_table import StateTable
     from dtemu.real.wire import Frame, decode_frame, encode_frame
 
     data = sm.encode_state(sm.StateMsg(sm.QUERY, 3, 1, sm.Status(3, 5, 0, 0.002, 0.0005, 7.0)))
@@ -110,7 +110,7 @@ def pieces_us(n: int) -> dict:
 
 
 def query_at_scale_us(records: int, live: int, n: int) -> float:
-    from dtemu.core.ps.state_table import StateTable
+    from dtemu.core.esync.state_table import StateTable
 
     table = StateTable(range(records))
     for k in range(live, records):

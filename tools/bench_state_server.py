@@ -3,7 +3,7 @@
     python -m tools.bench_state_server [--workers 12] [--procs 12] [--queries 300] [--think-ms 0]
                                        [--shared-replies] [--json FILE] [--domain D]
 
-The state server (``core.ps.state_server`` under the real driver, as ``real run`` runs
+The state server (``core.esync.state_server`` under the real driver, as ``real run`` runs
 it) in its own process, and the K workers (``worker1``..``workerK``, each its own DDS
 participant) in ``--procs`` client processes (K threads of one process with
 ``--procs 1``; one process per worker, as in a real run, with ``--procs K``).  They start
@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 
-from dtemu.core.ps import messages as sm
+from dtemu.core.esync import state_messages as sm
 from dtemu.core.wire.topics import SS_REPLY, SS_STATE
 
 
@@ -103,7 +103,7 @@ def addressed(shared: bool) -> dict:
 
 def serve(workers: int, domain: int, out: str, shared: bool) -> None:
     """The state server, until the parameter server's STOP."""
-    from dtemu.core.ps.state_server import state_server
+    from dtemu.core.esync.state_server import state_server
     from dtemu.core.runtime.driver import run_blocking
     from dtemu.host.rundir import RunDir
     from dtemu.real.node import real_driver
@@ -114,7 +114,7 @@ def serve(workers: int, domain: int, out: str, shared: bool) -> None:
         run = RunDir(out)
         driver = real_driver("ss", transport, run, publishes=[SS_REPLY])
         legs: dict[str, list] = {"to_ss": [], "ss_queue": [], "service": []}
-        role = timed(driver, state_server(driver, names(workers), list(range(2, 2 + workers))), legs)
+        role = timed(driver, state_server(driver, names(workers), list(range(2, 2 + workers)), leader="ps"), legs)
         result = run_blocking(driver.run(role))
         transport.flush(timeout_s=5.0)
         run.close()

@@ -9,7 +9,8 @@
     python -m tools.esync_experiments cnn4 [headline|fedasync|noniid|hc]  # the larger model (4 conv + 1 FC)
 
 Every run starts from scenarios/esync.yaml (12 parties, 6 fast and 6 slow, 1 Gbit/s LAN,
-IID Fashion-MNIST, batch 32, SGD) with the overrides each experiment lists, runs in
+IID Fashion-MNIST, batch 32, SGD) in the ps form these experiments were written in (``BASE_PS``,
+read as FL's: core.fl.ps_form), with the overrides each experiment lists (``ps.*``), runs in
 virtual time under /tmp/esync_experiments/<label>, and its numbers (summary and the
 parameter server's evaluations) go to docs/figures/esync/<experiment>.json with a
 figure beside.  Run one at a time under flock /tmp/dtemu-heavy.lock: each is minutes.
@@ -25,6 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "scenarios" / "esync.yaml"
+# scenarios/esync.yaml as it was, in mode ps's keys (its network, data and speeds are the file's)
+BASE_PS = {"mode": "ps", "ps": {"workers": 12, "algorithm": "esync", "rounds": 20, "batch_size": 32, "lr": 0.05,
+                                "global_lr": 1.0, "init": "xavier", "eval_every": 1, "round_timeout_s": 60,
+                                "min_workers": 6}}
 FIGURES = ROOT / "docs" / "figures" / "esync"
 SLOW = [f"worker{k}" for k in range(7, 13)]
 
@@ -37,9 +42,13 @@ def run(label: str, overrides: list[str]) -> dict:
     from dtemu.core.errors import DtemuError
     from dtemu.emu.run import run_emulation
     from dtemu.host.rundir import read_events
-    from dtemu.host.scenario_file import load_scenario
+    from dtemu.core import bounded_yaml
+    from dtemu.core.scenario import parse_scenario
 
-    scenario = load_scenario(BASE, overrides)
+    raw = bounded_yaml.load(BASE.read_text(), str(BASE))
+    raw.pop("fl")
+    raw["compute"]["nodes"] = {w: {"slowdown": 150} for w in SLOW}
+    scenario = parse_scenario({**raw, **BASE_PS}, overrides)
     out = Path("/tmp/esync_experiments") / label
     started = time.perf_counter()
     try:

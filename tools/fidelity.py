@@ -33,7 +33,7 @@ class Row:
     extra: list[str] = field(default_factory=list)
 
 
-# The links of the earlier table (issue 28): 100 Mbit/s for fl, ddp and ps, a 20 Mbit/s WAN for geo.  At
+# The links of the earlier table (issue 28): 100 Mbit/s for fl (ESync's too) and ddp, a 20 Mbit/s WAN for geo.  At
 # the shipped ddp scenarios' 1 Gbit/s the transport's CPU, which emu does not price per byte, is most
 # of a step on these shares (notebook 31).
 LAN = ["network.default={up_mbps: 100, down_mbps: 100, latency_ms: 0.5}"]
@@ -52,10 +52,10 @@ ROWS = {
                     "fl, FedAsync, 2 clients (a unit is a version)"),
     "ddp_dense": Row("scenarios/ddp_baseline.yaml", DDP, "ddp, dense allreduce, 3 workers"),
     "ddp_dgc": Row("scenarios/ddp_dgc.yaml", DDP, "ddp, DGC, 3 workers"),
-    "esync": Row("scenarios/esync.yaml", ["model=mnist_cnn", "ps.workers=2", "ps.rounds=12", "ps.eval_every=1000",
-                                          "data.test_samples=500", "threads=1", "ps.min_workers=2",
-                                          "compute.nodes={worker2: {slowdown: 4}}"] + LAN,
-                 "ps, ESync, 2 workers, one 4x slower (a unit is a version)",
+    "esync": Row("scenarios/esync.yaml", ["model=mnist_cnn", "fl.clients=2", "fl.rounds=12", "fl.eval_every=1000",
+                                          "data.test_samples=500", "threads=1", "fl.min_clients=2",
+                                          "compute.nodes={client2: {slowdown: 4}}"] + LAN,
+                 "fl, ESync, 2 clients, one 4x slower",
                  note="ESync's iterations follow the speeds it measures on the wall clock: same model not expected"),
     "geo_hips": Row("scenarios/geo_hips.yaml", GEO, "geo, HiPS, 2 sites x 2 workers"),
     "geo_bisparse_fp16": Row("scenarios/geo_bisparse_fp16.yaml", GEO, "geo, BiSparse + FP16, 2 sites x 2 workers"),

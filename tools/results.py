@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# mode -> (scenario, what it shows), in the order the page lists them
+# section -> (scenario, what it shows), in the order the page lists them
 SHIPPED = {
     "fl": [("fl_codecs", "2 clients, the 1.2M CNN, fp32 updates (the codec experiment's baseline)"),
            ("fl_straggler", "4 non-IID clients, one 4x slower, a slow uplink, dropouts, an offline window"),
@@ -37,13 +37,13 @@ SHIPPED = {
     "ddp": [("ddp_baseline", "3 workers, dense gradients, pipelined allreduce"),
             ("ddp_dgc", "the same with Deep Gradient Compression (0.1% after warm-up)"),
             ("ddp_worker_lost", "a worker crashes at 1 s; the others go on")],
-    "ps": [("esync", "ESync, 12 parties, 6 of them 150x slower"),
-           ("ssgd_hetero", "SSGD on the same parties")],
+    "esync": [("esync", "ESync (FL with its state server), 12 parties, 6 of them 150x slower"),
+              ("ssgd_hetero", "SSGD on the same parties (FedAvg of one local step a round)")],
     "geo": [("geo_hips", "GeoMX HiPS, 2 sites x 4 workers, a 155 Mbit/s WAN, 1200 rounds"),
             ("geo_bisparse_fp16", "the same with BiSparse and FP16 on the WAN"),
             ("geo_flat", "the same workers on one flat parameter server")],
 }
-UNIT = {"fl": "rounds", "ddp": "steps", "ps": "rounds", "geo": "rounds"}
+UNIT = {"fl": "rounds", "ddp": "steps", "esync": "rounds", "geo": "rounds"}
 
 
 def pins():
@@ -201,7 +201,7 @@ def page(rows: dict, command: str, note: str = "") -> str:
         "from the run folders named in the command. Accuracy is on each scenario's test set "
         "(`data.test_samples`, else all of it).", "",
     ]
-    titles = {"fl": "Federated learning", "ddp": "Data-parallel training", "ps": "Parameter server (ESync)",
+    titles = {"fl": "Federated learning", "ddp": "Data-parallel training", "esync": "ESync and SSGD (once mode ps)",
               "geo": "Across data centres (GeoMX)"}
     for mode in SHIPPED:
         parts += [f"## {titles[mode]}", "", *mode_table(mode, rows), ""]

@@ -93,17 +93,15 @@ def check_update(
 class FedAvg(Strategy):
     """new = weights + server_lr · Σ (n_i / N) · delta_i, with N = Σ n_i.
 
-    Two roundings of the one rule: by default Σ n_i · delta_i, divided by N once at the end
-    (FL's: integer weights times float32 values are exact in float64); with ``shares_first``
-    each delta_i weighed by its share n_i / N before the sum, the paper's form (ESync's Eq. 13),
-    mode ps's, whose pinned models were trained so.
+    Rounded as Σ n_i · delta_i, divided by N once at the end: integer weights times float32 values
+    are exact in float64.  (Mode ps weighed each delta by its share n_i / N before the sum, ESync's
+    Eq. 13 as written; its scenarios, read as FL's now, round as FL does.)
     """
 
-    def __init__(self, server_lr: float = 1.0, *, shares_first: bool = False):
+    def __init__(self, server_lr: float = 1.0):
         if not (math.isfinite(server_lr) and server_lr > 0):
             raise ValueError(f"server_lr must be finite and positive, got {server_lr!r}")
         self.server_lr = float(server_lr)
-        self.shares_first = shares_first
 
     def order(self, updates: list[Update]) -> list[Update]:
         """Summation order: by client name, so arrival order cannot change a bit."""
@@ -152,7 +150,6 @@ class FedAvg(Strategy):
         total = sum(counts)
         acc = np.zeros(dim, dtype=np.float64)
         for u, n in zip(ordered, counts):
-            self.accumulate(acc, w64, u, n / float(total) if self.shares_first else n)
-        if not self.shares_first:
-            acc /= total
+            self.accumulate(acc, w64, u, n)
+        acc /= total
         return self.step(w64, acc)

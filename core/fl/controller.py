@@ -35,7 +35,7 @@ from dtemu.core.ml.workload import Workload, round_seed
 from dtemu.core.fl.population import Population
 from dtemu.core.fl.downlink import Downlink
 from dtemu.core.fl import fedasync
-from dtemu.core.fl.steps import accepted, aggregate, barrier, blob, checkpoint, evaluate, refuse_update
+from dtemu.core.fl.steps import accepted, aggregate, barrier, blob, checkpoint, evaluate, out_of_time, refuse_update
 from dtemu.core import events as ev
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
@@ -62,7 +62,8 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     population = population or Population(scenario)
     auth = ctx.sealer
     inbox = update_inbox(frozenset(clients), work.dim, fl.max_update_norm, auth)
-    result = ControllerResult(weights=work.initial_weights)
+    # fl.init: the model's seeded weights, or Xavier's (ESync's w^0)
+    result = ControllerResult(weights=work.initial_weights if fl.init == "seeded" else work.initial_model(fl.init))
     strategy = fl_strategy(scenario)  # fl.algorithm (core.fl.rules)
     start = 1
     if init is not None:
@@ -177,7 +178,11 @@ def _rounds(ctx, scenario, work, result, population, inbox, strategy, downlink, 
             yield from downlink.publish(ctx, round_, result.weights, auth.seal)
         else:
             yield Send(MODEL_BLOB, auth.seal(MODEL_BLOB, round_, blob(round_, result.weights)))
-        yield from evaluate(fl, work, result.weights, round_)
+        over = out_of_time(ctx, fl)
+        yield from evaluate(fl, work, result.weights, round_, last=over)
+        if over:
+            result.stop_reason = f"fl.max_time_s ({fl.max_time_s:g} s) reached after round {round_}"
+            break
         round_, attempt = round_ + 1, 0
 
     return round_

@@ -1,15 +1,15 @@
-"""ESync's talk with its state server (Algorithm 1, core/ps/state_table.py), written once for FL's
-``fl.algorithm: esync`` and for mode ps:
+"""ESync's talk with its state server (Algorithm 1, core/esync/state_table.py) under
+``fl.algorithm: esync``:
 
-- ``Questions``: a client's (a ps worker's) side: REPORT when it starts a round, QUERY after each
+- ``Questions``: a client's side: REPORT when it starts a round, QUERY after each
   local iteration with c (that iteration's compute time) and m (its model's transfer time), and
   the answer, TRAIN or SYNC; a question unanswered in time counts as SYNC.
-- ``Leader``: the controller's (the parameter server's) side: RESET when a round begins (the
+- ``Leader``: the controller's side: RESET when a round begins (the
   first one starts every record afresh), LEAVE for a client that missed its round or is not
   asked in this one (sampling: the straggler is searched among the round's clients), STOP.
 - ``train_until_sync``: an FL client's round under ESync: a step, a question, until SYNC.
 
-The state server itself is core/ps/state_server.py, the one extra role the rule brings.
+The state server itself is core/esync/state_server.py, the one extra role the rule brings.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Iterable
 from dtemu.core import events as ev
 from dtemu.core.errors import DecodeError
 from dtemu.core.ml.train import TrainResult
-from dtemu.core.ps import messages as pm
-from dtemu.core.ps.spec import SS
+from dtemu.core.esync import state_messages as pm
+from dtemu.core.fl.names import STATE_SERVER_NODE as SS
 from dtemu.core.runtime import points
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.requests import Compute, Point, Recv, Send, WaitPeers

@@ -21,7 +21,7 @@ import numpy as np
 
 from dtemu.core import events as ev
 from dtemu.core.runtime.verdict import ACCEPTED
-from dtemu.core.fl.steps import accepted, aggregate, blob, checkpoint, evaluate, refuse_update
+from dtemu.core.fl.steps import accepted, aggregate, blob, checkpoint, evaluate, out_of_time, refuse_update
 from dtemu.core.ml.workload import round_seed
 from dtemu.core.runtime import points
 from dtemu.core.runtime.collect import FIRST, collect
@@ -100,7 +100,11 @@ def run(ctx, scenario, work, result, population, inbox, strategy, start: int):
             del bases[v]   # no client trains from it any more
         yield Point(points.AGGREGATED, version)
         yield from checkpoint(ctx, scenario, result, version, {})
-        yield from evaluate(fl, work, result.weights, version)
+        over = out_of_time(ctx, fl)
+        yield from evaluate(fl, work, result.weights, version, last=over)
+        if over:
+            result.stop_reason = f"fl.max_time_s ({fl.max_time_s:g} s) reached after version {version}"
+            break
         if version < fl.rounds:
             yield from refill()
     return version

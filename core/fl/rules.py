@@ -27,8 +27,8 @@ STATE_SERVER = ("esync",)
 
 
 class FedDrop(FedAvg):
-    def __init__(self, server_lr: float, k_hat: int, **rounding):
-        super().__init__(server_lr, **rounding)
+    def __init__(self, server_lr: float, k_hat: int):
+        super().__init__(server_lr)
         self.k_hat = k_hat
 
     def quorum(self, expected: int) -> int:
@@ -39,8 +39,8 @@ class TiFL(ChoosesByTier, FedAvg):
     """FedAvg over the clients of one tier a round (core.fl.strategy.Tiers); the first round asks
     as any round would, and its answers make the tiers."""
 
-    def __init__(self, server_lr: float, tiers: Tiers, **rounding):
-        super().__init__(server_lr, **rounding)
+    def __init__(self, server_lr: float, tiers: Tiers):
+        super().__init__(server_lr)
         self.tiers = tiers
 
 

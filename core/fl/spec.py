@@ -68,7 +68,7 @@ class TiFLSpec:
 @dataclass(frozen=True)
 class ESyncSpec:
     """esync: each client asks the state server, after every local iteration, whether to train once
-    more or send its update (ESync's Algorithm 1, core/ps/state_table.py; core/fl/esync.py)."""
+    more or send its update (ESync's Algorithm 1, core/esync/state_table.py; core/fl/esync.py)."""
 
     # The most local iterations a client runs in a round; then it sends without asking (None: the
     # state server alone decides).
@@ -130,6 +130,12 @@ class FLSpec:
     # Updates whose L2 norm exceeds this are rejected (None: no bound).
     max_update_norm: float | None = field(default=None, metadata=check(positive))
     eval_every: int = field(default=1, metadata=check(positive))
+    # Also stop after the round (the update, under an asynchronous rule) that ends at or past this time
+    # on the runtime's clock, and evaluate it (None: only after fl.rounds).
+    max_time_s: float | None = field(default=None, metadata=check(positive))
+    # The initial model: the model's own seeded initialisation, or Xavier-uniform weights and zero
+    # biases from the seed (ESync's w^0 = Xavier(f), Algorithm 2; core.ml.models.xavier_init).
+    init: Literal["seeded", "xavier"] = "seeded"
     # Resume from this checkpoint (written by an earlier run of this scenario).
     init_path: str | None = None
     # Clients asked per round, drawn from the round seed among those available: a fraction

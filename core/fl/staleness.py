@@ -1,7 +1,7 @@
 """The rules for an update made on a model that has moved since, each written once.
 
 FedAsync (Xie et al., "Asynchronous Federated Optimization", 2019), for the FL controller
-(fl.algorithm fedasync) and the parameter server (ps.algorithm fedasync):
+(fl.algorithm fedasync):
 
     x ← (1 − a)·x + a·x_k,   a = α · s(t − τ)
 
@@ -11,8 +11,8 @@ x_k the model a client trained from version τ, t the server's version now, and 
     poly      s = (staleness + 1)^(−a)
     hinge     s = 1 for staleness ≤ b, else 1 / (a·(staleness − b) + 1)
 
-DC-ASGD's delay compensation (Zheng et al., 2017), for the parameter server (ps.algorithm
-dcasgd) and geo's MixedSync global PS (geo.dcasgd_lambda):
+DC-ASGD's delay compensation (Zheng et al., 2017), for the FL controller (fl.algorithm dcasgd)
+and geo's MixedSync global PS (geo.dcasgd_lambda):
 
     g' = g + λ·g⊙g⊙(w_now − w_then)
 """

@@ -50,9 +50,15 @@ def checkpoint(ctx, scenario, result, round_: int, state: dict):
     yield Point(points.CHECKPOINTED, round_)
 
 
-def evaluate(fl, work, weights, round_: int):
-    """Evaluate after ``round_`` if fl.eval_every says so (and after the last)."""
-    if round_ % fl.eval_every == 0 or round_ == fl.rounds:
+def out_of_time(ctx, fl) -> bool:
+    """Has the run reached fl.max_time_s on the runtime's clock (then the round just done is its last)?"""
+    return fl.max_time_s is not None and ctx.now() >= fl.max_time_s
+
+
+def evaluate(fl, work, weights, round_: int, last: bool = False):
+    """Evaluate after ``round_`` if fl.eval_every says so, and after the last (``last``: one that
+    fl.max_time_s made the last)."""
+    if round_ % fl.eval_every == 0 or round_ == fl.rounds or last:
         job = work.eval_job(weights) if hasattr(work, "eval_job") else None  # worker processes may share it
         yield Evaluate(lambda: work.evaluate(weights), round=round_, samples=work.test_size, job=job)
 

@@ -1,6 +1,5 @@
 """The one strategy interface of a federation, asked by FL's controller (core.fl.controller and
-core.fl.fedasync) and ps's parameter server (core.ps.server) alike: one method per decision, in
-the manner of Flower's Strategy.
+core.fl.fedasync): one method per decision, in the manner of Flower's Strategy.
 
 - ``configure_round(key, candidates)``: who trains this round, of the ``candidates`` who could
   (None: whoever the run would ask anyway); ``key`` seeds any draw;
@@ -12,7 +11,7 @@ the manner of Flower's Strategy.
 
 The decisions that rules share are written once, here and in core.fl.staleness: FedDrop's quorum
 (``drop_quorum``), TiFL's tiers (``Tiers``), and the asynchronous rules (``ASGD``, ``DCASGD``,
-``FedAsync``) over plain numbers, so that FL builds them from ``fl.*`` and ps from ``ps.*``.
+``FedAsync``) over plain numbers, built from ``fl.*`` (core.fl.rules).
 """
 
 from __future__ import annotations
@@ -129,7 +128,7 @@ class Tiers:
 
 
 class ChoosesByTier:
-    """TiFL's part of a strategy, for FL's and ps's alike: its ``tiers`` (a ``Tiers``) choose each
+    """TiFL's part of a strategy: its ``tiers`` (a ``Tiers``) choose each
     round's clients, learn from the first round, and travel in the checkpoint."""
 
     selects = True

@@ -10,8 +10,7 @@ runs (the models hold no state outside their weights; each job loads them).
 An evaluation is a job too (``EvalJob``): it splits into whole batches of the
 test set, so its parts can run on several workers and still count exactly what
 one pass counts (``finish``).  So is one forward and backward pass (``GradientJob``:
-a ddp worker's step, a geo worker's), whose result the role writes into its model, and so is a ps
-worker's local iteration (``StepJob``: the pass and its SGD step).
+a ddp worker's step, a geo worker's), whose result the role writes into its model.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from dtemu.core.ml.params import flatten, grads_vector, load_flat, load_grads, z
 from dtemu.core.ml.evaluation import EVAL_BATCH, evaluate
 from dtemu.core.ml.task import task_of
 from dtemu.core.runtime.requests import Compute
-from dtemu.core.ml.train import TrainResult, compute_gradients, sgd_iteration, train_local
+from dtemu.core.ml.train import TrainResult, compute_gradients, train_local
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,34 +120,6 @@ def gradient_pass(work, model, batch, rank: int, step: int):
     if hasattr(work, "gradient_step"):
         return take_gradients(model, (yield work.gradient_step(model, batch, rank, step)))
     return (yield Compute(lambda: work.gradients(model, batch, rank, step), samples=len(batch)))
-
-
-class StepJob(GradientJob):
-    """One local iteration of a ps worker (forward, backward, a plain SGD step of ``lr``: no state of
-    its own, so a fresh optimizer in a worker process steps as the worker's does): its result is
-    (loss, the state after), which ``take_step`` writes into the worker's model."""
-
-    def __init__(self, model: str, model_seed: int, source, indices: np.ndarray, seed: int, device: str, lr: float):
-        super().__init__(model, model_seed, source, indices, seed, device)
-        self.lr = lr
-
-
-def run_step_job(job: StepJob, dataset, model=None):
-    if model is None:
-        model = build_model(job.model, seed=job.model_seed).to(job.device)
-    load_flat(model, job.state)
-    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=0.0, weight_decay=0.0)
-    loss = sgd_iteration(model, opt, dataset.x_train, dataset.y_train, job.indices, job.seed, task_of(job.model))
-    return loss, flatten(model)
-
-
-def take_step(model, result) -> float:
-    """Write a step job's result into ``model``; returns the loss.  (None for the state: the step ran in
-    ``model`` itself, in this process.)"""
-    loss, state = result
-    if state is not None:
-        load_flat(model, state)
-    return loss
 
 
 @dataclass(frozen=True, eq=False)

@@ -149,6 +149,21 @@ def build_model(spec: str, seed: int) -> nn.Module:
     return model.train()
 
 
+def xavier_init(model: nn.Module, seed: int) -> nn.Module:
+    """``model`` with ESync's w^0 = Xavier(f) (Algorithm 2): Xavier-uniform weights of every conv and
+    linear layer, zero biases, from ``seed``; other layers keep their own initialisation.  Drawn on
+    the CPU, so that a model on a GPU starts from the same weights."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
+                drawn = torch.empty(module.weight.shape, dtype=module.weight.dtype)
+                module.weight.copy_(nn.init.xavier_uniform_(drawn, generator=gen))
+                if module.bias is not None:
+                    module.bias.zero_()
+    return model
+
+
 def model_cost(spec: str) -> float | None:
     """Reference train seconds per sample; None for a factory (unmeasured)."""
     if spec in MODELS:

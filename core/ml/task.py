@@ -19,13 +19,11 @@ and, where the defaults below do not fit,
   so the scenario sets ``compute.default.train_s_per_sample``; ``emu calibrate`` measures it);
 - ``optimizer(params, lr, momentum, weight_decay)``: the optimizer of a node's local training, an
   object with ``zero_grad()`` and ``step()`` (a torch.optim optimizer), made from the scenario's
-  settings: FL clients' local epochs (a fresh one a round) and ps workers' local iterations (one for
-  the run).  Default: SGD.  DDP and geo keep their own, which are part of their algorithms (DGC's
+  settings: FL clients' local epochs (a fresh one a round).  Default: SGD.  DDP and geo keep their own, which are part of their algorithms (DGC's
   momentum correction, the parameter servers' update).
 
 Every mode's training step and evaluator go through it (core.ml.train,
-core.ml.evaluation, core.ps.local), so a task trains the same way under fl,
-ddp, ps and geo.  Without ``task``, the scenario's ``model`` and ``data`` keys
+core.ml.evaluation), so a task trains the same way under fl, ddp and geo.  Without ``task``, the scenario's ``model`` and ``data`` keys
 make the built-in classification (``CLASSIFICATION``: the registered MNIST
 models, or a model factory, with cross-entropy).
 

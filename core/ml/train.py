@@ -163,21 +163,6 @@ def _add_proximal(params, anchor, mu: float) -> None:
             p.grad.add_(p - p0, alpha=mu)
 
 
-def sgd_iteration(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                  batch: np.ndarray, seed: int, task: Task = CLASSIFICATION) -> float:
-    """One local iteration of a ps worker (ESync's Eq. 10-11): the batch's loss (the task's), its gradient,
-    one step of ``opt``; dropout draws from ``seed``."""
-    idx = torch.from_numpy(batch)
-    model.train()
-    with torch.random.fork_rng(devices=gpus_of(model)), torch.enable_grad():
-        torch.manual_seed(seed)   # (every device's RNG)
-        opt.zero_grad(set_to_none=True)
-        loss = task.loss(model(x[idx]), y[idx])
-        loss.backward()
-        opt.step()
-    return float(loss.detach())
-
-
 def compute_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx, *, seed: int,
                       task: Task = CLASSIFICATION) -> float:
     """One forward and backward pass on ``x[idx]``: fills every ``p.grad``, returns the loss.

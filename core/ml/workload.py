@@ -17,12 +17,12 @@ import numpy as np
 from dtemu.core.errors import ScenarioError
 from dtemu.core.ml import data as datasets
 from dtemu.core.ml.batches import epoch_order, step_seed
-from dtemu.core.ml.models import build_model, model_cost
+from dtemu.core.ml.models import build_model, model_cost, xavier_init
 from dtemu.core.ml.params import flatten, load_flat
 from dtemu.core.ml.evaluation import evaluate
 from dtemu.core.ml.task import Task, task_of
 from dtemu.core.ml.train import LocalTraining, compute_gradients
-from dtemu.core.ml.jobs import EvalJob, GradientJob, StepJob, TrainJob, run_eval_job, run_train_job
+from dtemu.core.ml.jobs import EvalJob, GradientJob, TrainJob, run_eval_job, run_train_job
 from dtemu.core.runtime.requests import Compute
 
 if TYPE_CHECKING:  # (an annotation only: the scenario imports the modes, which import the roles)
@@ -99,6 +99,14 @@ class Workload:
     def initial_weights(self) -> np.ndarray:
         return flatten(build_model(self.scenario.model_spec, seed=self.scenario.seed))
 
+    def initial_model(self, init: str = "seeded") -> np.ndarray:
+        """The run's first model: ``initial_weights`` (seeded), or Xavier-uniform from the seed
+        (``xavier``, core.ml.models.xavier_init)."""
+        if init == "seeded":
+            return self.initial_weights
+        return flatten(xavier_init(build_model(self.scenario.model_spec, seed=self.scenario.seed),
+                                   self.scenario.seed))
+
     @property
     def dim(self) -> int:
         return self.initial_weights.size
@@ -139,13 +147,6 @@ class Workload:
         job = GradientJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch),
                           self._step_seed(rank, step), self.device)
         return Compute(lambda: (self.gradients(model, batch, rank, step), None, None), samples=len(batch), job=job)
-
-    def step_job(self, model, batch: np.ndarray, seed: int, lr: float) -> StepJob | None:
-        """A ps worker's local iteration as a job a worker process may run (emu --jobs N), on ``model``'s
-        state; None where the task brings its own optimizer (its state lives in the worker's)."""
-        if self.task.optimizer is not None:
-            return None
-        return StepJob(self.scenario.model_spec, self.scenario.seed, model, np.asarray(batch), seed, self.device, lr)
 
     def evaluate_shard(self, model, rank: int, world: int) -> tuple[int, int]:
         """(correct, total) on this rank's share of the test set (every world-th sample)."""

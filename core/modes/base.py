@@ -52,10 +52,10 @@ class Mode:
     # --jobs N: its model's state goes out and its gradients come back every step, which on 2 cores
     # cost more than the second core gave (docs/notebook/, entry 27).
     pool_by_default: bool = False
-    # Do its training nodes step with torch.optim (ddp, ps, geo), rather than with core.ml.sgd
+    # Do its training nodes step with torch.optim (ddp, geo), rather than with core.ml.sgd
     # (an FL client's train_local; a Flower app's own code)?
     steps_with_torch_optim: bool = True
-    # Is the run over when its first rank's role returns (the FL controller, the parameter server;
+    # Is the run over when its first rank's role returns (the FL controller;
     # the others then stop)?  Otherwise it ends when every worker's role has returned.
     ends_with_leader: bool = True
     # Does a node back after a crash join the run again (its new life counts in the results)?

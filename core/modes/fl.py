@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dtemu.core.errors import ScenarioError
-from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS
+from dtemu.core.fl.names import CLIENT_CRASH_POINTS, CONTROLLER, CONTROLLER_CRASH_POINTS, STATE_SERVER_NODE as SS
 from dtemu.core.fl.rules import ASYNCHRONOUS, STATE_SERVER
 from dtemu.core.fl.server_opt import SECOND_MOMENTS
 from dtemu.core.fl.strategy import RULE_KEYS, check_tiers
 from dtemu.core.modes.base import Mode, RoleSpec, load
-from dtemu.core.ps.spec import SS
 
 
 class FederatedLearning(Mode):
@@ -74,7 +73,7 @@ class FederatedLearning(Mode):
     def role_of(self, s, rank, work, population=None, residuals=None):
         client = load("dtemu.core.fl.client:client")
         controller = load("dtemu.core.fl.controller:controller")
-        state_server = load("dtemu.core.ps.state_server:state_server")
+        state_server = load("dtemu.core.esync.state_server:state_server")
         from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, SS_REPLY, SS_STATE, TRAIN_CMD
 
         # esync: the state server's topics too (core.fl.esync)
@@ -103,9 +102,7 @@ class FederatedLearning(Mode):
         from dtemu.core.ml.params import sha256_of
 
         if name == SS:
-            ps_record = load("dtemu.core.ps.summary:ps_record")
-
-            return ps_record(result)
+            return load("dtemu.core.esync.summary:state_server_record")(result)
         if name != CONTROLLER:
             return {"model_round": result}
         return dict(final_accuracy=result.final_accuracy, rounds=result.rounds_completed,
@@ -114,7 +111,7 @@ class FederatedLearning(Mode):
                     updates=dict(sorted(result.counts.items())), model_sha256=sha256_of(result.weights))
 
     def summary(self, s, records, time_to_accuracy, time_s):
-        state_server_summary = load("dtemu.core.ps.summary:state_server_summary")
+        state_server_summary = load("dtemu.core.esync.summary:state_server_summary")
 
         lead = records[0] if records else {}
         return {"codec": s.fl.codec, "final_accuracy": lead.get("final_accuracy"),

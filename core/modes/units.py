@@ -12,8 +12,6 @@ its function (``Mode.units``), so that nothing here branches on a mode's name.
   unit is a version, and its communication that of the update the version took: its model's way
   down and its own way up.
 - DDP: a step, the mean over the workers of each one's own compute, compression and ``comm_s``.
-- ps (ESync): a global version at the parameter server (``ps_round`` less the one before); compute:
-  the slowest worker's on it.
 - geo: a round of the root PS (global or flat: ``geo_round`` closes, rounds 2..); compute: the
   slowest worker's gradient of the round.
 """
@@ -97,18 +95,6 @@ def ddp_steps(events: list[dict], leader: str) -> Units:
             per.setdefault(e["step"], []).append(e)
     return {s: (statistics.fmean(e["compute_s"] + e.get("compress_s", 0.0) + e["comm_s"] for e in rows),
                 statistics.fmean(e["comm_s"] for e in rows)) for s, rows in sorted(per.items())}
-
-
-def esync_versions(events: list[dict], leader: str) -> Units:
-    versions = {e["version"]: e["t"] for e in events if e["kind"] == "ps_round" and e.get("node") == leader}
-    compute: dict[int, float] = {}
-    total: dict[str, float] = {}
-    for e in events:
-        if e["kind"] == "ps_worker_round":  # its total compute so far, on its own clock
-            spent = e["compute_s"] - total.get(e["node"], 0.0)
-            total[e["node"]] = e["compute_s"]
-            compute[e["round"]] = max(compute.get(e["round"], 0.0), spent)
-    return {v: (t, t - compute.get(v, 0.0)) for v, t in _gaps(versions).items()}
 
 
 def geo_rounds(events: list[dict], leader: str) -> Units:

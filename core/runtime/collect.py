@@ -13,7 +13,7 @@ deadline passes.  The quorum is a ``Quorum``:
 
 ``act(msg, verdict)`` is the role's part: it counts, logs and keeps what it takes; it returns True
 to end the collection early (a Flower pull's first reply, geo's END, a diverged model).  An ``act``
-that sends (ps answers a JOIN with the model) is a generator, and returns the same at its end.
+that sends is a generator, and returns the same at its end.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The one inbox: every server's (the FL controller's rounds and FedAsync's versions, ps's rounds, a
-geo PS's pushes and a worker's pulls, a Flower server's replies) is this protocol object with no I/O,
+"""The one inbox: every server's (the FL controller's rounds and FedAsync's versions, a geo PS's pushes and a worker's pulls, a Flower server's replies) is this protocol object with no I/O,
 offered one message at a time, in h11's manner.  It answers a ``Verdict`` (core.runtime.verdict).
 
 Its state is the questions out.  Each *slot* (a client, a worker, a sender, a Flower instruction's
@@ -9,7 +8,7 @@ its late answer came).  A message goes through three steps:
 
 1. the seal is opened and the bytes read by the mode's ``Reader``: refused as unsigned, forged,
    replayed (core.wire.auth) or malformed;
-2. what the reader calls a ``Note`` (a worker's or a site's JOIN, a heartbeat, MixedSync's END) is
+2. what the reader calls a ``Note`` (a site's JOIN, a heartbeat, MixedSync's END) is
    not an answer: it goes to the mode's own ``note`` hook, the few kinds a mode has beside answers;
 3. an ``Answer`` from a member is judged by ``TABLE`` against its slot's question (a slot that was
    not asked: against the round's tag, where the inbox asked a round): its tag is the same, OLDER or

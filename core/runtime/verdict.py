@@ -1,5 +1,5 @@
 """What an inbox says of one message: the one type of core.runtime.inbox, the inbox every server
-uses (FL's updates, ps's rounds, geo's payloads, a Flower server's replies), and one way to open what
+uses (FL's updates, geo's payloads, a Flower server's replies), and one way to open what
 arrived.
 
 | kind | meaning |
@@ -9,8 +9,7 @@ arrived.
 | DUPLICATE | a second answer to the same question |
 | REFUSED | not used, counted under ``reason`` (unsigned, forged, malformed, not_asked, future, ...) |
 | EARLY | an answer to a question not asked yet, kept for it (geo's pushes) |
-| NOT_FINITE | an answer that says its update was not finite (ps) |
-| JOIN, NOTED, ENDED | a note: a ps worker's JOIN; a heartbeat or a site's JOIN; MixedSync's END |
+| NOTED, ENDED | a note: a heartbeat or a site's JOIN; MixedSync's END |
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from typing import Any, Callable
 from dtemu.core.errors import AuthError, DecodeError
 
 ACCEPTED, LATE, DUPLICATE, REFUSED = "accepted", "late", "duplicate", "refused"
-JOIN, NOT_FINITE = "join", "not_finite"
 EARLY, NOTED, ENDED = "early", "noted", "ended"
 
 

@@ -1,8 +1,7 @@
 """Which rank runs which role, and what it reads and writes: written once for both runtimes.
 
-Each mode (core.modes) says its own: FL's rank 0 is the controller, ranks 1..N the clients;
-DDP's ranks 0..W-1 the workers; ps's rank 0 the parameter server, 1 the state server, 2.. the
-workers; geo's the master, the root PS, then per site its local PS and workers.  A ``RoleSpec``
+Each mode (core.modes) says its own: FL's rank 0 is the controller, ranks 1..N the clients (and
+N+1 ESync's state server); DDP's ranks 0..W-1 the workers; geo's the master, the root PS, then per site its local PS and workers.  A ``RoleSpec``
 starts its role on a ``Context`` with the checkpoint to resume from (the FL controller; emu hands
 a restarted controller its latest checkpoint, real ``fl.init_path``).
 """
@@ -25,7 +24,7 @@ def role_of(scenario: Scenario, rank: int, work, population=None, residuals=None
 
 def readers_of(scenario: Scenario) -> dict[str, frozenset[str]] | None:
     """Which nodes read each topic, where not every peer reads every topic a node publishes
-    (mode ps: the state server reads none of the models; geo: the root PS reads no pull, workers
+    (FL's ESync: the state server reads none of the models; geo: the root PS reads no pull, workers
     and the master no push); None: they all do."""
     return scenario.kind.readers_of(scenario)
 

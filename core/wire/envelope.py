@@ -3,10 +3,10 @@
     magic b"DTEM" | version u8 | type u8 | aux u16
 
 ``type`` names the message system-wide (``TYPES``: its family and its name), so a receiver
-tells a message of another family (a ps update on FL's topic) from a malformed one of its own.
+tells a message of another family (a geo payload on FL's topic) from a malformed one of its own.
 ``aux`` is the type's own 16 bits: a geo payload's flag, a state reply's action, a frame's
 membership generation; zero where a type has none.  The body follows, and each family reads
-its own: fl (core.wire.messages), ps and state (core.ps.messages), geo (core.geo.payload),
+its own: fl (core.wire.messages), state (core.esync.state_messages), geo (core.geo.payload),
 ddp (core.ddp.collectives' frames), flower (core.flower.wire).
 
 Sealing is one layer over the whole envelope (core.wire.auth): the seal's header carries the
@@ -29,7 +29,7 @@ SIZE = HEADER.size
 
 FAMILIES = {
     "fl": {"train_cmd": 1, "stop": 2, "model_blob": 3, "client_update": 4, "model_delta": 5},
-    "ps": {"model": 17, "update": 18, "join": 19, "stop": 20, "not_finite": 21},
+    # (17-21 were mode ps's parameter-server messages: not to be given again)
     "state": {"reset": 33, "report": 34, "query": 35, "response": 36, "leave": 37, "stop": 38},
     "geo": {"dense32": 49, "dense16": 50, "sparse": 51, "beat": 52, "blocks": 53, "join": 54, "state": 55,
             "end": 56},

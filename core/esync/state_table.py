@@ -1,6 +1,6 @@
 """ESync's state table and its query rule (Algorithm 1), as plain logic.
 
-One record per worker: (i, r, c, m, t, action) and whether it is *live* (taken into
+One record per client: (i, r, c, m, t, action) and whether it is *live* (taken into
 the straggler search).  ``query`` updates the querying worker's record with its
 status, finds the straggler s = argmax_k (c_k + m_k) among the live records and
 answers:
@@ -12,7 +12,7 @@ answers:
   after the straggler's update is due (now + d_k > t_s + d_s); the SYNC is recorded;
 - TRAIN otherwise.
 
-A worker the parameter server declared gone (``leave``: it missed a round's
+A client the controller declared gone (``leave``: it missed a round's
 deadline) is not live until it reports again, so a crashed straggler cannot hold
 the others' rounds open.  Ties in d go to the lowest rank, so the answer does not
 depend on the order records were made.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from dtemu.core.ps.messages import SYNC, TRAIN, Status
+from dtemu.core.esync.state_messages import SYNC, TRAIN, Status
 
 
 @dataclass
