@@ -121,6 +121,14 @@ def test_the_rows_of_the_issue():
         load_scenario(row.scenario, row.sets)   # each row's settings are a valid scenario
 
 
+def test_the_held_out_rows_are_valid_and_not_the_tables():
+    from tools.fidelity import HELD_OUT, ROWS
+
+    assert HELD_OUT and not set(HELD_OUT) & set(ROWS)
+    for row in HELD_OUT.values():
+        load_scenario(row.scenario, row.sets)
+
+
 def test_no_warning_where_a_unit_trained():
     from dtemu.emu.fidelity import _warnings
 
