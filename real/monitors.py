@@ -19,6 +19,8 @@ testbed kept its invariants.  A thread of ``real launch --machines`` samples, ev
 - **The box.** What its hypervisor took (``steal`` in /proc/stat: a virtual machine's cores run
   other guests meanwhile), and what everything outside the machines used.  Steal slows every
   machine and link at once, and no quota shows it.
+- **Sockets.** What each machine's UDP sockets dropped, at the start and the end (real.socket_drops):
+  recorded, not judged.
 - **Timers.** How late the roles' timers woke (each rank's ``real.timers``, real.primitives),
   joined when the run is over (``judge``).
 
@@ -35,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from dtemu.host.cpu_shares import CpuGroup, sched_s
+from . import socket_drops
 from .machine_net import BURST_BYTES, parse_qdiscs
 
 BUCKET_SLACK = BURST_BYTES + 1514   # a window may carry a full token bucket and a frame beyond its rate
@@ -91,6 +94,7 @@ class Samples:
     cpu: dict[str, CpuTrack] = field(default_factory=dict)
     links: dict[str, LinkTrack] = field(default_factory=dict)
     box: BoxTrack = field(default_factory=BoxTrack)
+    sockets: dict[str, dict] = field(default_factory=dict)   # namespace -> UDP counters over the run
     seconds: float = 0.0
     count: int = 0
 
@@ -110,7 +114,14 @@ class Monitor(threading.Thread):
         self._halt = threading.Event()
         self._t0 = time.monotonic()
 
+    def _udp(self) -> dict[str, dict]:
+        return {ns: socket_drops.read(ns) for ns in sorted({ns for _, ns, _, _ in self.ports})}
+
     def run(self) -> None:
+        try:
+            self._udp_start = self._udp()
+        except Exception:  # (as every sample: a monitor never ends the run)
+            self._udp_start = {}
         while not self._halt.is_set():
             try:
                 self.sample()
@@ -123,6 +134,10 @@ class Monitor(threading.Thread):
         if self.is_alive():
             self.join(timeout=5)
         self.sample()
+        try:
+            self.samples.sockets = socket_drops.between(getattr(self, "_udp_start", {}), self._udp())
+        except Exception:
+            pass
         self.samples.seconds = time.monotonic() - self._t0
         return self.samples
 
@@ -262,7 +277,7 @@ def judge(samples: Samples, timers: dict[str, dict] | None = None, limits: Limit
     box_record = {"cpu_s": round(box.seconds, 3), "steal": round(steal, 4),
                   "outside_machines_cpus": round((box.busy_s - used) / samples.seconds, 4) if samples.seconds else None}
     return {"faithful": not why, "why": why, "machines": machines, "links": links, "box": box_record, "timers": joined,
-            "samples": samples.count, "limits": asdict(limits)}
+            "sockets": samples.sockets, "samples": samples.count, "limits": asdict(limits)}
 
 
 def join_timers(per_rank: dict[str, dict]) -> dict:

@@ -82,6 +82,24 @@ def test_a_clean_testbed_is_faithful():
     assert v["links"]["a.up"]["busy_mbps"] == pytest.approx(10.0)
 
 
+def test_socket_drops_are_recorded_and_not_judged():
+    from dtemu.real.socket_drops import between, parse_udp
+
+    snmp = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+            "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors IgnoredMulti\n"
+            "Udp: 1200 3 40 900 37 0 0 0\nUdpLite: InDatagrams\nUdpLite: 0\n")
+    end = parse_udp(snmp)
+    assert end == {"in_datagrams": 1200, "in_errors": 40, "rcvbuf_errors": 37, "sndbuf_errors": 0}
+    assert parse_udp("Udp: InDatagrams\n") == {} and parse_udp("") == {}
+    start = {"ns-a": {"in_datagrams": 200, "in_errors": 0, "rcvbuf_errors": 0, "sndbuf_errors": 0}, "ns-b": {}}
+    assert between(start, {"ns-a": end, "ns-b": end}) == {"ns-a": {"in_datagrams": 1000, "in_errors": 40,
+                                                                    "rcvbuf_errors": 37, "sndbuf_errors": 0}}
+    samples = _clean()
+    samples.sockets = between(start, {"ns-a": end})
+    v = judge(samples)
+    assert v["faithful"] and v["sockets"]["ns-a"]["rcvbuf_errors"] == 37
+
+
 def test_each_monitor_trips_on_its_own():
     starved = _clean()
     starved.cpu["a"].short_s = 1.0
