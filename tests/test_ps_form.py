@@ -103,10 +103,13 @@ def test_the_nodes_keep_their_parts_under_fl_names():
     # without ESync's adaptive rule there is no state server: its settings go, and a note says so
     raw = raw_ps(algorithm="ssgd")
     raw["compute"]["nodes"]["ss"] = {"slowdown": 3.0}
+    raw["faults"] = {"offline": [{"node": "ss", "start_s": 1}, {"node": "worker2", "start_s": 1}]}
     notes = []
     s = parse_scenario(raw, notes=notes)
     assert "ss" not in s.node_names and "ss" not in s.compute.nodes
-    assert any("compute.nodes.ss" in n for n in notes) and notes[0].startswith("mode ps is read as mode fl")
+    assert [w.node for w in s.faults.offline] == ["client2"]
+    assert any("compute.nodes.ss" in n for n in notes) and any("faults.offline" in n for n in notes)
+    assert notes[0].startswith("mode ps is read as mode fl")
 
 
 @pytest.mark.parametrize("ps, key", [
@@ -122,6 +125,15 @@ def test_a_bad_ps_key_is_refused_by_its_ps_name(ps, key):
     with pytest.raises(ScenarioError) as err:
         scenario(**ps)
     assert key in str(err.value)
+
+
+@pytest.mark.parametrize("section, value", [("compute", "fast"), ("network", [1]), ("faults", {"offline": "x"})])
+def test_a_malformed_section_of_a_ps_scenario_is_refused_by_its_key(section, value):
+    raw = raw_ps()
+    raw[section] = value
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(raw)
+    assert section in str(err.value)
 
 
 def test_a_ps_scenario_with_fl_keys_is_refused_and_overrides_use_the_ps_names():

@@ -133,8 +133,11 @@ def _renamer(workers: int, esync: bool):
 
 def _rename_nodes(raw: dict, rename, notes: list[str]) -> None:
     """Every place a scenario names a node, in FL's names."""
+    def mapping(key):   # (one that is not a mapping is left as it is: the schema refuses it by its key)
+        return raw.get(key) if isinstance(raw.get(key), dict) else {}
+
     for section in ("network", "compute"):
-        nodes = (raw.get(section) or {}).get("nodes")
+        nodes = mapping(section).get("nodes")
         if isinstance(nodes, dict):
             renamed = {}
             for name, value in nodes.items():
@@ -143,16 +146,27 @@ def _rename_nodes(raw: dict, rename, notes: list[str]) -> None:
                 else:
                     renamed[rename(name)] = value
             raw[section]["nodes"] = renamed
-    sites = (raw.get("network") or {}).get("sites")
+    sites = mapping("network").get("sites")
     for site in (sites.values() if isinstance(sites, dict) else ()):
         if isinstance(site, dict) and isinstance(site.get("nodes"), list):
             site["nodes"] = [n for n in map(rename, site["nodes"]) if n is not None]
-    faults = raw.get("faults") or {}
+    faults = mapping("faults")
+
+    def listed(kind):
+        return faults.get(kind) if isinstance(faults.get(kind), list) else ()
+
     for kind in ("offline", "crashes", "corrupt"):
-        for item in faults.get(kind) or ():
+        kept = []
+        for item in listed(kind):
             if isinstance(item, dict) and "node" in item:
+                if rename(item["node"]) is None:
+                    notes.append(f"faults.{kind}: {item['node']}'s: no state server under this rule; dropped")
+                    continue
                 item["node"] = rename(item["node"])
-    for item in faults.get("partitions") or ():
+            kept.append(item)
+        if isinstance(faults.get(kind), list):
+            faults[kind] = kept
+    for item in listed("partitions"):
         if isinstance(item, dict) and isinstance(item.get("nodes"), list):
             item["nodes"] = [n for n in map(rename, item["nodes"]) if n is not None]
 
