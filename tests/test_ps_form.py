@@ -174,15 +174,15 @@ def test_xavier_init_is_the_first_model_and_the_default_keeps_the_digest():
     s = scenario(algorithm="fedavg")
     work = Workload(s, DATA)
     want = flatten(xavier_init(build_model(s.model_spec, seed=s.seed), s.seed))
-    assert np.array_equal(work.initial_model("xavier"), want)
-    assert not np.array_equal(work.initial_model("seeded"), want)
+    assert np.array_equal(work.xavier_weights, want)
+    assert not np.array_equal(work.initial_weights, want)
     fl = {"name": "d", "fl": {"clients": 2}}
     base = parse_scenario(fl).digest()
     assert parse_scenario(fl, ["fl.init=seeded", "fl.max_time_s=5"]).digest() == base   # (digests before the keys)
     assert parse_scenario(fl, ["fl.init=xavier"]).digest() != base
 
 
-def test_a_ps_run_is_an_fl_run_that_starts_from_xavier(tmp_path):
+def test_a_ps_esync_run_is_fls_esync(tmp_path):
     s = scenario(algorithm="esync")
     summary, events = run(tmp_path, s)
     assert summary["mode"] == "fl" and summary["rounds"] == 4 and summary["stop_reason"] == "done"

@@ -63,7 +63,7 @@ def controller(ctx, scenario: Scenario, work: Workload, init: bytes | None = Non
     auth = ctx.sealer
     inbox = update_inbox(frozenset(clients), work.dim, fl.max_update_norm, auth)
     # fl.init: the model's seeded weights, or Xavier's (ESync's w^0)
-    result = ControllerResult(weights=work.initial_weights if fl.init == "seeded" else work.initial_model(fl.init))
+    result = ControllerResult(weights=work.initial_weights if fl.init == "seeded" else work.xavier_weights)
     strategy = fl_strategy(scenario)  # fl.algorithm (core.fl.rules)
     start = 1
     if init is not None:

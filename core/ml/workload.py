@@ -99,11 +99,10 @@ class Workload:
     def initial_weights(self) -> np.ndarray:
         return flatten(build_model(self.scenario.model_spec, seed=self.scenario.seed))
 
-    def initial_model(self, init: str = "seeded") -> np.ndarray:
-        """The run's first model: ``initial_weights`` (seeded), or Xavier-uniform from the seed
-        (``xavier``, core.ml.models.xavier_init)."""
-        if init == "seeded":
-            return self.initial_weights
+    @cached_property
+    def xavier_weights(self) -> np.ndarray:
+        """Xavier-uniform weights and zero biases from the seed (fl.init xavier: ESync's w^0,
+        core.ml.models.xavier_init)."""
         return flatten(xavier_init(build_model(self.scenario.model_spec, seed=self.scenario.seed),
                                    self.scenario.seed))
 
