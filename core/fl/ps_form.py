@@ -27,9 +27,6 @@ from dtemu.core.fl.names import CONTROLLER, STATE_SERVER_NODE
 from dtemu.core.fl.strategy import check_tiers
 from dtemu.core.schema import U16, U32, between, build, check, non_negative, positive, probability
 
-ALGORITHMS = ("esync", "ssgd", "asgd", "dcasgd", "fedavg", "fedasync", "feddrop", "tifl")
-
-
 @dataclass(frozen=True)
 class PSSpec:
     """The ``ps:`` keys, as they always were (docs/scenarios.md, "mode ps")."""
@@ -141,10 +138,10 @@ def _rename_nodes(raw: dict, rename, notes: list[str]) -> None:
         if isinstance(nodes, dict):
             renamed = {}
             for name, value in nodes.items():
-                if rename(name) is None:
+                if (new := rename(name)) is None:
                     notes.append(f"{section}.nodes.{name}: no state server under this rule; dropped")
                 else:
-                    renamed[rename(name)] = value
+                    renamed[new] = value
             raw[section]["nodes"] = renamed
     sites = mapping("network").get("sites")
     for site in (sites.values() if isinstance(sites, dict) else ()):
@@ -159,10 +156,10 @@ def _rename_nodes(raw: dict, rename, notes: list[str]) -> None:
         kept = []
         for item in listed(kind):
             if isinstance(item, dict) and "node" in item:
-                if rename(item["node"]) is None:
+                if (new := rename(item["node"])) is None:
                     notes.append(f"faults.{kind}: {item['node']}'s: no state server under this rule; dropped")
                     continue
-                item["node"] = rename(item["node"])
+                item["node"] = new
             kept.append(item)
         if isinstance(faults.get(kind), list):
             faults[kind] = kept
