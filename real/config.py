@@ -52,7 +52,7 @@ DEFAULT_MAX_PARTICIPANTS = 100  # ports: 7410 + 2*index must stay below the next
 _HOST_RE = re.compile(r"^[A-Za-z0-9._\-:\[\]%]+$")
 
 
-def _split_peers(peers) -> list[str]:
+def split_peers(peers) -> list[str]:
     if peers is None:
         return []
     if isinstance(peers, str):
@@ -117,14 +117,14 @@ def config_xml(profile: str = "loopback", peers: Optional[Iterable[str] | str] =
     if not 0 < maxp <= 119:
         raise ValueError("max_participants must be in 1..119")
 
-    peer_list = _split_peers(peers)
+    peer_list = split_peers(peers)
     if profile == "loopback":
         bad = [p for p in peer_list if not _is_loopback(p)]
         if bad:
             raise ValueError(f"the loopback profile only talks to 127.0.0.1; not loopback: {bad}")
         peer_list = peer_list or ["127.0.0.1"]
     elif profile == "lan" and not peer_list:
-        peer_list = _split_peers(os.environ.get("DTEMU_DDS_PEERS", ""))
+        peer_list = split_peers(os.environ.get("DTEMU_DDS_PEERS", ""))
         if not peer_list:
             raise ValueError("the lan profile needs peers: pass peers=[...] or set DTEMU_DDS_PEERS")
 

@@ -5,7 +5,7 @@ writer and reader (and writes this node's ``Hello``) and the endpoints whose
 matches it names (this module does not import ``real.transport``).
 
 * Presence: topic ``ctl/hello`` (TRANSIENT_LOCAL) carries
-  ``Hello(node, guid, pid, host, tag)`` (keyed on the participant, tagged under a key);
+  ``Hello(node, guid, pid, host, tag, stream)`` (keyed on the participant, tagged under a key);
   ``peers()`` lists the live ones,
   and ``matched_peers()`` maps matched endpoints (GUIDs) to node names.
 * Barriers: ``wait_peers`` waits until named nodes are present, ``wait_matched``
@@ -45,8 +45,24 @@ class Presence:
     def _authentic(self, hello: Hello) -> bool:
         if self.frame_key is None:
             return True
-        want = frame_auth.hello_tag(self.frame_key, hello.node, hello.guid)
+        want = frame_auth.hello_tag(self.frame_key, hello.node, hello.guid, hello.stream)
         return hmac.compare_digest(bytes(hello.tag), want)
+
+    def stream_endpoints(self) -> dict[str, str]:
+        """Where the other live nodes' streams listen (real.stream): {node name: endpoint}, of
+        authentic announcements only; read again at most every 0.2 s (a frame asks per node)."""
+        now = time.monotonic()
+        cached = getattr(self, "_endpoints", None)
+        if cached is not None and now - cached[0] < 0.2:
+            return cached[1]
+        with self._lock:
+            if self._closing:
+                return {}
+            samples = self._hello_reader.read(N=100000, condition=self._hello_alive)
+        eps = {s.node: s.stream for s in sorted(samples, key=lambda s: s.guid)
+               if s.node and s.stream and s.guid != self.guid and self._authentic(s)}
+        self._endpoints = (now, eps)
+        return eps
 
     def peers(self) -> dict[str, str]:
         """Other live nodes on the domain: {node name: participant GUID} (of two participants

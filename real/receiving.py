@@ -30,10 +30,11 @@ checks and reassembles what it takes (this module does not import ``real.transpo
   wakes it.  A message's ``received_at`` is when it was taken, and its
   ``sent_at`` its DDS source timestamp read on this node's clock
   (``real.clock_sync``).
-* Same-host payloads (``real.shm``): a frame that carries a reference to a slot
-  of the sender's pool has its bytes copied out by the receive thread (or, on
-  ``POOL_VIEWS`` topics, lent as a read-only view), and goes on through the
-  same checks.
+* Payloads beside DDS (``real.beside``): a frame that carries a reference to a
+  shared-memory slot (``real.shm``) or to bytes on the stream (``real.stream``)
+  gets its bytes first, then goes on through the same checks; a frame whose
+  bytes are not here yet waits, and its sender's later frames on that topic
+  wait behind it.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ from cyclonedds.core import DDSException, InstanceState, SampleState, ViewState
 from cyclonedds.sub import DataReader
 from cyclonedds.util import duration
 
-from dtemu.core.wire import topics as wire_topics
-from dtemu.real import shm
+from dtemu.host.thread_name import name_this_thread
+from dtemu.real import shm, stream
 from dtemu.real.reassembly import Message
 from dtemu.real.wire import Frame, WireError, decode_frame
 
@@ -62,11 +63,6 @@ log = logging.getLogger("dtemu.real.transport")  # the receiver's log records st
 
 _ANY_STATE = SampleState.Any | ViewState.Any | InstanceState.Any
 
-# Topics whose messages that came through shared memory may be delivered as read-only views of a
-# slot of the sender's pool (a memoryview), not copies: collective frames, whose consumer sums them
-# or copies them into place within the operation (real.shm; core.ddp.collectives copies what it
-# keeps for longer).
-POOL_VIEWS = frozenset({wire_topics.COLL_FRAMES})
 _TICK_S = 0.2  # the receive thread also takes the callers' topics this often, so nothing waits there
 
 
@@ -173,6 +169,7 @@ class Receiving:
             return sum(len(q) for q in self._queues.values())
 
     def _run(self) -> None:
+        name_this_thread("dtemu-recv")
         last_expire = last_tick = time.monotonic()
         while not self._closing:
             try:
@@ -224,8 +221,12 @@ class Receiving:
         with self._lock:
             readers = list(readers)
         with self._drain_lock:
+            if self._parked:
+                self._release_parked()
             for topic, reader in readers:
                 self._drain_reader(topic, reader)
+            if self._parked:   # bytes that came while their frame was being parked
+                self._release_parked()
 
     def _drain_reader(self, topic: str, reader: DataReader) -> None:
         while not self._closing:
@@ -250,35 +251,32 @@ class Receiving:
             if len(frames) > 1:
                 frames.sort(key=lambda x: (x[0].src, x[0].msg_id, x[0].part))
             for f, ts in frames:
-                if f.parts & shm.SHM_FLAG and not self._from_pool(topic, f):
-                    continue
-                try:
-                    self._on_frame(topic, f, ts)
-                except Exception as exc:  # a bug, not bad input: count, keep going
-                    self.stats["errors"] += 1
-                    self.last_error = repr(exc)
-                    log.exception("dds receiver of %s: frame on %s", self.node, topic)
+                self._take_frame(topic, f, ts)
             if len(batch) < self._reader_max_samples:
                 break
 
-    def _from_pool(self, topic: str, f: Frame) -> bool:
-        """Replace a reference's payload by the bytes it points at (real.shm): a copy, or on the
-        topics of ``POOL_VIEWS`` a view of the slot; False if it was refused (counted as
-        malformed)."""
-        if f.dst and f.dst != self.node or f.src == self.node:
-            f.parts ^= shm.SHM_FLAG
-            return True   # not ours: _on_frame drops it without looking at the payload
-        if not self._shm:
-            self._malformed(f"a shared-memory reference from {f.src!r}, which this transport does not take")
-            return False
+    def _take_frame(self, topic: str, f: Frame, ts: int) -> None:
+        """One frame, in its sender's order on ``topic``: after any of that sender's frames still
+        waiting for their bytes from the stream (real.stream), else now."""
+        waiting = self._parked.get((topic, f.src)) if self._parked else None
+        if waiting is not None:
+            waiting.append((f, ts, time.monotonic()))
+            return
+        if f.parts & stream.STREAM_FLAG:
+            got = self._from_stream(topic, f)
+            if got is None:   # its bytes are still on their way
+                self._parked[(topic, f.src)] = deque([(f, ts, time.monotonic())])
+                return
+            if not got:
+                return
+        if f.parts & shm.SHM_FLAG and not self._from_pool(topic, f):
+            return
         try:
-            f.payload = self._shm_in.resolve(f.src, f.payload, view=self._logical.get(topic, topic) in POOL_VIEWS)
-        except ValueError as exc:
-            self._malformed(f"from {f.src!r}: {exc}")
-            return False
-        f.parts ^= shm.SHM_FLAG
-        self.stats["shm_recv_frames"] += 1
-        return True
+            self._on_frame(topic, f, ts)
+        except Exception as exc:  # a bug, not bad input: count, keep going
+            self.stats["errors"] += 1
+            self.last_error = repr(exc)
+            log.exception("dds receiver of %s: frame on %s", self.node, topic)
 
     def _deliver(self, topic, src, dst, tag, msg_id, data: bytes, source_ts: int) -> None:
         topic = self._logical.get(topic, topic)  # a per-node DDS topic delivers as its topic

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import logging
+import os
 import time
 from typing import Optional
 
@@ -35,7 +36,7 @@ from cyclonedds.pub import DataWriter
 from dtemu.core.runtime.requests import Buffers
 from dtemu.core.wire import topics as wire_topics
 from dtemu.core.wire import frame_auth
-from dtemu.real import shm
+from dtemu.real import shm, stream
 from dtemu.real.dds_support import _dds_write, _dds_write_ts, _SampleContainer, _wait_for_acks
 from dtemu.real.wire import Frame, encode_frame, encode_parts
 
@@ -110,6 +111,8 @@ class Sending:
         with self._send_locks[wname]:
             msg_id = next(self._msg_ids)
             dests = self._shm_dests(wname, to) if self._shm and total >= shm.MIN_BYTES else None
+            streams = self._stream_dests(wname, to) if self._stream_out is not None and total >= stream.MIN_BYTES \
+                else None
             parts = max(1, -(-total // fb))
             if mv is None and not (parts == 1 and dests):
                 mv = memoryview(bytes(data))
@@ -118,6 +121,13 @@ class Sending:
                 if sealed:  # the tag first: the receiver checks it before the frame counts (core.wire.frame_auth)
                     chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
                                                  total, chunk) + chunk
+                if streams and len(chunk) >= stream.MIN_BYTES and self._stream_out.put(
+                        streams, stream.frame_key(wname, dst, label, msg_id, i, parts, total), chunk,
+                        wait_s=self.write_timeout_s):   # the bytes went on the stream; DDS carries their length
+                    self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts | stream.STREAM_FLAG, total,
+                                                stream.reference(self.frame_key, wname, self.node, dst, label, msg_id,
+                                                                 i, parts, total, len(chunk)), pad4=True))
+                    continue
                 ref = self._shm_put(wname, dests, chunk) if dests and len(chunk) >= shm.MIN_BYTES else None
                 if ref is not None:  # the bytes went through shared memory; DDS carries the reference
                     self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts | shm.SHM_FLAG, total,
@@ -142,6 +152,15 @@ class Sending:
             return [to]
         matched, names = self._matched_readers(wname)
         return names if len(names) == matched and not any(n.startswith("?") for n in names) else None
+
+    def _stream_dests(self, wname: str, to: Optional[str]) -> Optional[list[str]]:
+        """The nodes a frame of ``wname`` goes to on the stream (real.stream): as for the pools,
+        and only once every one of their connections is ready (until then: inline).  With multicast
+        delivery a message to everyone stays in DDS: one copy per link is what the user chose."""
+        if not to and os.environ.get("DTEMU_DDS_DELIVERY", "").strip() == "multicast":
+            return None
+        dests = self._shm_dests(wname, to)
+        return dests if dests and self._stream_out.ready(dests, self.stream_endpoints()) else None
 
     def reader_names(self, topic: str) -> list[str]:
         """The nodes whose readers our writer of ``topic`` is matched with ("?<guid>" for one

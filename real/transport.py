@@ -17,10 +17,9 @@
 (participant, topics, writers, readers, WaitSets, the receive thread) and
 deletes them.  What it does with them is in mixins of their own modules:
 ``real.sending`` (``send``: frames, addressed writers, shared memory),
-``real.receiving`` (the receive thread, a caller's own take, ``recv``) and
-``real.presence`` (``peers``, ``wait_peers``, ``matched_peers``,
-``wait_matched``).  The pieces that are not DDS are ``real.reassembly``,
-``real.dds_support`` and ``real.wire``.
+``real.receiving`` (the receive thread, ``recv``), ``real.beside`` (bytes that came beside
+DDS) and ``real.presence`` (``peers``, ``wait_matched``...).  The pieces that are not DDS
+are ``real.reassembly``, ``real.dds_support`` and ``real.wire``.
 
 Design
 ------
@@ -56,9 +55,9 @@ Design
   on ``ctl/clock``, on a thread of its own), and a message's ``sent_at`` is its
   DDS source timestamp (the sender's clock) read on this node's clock.
 
-* Same-host payloads go beside DDS (``real.shm``; the ``loopback`` profile,
-  unsealed runs, not on durable topics): the sender's pools and the receiver's
-  mapped slots are this transport's, used by ``real.sending`` and ``real.receiving``.
+* Large payloads go beside DDS: on one host through shared memory (``real.shm``; the
+  ``loopback`` profile, unsealed runs), between machines on a TCP stream per peer
+  (``real.stream``; the ``lan`` profile); never on durable topics.
 
 Caveats: messages are ordered per (sender, topic), not across topics;
 complete messages wait in memory until ``recv``; a send to a reader whose
@@ -89,15 +88,15 @@ from dtemu.core.wire import topics as wire_topics
 from dtemu.real.clock_sync import ClockExchange, skew_ns
 from dtemu.real.dds_support import _acquire_domain, _delete_entity, _release_domain
 from dtemu.core.wire import frame_auth
-from dtemu.real import shm
+from dtemu.real import shm, stream
 from dtemu.real.presence import Presence
 from dtemu.real.reassembly import FRAME_BYTES, MAX_MESSAGE_BYTES, REASSEMBLY_STATS, Reassembler
-from dtemu.real.receiving import _ANY_STATE, POOL_VIEWS, Receiving
+from dtemu.real.beside import POOL_VIEWS, Beside
+from dtemu.real.receiving import _ANY_STATE, Receiving
 from dtemu.real.sending import MAX_ADDRESSED_WRITERS, Sending
 from dtemu.real.wire import Frame, Hello
 
-# What other modules import from here (POOL_VIEWS and MAX_ADDRESSED_WRITERS are defined by the
-# receive and send sides, which read them).
+# What other modules import from here (POOL_VIEWS, MAX_ADDRESSED_WRITERS: the sides that read them)
 __all__ = ["DdsTransport", "HELLO", "ADDRESSED_TOPICS", "CALLER_TAKES", "POOL_VIEWS", "MAX_ADDRESSED_WRITERS"]
 
 HELLO = "ctl/hello"  # presence, real mode's own topic; the roles' topics are core.wire.topics
@@ -128,7 +127,7 @@ def _default_domain_id() -> int:
     return int(os.environ.get("DTEMU_DDS_DOMAIN", "0"))
 
 
-class DdsTransport(Sending, Receiving, Presence, Reassembler):
+class DdsTransport(Sending, Receiving, Beside, Presence, Reassembler):
     """Named node on a DDS domain; see the module docstring."""
 
     def __init__(self, node: str, profile: str = "loopback", domain_id: Optional[int] = None, *,
@@ -162,7 +161,7 @@ class DdsTransport(Sending, Receiving, Presence, Reassembler):
         self._reader_max_samples = int(reader_max_samples)
         self.stats: dict[str, int] = dict.fromkeys(
             ("sent_msgs", "sent_bytes", "sent_frames", "recv_frames", "shm_sent_frames", "shm_recv_frames",
-             "shm_fallbacks") + REASSEMBLY_STATS, 0)
+             "shm_fallbacks") + stream.STATS + REASSEMBLY_STATS, 0)
         Reassembler.__init__(self, node, max_message_bytes=max_message_bytes,
                              max_pending_messages=max_pending_messages, max_pending_bytes=max_pending_bytes,
                              pending_timeout_s=pending_timeout_s, stats=self.stats, on_reject=on_reject, key=key)
@@ -193,11 +192,8 @@ class DdsTransport(Sending, Receiving, Presence, Reassembler):
         self._caller_wants: Optional[frozenset] = None  # what the caller in recv waits for (None: no one)
         self._caller_poked = False  # _caller_guard was set
         self._guard_set = False  # _guard was set by subscribe
-        # Same-host payloads through shared memory (real.shm): a pool of slots per (DDS writer,
-        # destination) on the way out, the senders' pools mapped on the way in.
-        self._shm = shm.enabled(profile, key is not None)
-        self._pools: dict[tuple[str, str], shm.Pool] = {}
-        self._shm_in = shm.Slots(node)
+        # Same-host payloads (real.shm): a pool per (DDS writer, destination) out, the senders' in.
+        self._shm, self._pools, self._shm_in = shm.enabled(profile, key is not None), {}, shm.Slots(node)
         self._reader_names: dict[str, tuple[int, list[str]]] = {}  # topic -> (matched count, nodes)
 
         xml = config_xml(profile, peers, whc_high=whc_high)  # None: $DTEMU_DDS_WHC_HIGH or 2 MiB
@@ -227,9 +223,10 @@ class DdsTransport(Sending, Receiving, Presence, Reassembler):
             self._entities += [hello_topic, self._hello_writer, self._hello_reader, self._hello_alive]
             for t in wire_topics.ALL:
                 self._writer(t)
-            tag = frame_auth.hello_tag(self.frame_key, node, self.guid) if self.frame_key else b""
+            endpoint = self._open_stream(profile, peers)   # real.stream, or "" where the profile has none
+            tag = frame_auth.hello_tag(self.frame_key, node, self.guid, endpoint) if self.frame_key else b""
             self._hello_writer.write(Hello(node=node, guid=self.guid, pid=os.getpid(), host=socket.gethostname(),
-                                           tag=tag))
+                                           tag=tag, stream=endpoint))
             skew = skew_ns() if clock_skew_s is None else int(clock_skew_s * 1e9)
             self.clock = ClockExchange(self._dp, node, self.frame_key, self.stats, skew)
             self._thread = threading.Thread(target=self._run, name=f"dds-recv-{node}", daemon=True)
@@ -376,7 +373,11 @@ class DdsTransport(Sending, Receiving, Presence, Reassembler):
 
     def _close_pools(self, wait_s: float = 2.0) -> None:
         """Unlink this node's pools, after their readers took what is in them (a reference still
-        on its way names a file that must exist when it is first opened), and unmap the others'."""
+        on its way names a file that must exist when it is first opened), and unmap the others';
+        close the streams (what is queued out still leaves, for up to 2 s)."""
+        for end in (getattr(self, "_stream_out", None), getattr(self, "_stream_in", None)):
+            if end is not None:
+                end.close()
         deadline = time.monotonic() + wait_s
         for pool in list(getattr(self, "_pools", {}).values()):
             while not pool.drained() and time.monotonic() < deadline:

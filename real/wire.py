@@ -91,13 +91,15 @@ class Hello(IdlStruct, typename="dtemu.Hello"):
     (bad UTF-8 in a name) or names no sensible node decodes as ``INVALID_HELLO``
     (``node == ""``), which every reader skips and counts, instead of raising
     inside a batch read and taking every honest peer's sample with it.  In a
-    sealed run ``tag`` authenticates (node, guid) (``core.wire.frame_auth.hello_tag``)."""
+    sealed run ``tag`` authenticates (node, guid, stream) (``core.wire.frame_auth.hello_tag``).
+    ``stream``: where the node's stream of large payloads listens (``real.stream``), or empty."""
     node: str
     guid: str = ""
     key("guid")
     pid: uint32 = 0
     host: str = ""
     tag: sequence[uint8] = b""
+    stream: str = ""
 
     @classmethod
     def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Hello":

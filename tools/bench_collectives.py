@@ -230,16 +230,18 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
                                      piece_bytes)
                     if prof is not None:
                         prof.enable()
-                    cpu0, wall0 = time.process_time(), time.perf_counter()
+                    cpu0, wall0, threads0 = time.process_time(), time.perf_counter(), _thread_cpu()
                     result = run_blocking(node.run(role))
                     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                    threads = _thread_cpu()
+                    threads = {k: v - threads0.get(k, 0.0) for k, v in threads.items()}
                     if prof is not None:
                         prof.disable()
                     transport.flush(timeout_s=5.0)
                     stats = dict(transport.stats)
             finally:
                 run.close()
-        extra = {"stats": stats, "cpu_s": cpu, "wall_s": wall, "gc_s": gc_s}
+        extra = {"stats": stats, "cpu_s": cpu, "wall_s": wall, "gc_s": gc_s, "threads_cpu_s": threads}
         if prof is not None:
             path = Path(profile_dir) / f"dds-w{world}-rank0.prof"
             prof.dump_stats(str(path))
@@ -253,6 +255,22 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         queue.put((rank, result, extra))
     except BaseException:
         queue.put((rank, None, {"error": traceback.format_exc()}))
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads, summed by name (digits dropped: CycloneDDS's, zmq's,
+    dtemu's own), from /proc: where a rank's CPU goes besides its main thread."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")].rstrip("0123456789-").rstrip("/") or "?"
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,6 +487,9 @@ def _measure(args, worlds, sizes, backends, ops, domain, net: NetSetup | None):
                              f"{1e3 * sum(extra['gc_s'].values()):.0f} ms (generation 2: {1e3 * extra['gc_s'][2]:.0f}); "
                              f"process CPU {extra['cpu_s']:.1f} s "
                              f"over {extra['wall_s']:.1f} s wall")
+                busy = sorted(extra["threads_cpu_s"].items(), key=lambda kv: -kv[1])
+                notes.append(f"DDS W={w} rank 0 CPU by thread (s, the whole run): "
+                             + ", ".join(f"{k} {v:.2f}" for k, v in busy if v >= 0.005))
                 if "drain_cpu_s" in extra:
                     mc = sum(extra["main_cpu_s"].values())
                     notes.append(f"DDS W={w} rank 0 profile: receive thread (_drain) CPU {extra['drain_cpu_s']:.2f} s "

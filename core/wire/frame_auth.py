@@ -48,10 +48,22 @@ def check(fkey: bytes, dds_topic: str, src: str, dst: str, tag: str, msg_id: int
     return view[TAG_BYTES:] if hmac.compare_digest(bytes(view[:TAG_BYTES]), want) else None
 
 
-def hello_tag(fkey: bytes, node: str, guid: str) -> bytes:
-    """Authenticates a presence announcement: this node name for this participant."""
+def hello_tag(fkey: bytes, node: str, guid: str, stream: str = "") -> bytes:
+    """Authenticates a presence announcement: this node name for this participant, and where its
+    stream listens (real.stream; empty: none, and the tag is the one of a Hello without it)."""
     h = hashlib.blake2b(key=fkey, digest_size=TAG_BYTES, person=b"dtemu-hello")
-    for s in (node, guid):
+    for s in (node, guid) + ((stream,) if stream else ()):
+        b = s.encode()
+        h.update(struct.pack("<H", len(b)))
+        h.update(b)
+    return h.digest()
+
+
+def stream_tag(fkey: bytes, sender: str, receiver: str, nonce: bytes) -> bytes:
+    """A stream connection's answer to its receiver's nonce (real.stream): the sender holds the key."""
+    h = hashlib.blake2b(key=fkey, digest_size=TAG_BYTES, person=b"dtemu-stream")
+    h.update(nonce)
+    for s in (sender, receiver):
         b = s.encode()
         h.update(struct.pack("<H", len(b)))
         h.update(b)
