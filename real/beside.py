@@ -67,12 +67,12 @@ class Beside:
                         self._reject("lost", f"frame {f.part} of message {f.msg_id} of {src!r} on {topic}: "
                                              f"its bytes never came on the stream")
                         got = False
-                    if not got:
-                        waiting.popleft()
-                        continue
+                    waiting.popleft()
+                    if got:   # its bytes came on the sender's own connection, its reference verified
+                        self._frame_in(topic, f, ts, checked=True)
+                    continue
                 waiting.popleft()
                 self._take_frame(topic, f, ts)
-
 
     def _from_stream(self, topic: str, f: Frame) -> Optional[bool]:
         """Replace a reference's payload by its bytes from the stream (real.stream): True when they

@@ -103,12 +103,12 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
 
 
 def real_driver(name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str] = (),
-                timer: ComputeTimer | None = None) -> Driver:
+                timer: ComputeTimer | None = None, key: bytes | None = None) -> Driver:
     """A driver over real primitives and no faults, for tools and tests that drive a role by hand:
-    ``run_blocking(driver.run(role(driver)))``."""
+    ``run_blocking(driver.run(role(driver)))``; ``key`` seals its messages (give the transport it too)."""
     from dtemu.core.runtime.compute_spec import ComputeSpec
     from dtemu.core.runtime.fault_spec import FaultSpec
 
     timer = timer or ComputeTimer(ComputeSpec(), None, seed=0)
     prims = RealPrimitives(name, transport, run, publishes, timer)
-    return Driver(prims, faultlib.NodeFaults(FaultSpec(), 0, name, 0, faultlib.CrashPlan(FaultSpec())))
+    return Driver(prims, faultlib.NodeFaults(FaultSpec(), 0, name, 0, faultlib.CrashPlan(FaultSpec())), key)

@@ -143,7 +143,8 @@ class Reassembler:
         if key is not None:
             self._drop_pending(key)
 
-    def _on_frame(self, topic: str, f: Frame, source_ts: int) -> None:
+    def _on_frame(self, topic: str, f: Frame, source_ts: int, checked: bool = False) -> None:
+        """One frame in; ``checked``: authenticated already (real.stream's), so no tag to check."""
         payload = f.payload
         if f.src == self.node:
             self.stats["own_frames"] += 1
@@ -151,7 +152,7 @@ class Reassembler:
         if f.dst and f.dst != self.node:
             self.stats["not_for_me"] += 1
             return
-        if self.frame_key is not None:
+        if self.frame_key is not None and not checked:
             payload = frame_auth.check(self.frame_key, topic, f.src, f.dst, f.topic, f.msg_id, f.part, f.parts,
                                        f.total, payload)
             if payload is None:

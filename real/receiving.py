@@ -262,6 +262,7 @@ class Receiving:
         if waiting is not None:
             waiting.append((f, ts, time.monotonic()))
             return
+        checked = False
         if f.parts & stream.STREAM_FLAG:
             got = self._from_stream(topic, f)
             if got is None:   # its bytes are still on their way
@@ -269,10 +270,14 @@ class Receiving:
                 return
             if not got:
                 return
+            checked = True    # its reference verified, its bytes came on the sender's own connection
         if f.parts & shm.SHM_FLAG and not self._from_pool(topic, f):
             return
+        self._frame_in(topic, f, ts, checked)
+
+    def _frame_in(self, topic: str, f: Frame, ts: int, checked: bool = False) -> None:
         try:
-            self._on_frame(topic, f, ts)
+            self._on_frame(topic, f, ts, checked)
         except Exception as exc:  # a bug, not bad input: count, keep going
             self.stats["errors"] += 1
             self.last_error = repr(exc)

@@ -58,7 +58,7 @@ class Snooper(DdsTransport):
         super().__init__(*args, **kwargs)
         self.raw: list[tuple[str, Frame]] = []  # honest update frames, exactly as they came
 
-    def _on_frame(self, topic, f, source_ts):
+    def _on_frame(self, topic, f, source_ts, checked=False):
         if topic == CLIENT_UPDATE and f.src != self.node:
             self.raw.append((topic, Frame(src=f.src, dst=f.dst, topic=f.topic, msg_id=f.msg_id, part=f.part,
                                           parts=f.parts, total=f.total, payload=bytes(f.payload))))
@@ -68,7 +68,7 @@ class Snooper(DdsTransport):
         if self.tagged and len(f.payload) >= frame_auth.TAG_BYTES:
             f.payload = f.payload[frame_auth.TAG_BYTES:]
         f.dst = ""
-        super()._on_frame(topic, f, source_ts)
+        super()._on_frame(topic, f, source_ts, checked)
 
 
 def send_as(transport: DdsTransport, src: str, topic: str, data: bytes, to: str = "") -> None:

@@ -113,14 +113,15 @@ class Sending:
             dests = self._shm_dests(wname, to) if self._shm and total >= shm.MIN_BYTES else None
             streams = self._stream_dests(wname, to) if self._stream_out is not None and total >= stream.MIN_BYTES \
                 else None
+            if streams:   # on the stream a frame costs the same whatever its size: fewer, larger ones
+                fb = stream.FRAME_BYTES - (frame_auth.TAG_BYTES if sealed else 0)
             parts = max(1, -(-total // fb))
             if mv is None and not (parts == 1 and dests):
                 mv = memoryview(bytes(data))
             for i in range(parts if only_frames is None else min(parts, only_frames)):
                 chunk = data if mv is None else mv[i * fb:(i + 1) * fb]
-                if sealed:  # the tag first: the receiver checks it before the frame counts (core.wire.frame_auth)
-                    chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
-                                                 total, chunk) + chunk
+                # On the stream the bytes go untagged: the connection proved the key and the reference
+                # is tagged (real.stream); a sealed message's own MAC still covers them end to end.
                 if streams and len(chunk) >= stream.MIN_BYTES and self._stream_out.put(
                         streams, stream.frame_key(wname, dst, label, msg_id, i, parts, total), chunk,
                         wait_s=self.write_timeout_s):   # the bytes went on the stream; DDS carries their length
@@ -128,6 +129,9 @@ class Sending:
                                                 stream.reference(self.frame_key, wname, self.node, dst, label, msg_id,
                                                                  i, parts, total, len(chunk)), pad4=True))
                     continue
+                if sealed:  # the tag first: the receiver checks it before the frame counts (core.wire.frame_auth)
+                    chunk = frame_auth.frame_tag(self.frame_key, wname, self.node, dst, label, msg_id, i, parts,
+                                                 total, chunk) + chunk
                 ref = self._shm_put(wname, dests, chunk) if dests and len(chunk) >= shm.MIN_BYTES else None
                 if ref is not None:  # the bytes went through shared memory; DDS carries the reference
                     self._write(w, encode_parts(self.node, dst, label, msg_id, i, parts | shm.SHM_FLAG, total,

@@ -57,6 +57,7 @@ from dtemu.real.config import split_peers
 
 STREAM_FLAG = 1 << 30        # in Frame.parts: the payload is a length, the bytes came on the stream
 MIN_BYTES = 64 << 10         # smaller frames go inline: a reference is not worth a second path
+FRAME_BYTES = 8 << 20        # a message on the stream is cut into frames of this size (DDS's: 1 MiB)
 SNDHWM = 16                  # frames queued per destination before a send waits (16 MiB)
 STALL_S = 10.0               # a reference waits this long after the sender's stream last spoke
 STALL_MAX_S = 120.0          # and never longer than this (its bytes were lost on a reconnect)
@@ -172,7 +173,7 @@ class StreamIn:
         self.on_bytes = on_bytes            # told the sender's name when its bytes came
         self._sock = zmq.Context.instance().socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame + 4096)   # a bigger message drops its connection
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max(max_frame, FRAME_BYTES) + 4096)   # a bigger one drops its connection
         self._sock.setsockopt(zmq.RCVHWM, 64)
         port = self._sock.bind_to_random_port(f"tcp://{address}")
         self.endpoint = f"tcp://{address}:{port}"

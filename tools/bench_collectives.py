@@ -3,7 +3,8 @@
     python -m tools.bench_collectives [--worlds 2,3] [--sizes 100000,1000000,4000000]
         [--repeats 15] [--warmup 3] [--backends dds,gloo] [--ops gather,ring,pipelined,allgather]
         [--frame-bytes N] [--piece-bytes N] [--out FILE.md] [--json FILE.json] [--profile DIR]
-        [--no-shm] [--netns [--mbps M] [--delay-ms D] [--mtu BYTES] [--bridge-nf] [--dds-profile P]]
+        [--no-shm] [--sealed] [--netns [--stream] [--mbps M] [--delay-ms D] [--mtu BYTES] [--bridge-nf]
+        [--dds-profile P]]
 
 For each world size W, W processes (multiprocessing, spawn; torch and BLAS
 threads 1 each) on this machine:
@@ -58,6 +59,11 @@ otherwise): every rank is then a "machine" of its own, in a network namespace of
           samples, UDP over the veths;
 ``gloo``  ``init_method=tcp://<rank 0's address>:PORT``, ``GLOO_SOCKET_IFNAME=eth0``: TCP over
           the same veths.
+
+``--stream`` carries DDS's payloads of 64 KiB and more on real.stream's TCP stream beside DDS
+(``DTEMU_DDS_STREAM=1``); ``--sealed`` gives the DDS ranks a key (frame tags and message
+envelopes, as a sealed run has them).  With ``--netns`` the notes also give each thread's CPU
+of DDS rank 0 (named threads: dtemu-recv, dtemu-stream, ZMQbg/IO, CycloneDDS's recv...).
 
 The links are unshaped unless ``--mbps`` (tbf on both ends of every veth, as netns_fl) or
 ``--delay-ms`` (netem, if the kernel has it; refused otherwise).  ``--mtu`` sets the veths'
@@ -186,7 +192,7 @@ def _time_gc() -> dict:
 
 
 def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profile_dir, ops, piece_bytes, net,
-                queue):
+                sealed, queue):
     try:
         net_setup(net)
         _one_thread()
@@ -223,9 +229,10 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         with tempfile.TemporaryDirectory(prefix="bench-coll-") as tmp:
             run = RunDir(tmp)
             try:
+                key = SEAL_KEY if sealed else None
                 with Transport(names[rank], profile=net["profile"] if net else "loopback", domain_id=domain,
-                               peers=net["peers"] if net else None, subscribe=[COLL_FRAMES]) as transport:
-                    node = Node(names[rank], transport, run, publishes=[COLL_FRAMES])
+                               peers=net["peers"] if net else None, subscribe=[COLL_FRAMES], key=key) as transport:
+                    node = Node(names[rank], transport, run, publishes=[COLL_FRAMES], key=key)
                     role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, ops,
                                      piece_bytes)
                     if prof is not None:
@@ -271,6 +278,9 @@ def _thread_cpu() -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2:].split()
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
+
+
+SEAL_KEY = bytes(range(32))   # --sealed: the ranks' shared key (a benchmark's, not a secret)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,7 +486,7 @@ def _measure(args, worlds, sizes, backends, ops, domain, net: NetSetup | None):
                 dom = domain + w  # a domain per world: no leftovers from the previous one
                 res = _run_world(_dds_worker, w, lambda r: (r, w, dom, sizes, args.repeats, args.warmup,
                                                             args.frame_bytes, args.profile, ops, args.piece_bytes,
-                                                            net_of(r)),
+                                                            net_of(r), args.sealed),
                                  args.timeout)
                 extra = res[0][1]
                 st = extra["stats"]
@@ -531,6 +541,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="also write the Markdown table here")
     p.add_argument("--no-shm", action="store_true",
                    help="DDS carries the payloads too (DTEMU_DDS_SHM=0): no shared-memory pools (real.shm)")
+    p.add_argument("--stream", action="store_true",
+                   help="--netns: large payloads on real.stream's TCP stream beside DDS (DTEMU_DDS_STREAM=1)")
+    p.add_argument("--sealed", action="store_true", help="DDS ranks sealed under a key (gloo has no seal)")
     p.add_argument("--netns", action="store_true",
                    help="every rank in a network namespace of its own (root): DDS lan profile over UDP, "
                         "gloo over TCP, through veths and a bridge")
@@ -550,6 +563,7 @@ def main(argv=None) -> int:
         p.error("--dds-profile: the ranks are on different hosts; loopback cannot reach them")
     if args.no_shm or args.netns:
         os.environ["DTEMU_DDS_SHM"] = "0"   # the ranks are spawned with this environment
+    os.environ["DTEMU_DDS_STREAM"] = "1" if args.stream else "0"
     worlds = [int(w) for w in args.worlds.split(",") if w]
     sizes = [int(s) for s in args.sizes.split(",") if s]
     backends = [b for b in args.backends.split(",") if b]
@@ -604,7 +618,9 @@ def main(argv=None) -> int:
             return 130
     md = table(rows, worlds, sizes, backends, ops)
     if args.netns:
-        payloads = f"inside the DDS samples ({args.dds_profile} profile, UDP); gloo over TCP"
+        payloads = (f"of 64 KiB and more on a TCP stream beside DDS (real.stream, {args.dds_profile} profile)"
+                    if args.stream else f"inside the DDS samples ({args.dds_profile} profile, UDP)") \
+            + (", sealed (frame tags and message envelopes)" if args.sealed else "") + "; gloo over TCP"
     else:
         payloads = "inline (--no-shm)" if args.no_shm else "through shared-memory pools (real.shm)"
     header = (f"Collectives {where}, {args.repeats} repetitions after {args.warmup} warm-up, "

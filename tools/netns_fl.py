@@ -486,7 +486,9 @@ def run(scenario_path: str = "scenarios/fl_codecs.yaml", *, rounds: int = 4, sub
 
             shutil.copytree(Path(reuse) / "real", out / "real", dirs_exist_ok=True)
     else:
-        bed = run_testbed(scenario_path, sets, out, mbps=mbps, delay_ms=delay_ms, keep=keep, timeout_s=timeout_s)
+        nodes = len(load_scenario(scenario_path, sets).node_names)   # a machine per rank
+        bed = run_testbed(scenario_path, sets, out, mbps=mbps, delay_ms=delay_ms, keep=keep, timeout_s=timeout_s,
+                          nodes=nodes)
     real_summary, rtt = bed["real_summary"], bed["rtt_ms"]
     real_events = read_events_partial(out / "real")[0]
     scen = load_scenario(scenario_path, sets)
