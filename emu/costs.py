@@ -31,6 +31,7 @@ import numpy as np
 
 from dtemu.core.modes import MODES
 from dtemu.core.runtime.compute import CPU_OPS
+from dtemu.host import stream_choice
 from dtemu.host.writer_history import whc_high_bytes, writer_history
 
 FL_WINDOW = whc_high_bytes()  # real mode's writer history outside DDP ("2MiB", or $DTEMU_DDS_WHC_HIGH)
@@ -185,9 +186,14 @@ def seal_cost(reps: int = 7) -> float:
     return both / 2 / (len(data) / 1e6)
 
 
-def transport_sets(decode: dict[str, float], window: int = FL_WINDOW) -> list[str]:
-    """emu --set overrides of real mode's transport: headers, writer history, decoding per node."""
-    sets = ["network.framing=rtps", f"network.send_window_bytes={window}"]
+def transport_sets(decode: dict[str, float], window: int = FL_WINDOW, stream: bool | None = None) -> list[str]:
+    """emu --set overrides of real mode's transport: headers, writer history, decoding per node.
+    ``stream`` (default: whether real mode between machines would use it now, host.stream_choice):
+    large payloads on its TCP stream, whose send returns once they are queued."""
+    if stream is None:
+        stream = stream_choice.stream_on("lan")
+    sets = (["network.framing=stream", f"network.send_window_bytes={stream_choice.queue_bytes()}"] if stream
+            else ["network.framing=rtps", f"network.send_window_bytes={window}"])
     sets += [f"compute.nodes.{node}.decode_s_per_mb={cost:.6g}" for node, cost in sorted(decode.items())]
     return sets
 

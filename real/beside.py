@@ -29,6 +29,11 @@ POOL_VIEWS = frozenset({wire_topics.COLL_FRAMES})
 class Beside:
     """``DdsTransport``'s bytes from beside DDS; see the module docstring."""
 
+    @property
+    def streaming(self) -> bool:
+        """Whether this transport carries large payloads on its TCP stream (real.stream)."""
+        return getattr(self, "_stream_in", None) is not None
+
     def _from_pool(self, topic: str, f: Frame) -> bool:
         """Replace a reference's payload by the bytes it points at (real.shm): a copy, or on the
         topics of ``POOL_VIEWS`` a view of the slot; False if it was refused (counted as

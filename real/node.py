@@ -89,12 +89,14 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         transport.flush(timeout_s=5.0)
         stats = dict(transport.stats)
         clocks = transport.clock.offsets.as_dict()
+        streamed = transport.streaming
     record = node_record(scenario, name, result, prims.bytes_sent, prims.bytes_received, time_s=prims.now(),
                          bytes_rejected=prims.bytes_rejected, sealed=key is not None)
     device = getattr(work, "device", devices.CPU)
     summary = {**record, "device": device, "platform": {**cpu_arith.describe(), **devices.describe(device)},
                "real": {"wall_time_s": round(time.perf_counter() - wall_start, 3),
                                   "writer_history": whc_high,
+                                  "stream": streamed,   # large payloads on the TCP stream (real.stream)
                                   "clocks": clocks,  # each peer's clock minus this rank's (real.clock_sync)
                                   "timers": prims.lateness.record(),  # how late its timers woke (real.monitors)
                                   "transport": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}}

@@ -111,12 +111,18 @@ def _emu_sets(machines, out: Path, scenario: Scenario) -> list[str]:
     the wire, not when it is delivered) and a site's nodes sharing their machine's CPU."""
     from dtemu.host.writer_history import whc_high_bytes
 
-    history = None
+    from dtemu.host.stream_choice import queue_bytes
+
+    history = streamed = None
     for rank in range(len(scenario.node_names)):
         try:
-            history = json.loads((out / f"rank{rank}" / "summary.json").read_text())["real"]["writer_history"]
+            real = json.loads((out / f"rank{rank}" / "summary.json").read_text())["real"]
+            history, streamed = real["writer_history"], real.get("stream", False)
             break
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    sets = ["network.framing=rtps"] + ([f"network.send_window_bytes={whc_high_bytes(history)}"] if history else [])
+    if streamed:   # large payloads went on the TCP stream beside DDS (real.stream)
+        sets = ["network.framing=stream", f"network.send_window_bytes={queue_bytes()}"]
+    else:
+        sets = ["network.framing=rtps"] + ([f"network.send_window_bytes={whc_high_bytes(history)}"] if history else [])
     return sets + machines.plan.emu_sets

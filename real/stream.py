@@ -52,13 +52,14 @@ from typing import Callable, Iterable, Optional
 import zmq
 
 from dtemu.core.wire import frame_auth
+from dtemu.host import stream_choice
 from dtemu.host.thread_name import name_this_thread
 from dtemu.real.config import split_peers
 
 STREAM_FLAG = 1 << 30        # in Frame.parts: the payload is a length, the bytes came on the stream
-MIN_BYTES = 64 << 10         # smaller frames go inline: a reference is not worth a second path
-FRAME_BYTES = 8 << 20        # a message on the stream is cut into frames of this size (DDS's: 1 MiB)
-SNDHWM = 16                  # frames queued per destination before a send waits (16 MiB)
+MIN_BYTES = stream_choice.MIN_BYTES      # smaller frames go inline
+FRAME_BYTES = stream_choice.FRAME_BYTES  # a message on the stream is cut into frames of this size
+SNDHWM = stream_choice.QUEUE_FRAMES      # frames queued per destination before a send waits
 STALL_S = 10.0               # a reference waits this long after the sender's stream last spoke
 STALL_MAX_S = 120.0          # and never longer than this (its bytes were lost on a reconnect)
 MAX_ASKED = 256              # connections in the middle of their handshake (a flood evicts the oldest)
@@ -74,12 +75,7 @@ _ENDPOINT = re.compile(r"^tcp://(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$")
 
 def enabled(profile: str) -> bool:
     """Whether a transport of ``profile`` carries large payloads on the stream (module docstring)."""
-    env = os.environ.get("DTEMU_DDS_STREAM", "").strip().lower()
-    if env in ("0", "no", "off", "false"):
-        return False
-    if env in ("1", "yes", "on", "true"):
-        return profile != "loopback"
-    return False
+    return stream_choice.stream_on(profile)
 
 
 def frame_key(dds_topic: str, dst: str, label: str, msg_id: int, part: int, parts: int, total: int) -> bytes:

@@ -40,8 +40,9 @@ class NetworkSpec:
     central: str | None = None
     # Emu's time on the wire as real mode's DDS transport spends it (emu/wire_model.py); byte
     # counts in summaries stay payload.  framing "rtps": a flow also carries the frames', RTPS
-    # fragments', UDP, IPv4 and Ethernet headers ("payload": the payload only).
-    framing: Literal["payload", "rtps"] = "payload"
+    # fragments', UDP, IPv4 and Ethernet headers ("payload": the payload only); "stream": a message
+    # of 64 KiB or more goes on real mode's TCP stream beside DDS instead (TCP segments' headers).
+    framing: Literal["payload", "rtps", "stream"] = "payload"
     # A sender's writer history in bytes (real mode: DDS WhcHigh, 2 MiB): a send returns once
     # the message's last history group is all that is left on the wire, and later sends from
     # that node queue behind it (the link is a FIFO).  0: a send returns when its flows end.
