@@ -189,11 +189,10 @@ def seal_cost(reps: int = 7) -> float:
 def transport_sets(decode: dict[str, float], window: int = FL_WINDOW, stream: bool | None = None) -> list[str]:
     """emu --set overrides of real mode's transport: headers, writer history, decoding per node.
     ``stream`` (default: whether real mode between machines would use it now, host.stream_choice):
-    large payloads on its TCP stream, whose send returns once they are queued."""
+    large payloads on its TCP stream (a send of those returns once they are queued: emu.network)."""
     if stream is None:
         stream = stream_choice.stream_on("lan")
-    sets = (["network.framing=stream", f"network.send_window_bytes={stream_choice.queue_bytes()}"] if stream
-            else ["network.framing=rtps", f"network.send_window_bytes={window}"])
+    sets = [f"network.framing={'stream' if stream else 'rtps'}", f"network.send_window_bytes={window}"]
     sets += [f"compute.nodes.{node}.decode_s_per_mb={cost:.6g}" for node, cost in sorted(decode.items())]
     return sets
 

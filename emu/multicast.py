@@ -42,7 +42,9 @@ class Multicasting:
             lost = self._draw_lost_packets(src, dst, nbytes)
             lost_most = max(lost_most, lost)
             members.append((dst, lost, functools.partial(on_deliver, dst)))
-        total = self._wire(nbytes) + min(lost_most * self.mtu, nbytes)
+        # a multicast message to everyone stays in DDS whatever the framing (real.sending)
+        framing = "rtps" if self.framing == "stream" else self.framing
+        total = self._wire(nbytes, framing) + min(lost_most * self.mtu, nbytes)
         if not members or (total == 0 and not self.send_window):
             results = [self._member_done(src, m, nbytes, 0, now) for m in members]
             event.succeed(results)
@@ -52,7 +54,7 @@ class Multicasting:
             wan += [p for p in self._wan_ports(src, dst) if p not in wan]
         self._sync()
         self._start_or_wait(MulticastFlow(src, members, nbytes, total, now, event, wan,
-                                       release=self._release_at(nbytes, total)))  # a batch of its own
+                                       release=self._release_at(nbytes, total, framing)))  # a batch of its own
         return event
 
     def _member_done(self, src, member, nbytes, start, now) -> FlowResult:

@@ -141,7 +141,7 @@ class Network(SenderFifo, Multicasting, Failures):
     # -- public API -----------------------------------------------------------
 
     def send(self, src: str, dst: str, nbytes: int,
-             on_deliver: Callable[[], None], batch: object = None) -> simpy.Event:
+             on_deliver: Callable[[], None], batch: object = None, inline: bool = False) -> simpy.Event:
         """Start a flow of ``nbytes`` payload from src to dst.
 
         Returns an event that succeeds with a FlowResult when the sender is
@@ -149,7 +149,8 @@ class Network(SenderFifo, Multicasting, Failures):
         receiver at delivery time unless the message is lost to a failure.
         With send_window, flows sent with the same ``batch`` token (one message
         to several receivers) share the sender's link; others queue behind
-        (None: a batch of its own).
+        (None: a batch of its own).  ``inline``: the message stays in DDS whatever the framing
+        (framing "stream": a durable topic's message to everyone, which late joiners replay).
         """
         self._check_node(src)
         self._check_node(dst)
@@ -171,7 +172,8 @@ class Network(SenderFifo, Multicasting, Failures):
             return event
 
         lost = self._draw_lost_packets(src, dst, nbytes)
-        total = self._wire(nbytes) + min(lost * self.mtu, nbytes)
+        framing = "rtps" if inline and self.framing == "stream" else self.framing
+        total = self._wire(nbytes, framing) + min(lost * self.mtu, nbytes)
         if total == 0 and not self.send_window:
             self._flow_done(src, dst, nbytes, 0, now, 0, event, on_deliver,
                             delay=self._path_latency(src, dst))
@@ -179,19 +181,23 @@ class Network(SenderFifo, Multicasting, Failures):
 
         self._sync()
         flow = Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst),
-                     release=self._release_at(nbytes, total))
+                     release=self._release_at(nbytes, total, framing))
         self._start_or_wait(flow, batch)
         return event
 
-    def _wire(self, nbytes: int) -> int:
+    def _wire(self, nbytes: int, framing: str) -> int:
         """Bytes on the wire for ``nbytes`` of payload (the framing's headers included)."""
-        return nbytes if self.framing == "payload" else wire_model.wire_bytes(nbytes, self.mtu, self.framing)
+        return nbytes if framing == "payload" else wire_model.wire_bytes(nbytes, self.mtu, framing)
 
-    def _release_at(self, nbytes: int, total: int) -> float:
-        """The wire bytes still to go when a writer with send_window returns (0: none)."""
+    def _release_at(self, nbytes: int, total: int, framing: str) -> float:
+        """The wire bytes still to go when a writer with send_window returns (0: none); on the
+        stream (framing "stream"), a send returns once its frames are queued (wire_model)."""
         if not self.send_window or nbytes == 0:
             return 0.0
-        return total * wire_model.tail_bytes(nbytes, self.send_window) / nbytes
+        window = self.send_window
+        if framing == "stream" and nbytes >= wire_model.STREAM_MIN_BYTES:
+            window = wire_model.STREAM_QUEUE_BYTES
+        return total * wire_model.tail_bytes(nbytes, window) / nbytes
 
     def active_flows(self) -> list[FlowInfo]:
         """Every flow on the wire now, with its remaining bytes as of env.now."""

@@ -113,7 +113,8 @@ class EmuNode:
             flows = [self.world.transmit_many(self.node, targets, topic, data)]
         else:
             batch = object()  # one message: its flows share the uplink (network.send_window_bytes)
-            flows = [self.world.transmit(self.node, dst, topic, data, batch) for dst in targets]
+            inline = to is None and topic in DURABLE_TOPICS   # real mode keeps it in DDS (late joiners)
+            flows = [self.world.transmit(self.node, dst, topic, data, batch, inline) for dst in targets]
         if flows:
             yield self.world.env.all_of(flows)
         return len(targets)
@@ -347,13 +348,14 @@ class World:
             self._subscribers[key] = [n for n, node in self.nodes.items() if n != src and topic in node.subscribes]
         return self._subscribers[key]
 
-    def transmit(self, src: str, dst: str, topic: str, data: bytes, batch: object = None) -> simpy.Event:
+    def transmit(self, src: str, dst: str, topic: str, data: bytes, batch: object = None,
+                 inline: bool = False) -> simpy.Event:
         sent_at = self.env.now
 
         def land() -> None:
             self.nodes[dst].deliver(Message(topic, src, data, sent_at=sent_at, received_at=self.env.now))
 
-        return self.network.send(src, dst, len(data), land, batch=batch)
+        return self.network.send(src, dst, len(data), land, batch=batch, inline=inline)
 
     def transmit_many(self, src: str, dsts: list[str], topic: str, data: bytes) -> simpy.Event:
         """One message to every node of ``dsts`` as one multicast flow (network.delivery: multicast)."""

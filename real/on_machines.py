@@ -111,8 +111,6 @@ def _emu_sets(machines, out: Path, scenario: Scenario) -> list[str]:
     the wire, not when it is delivered) and a site's nodes sharing their machine's CPU."""
     from dtemu.host.writer_history import whc_high_bytes
 
-    from dtemu.host.stream_choice import queue_bytes
-
     history = streamed = None
     for rank in range(len(scenario.node_names)):
         try:
@@ -121,8 +119,7 @@ def _emu_sets(machines, out: Path, scenario: Scenario) -> list[str]:
             break
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    if streamed:   # large payloads went on the TCP stream beside DDS (real.stream)
-        sets = ["network.framing=stream", f"network.send_window_bytes={queue_bytes()}"]
-    else:
-        sets = ["network.framing=rtps"] + ([f"network.send_window_bytes={whc_high_bytes(history)}"] if history else [])
+    # large payloads on the TCP stream beside DDS (real.stream), or every byte in DDS
+    sets = [f"network.framing={'stream' if streamed else 'rtps'}"]
+    sets += [f"network.send_window_bytes={whc_high_bytes(history)}"] if history else []
     return sets + machines.plan.emu_sets

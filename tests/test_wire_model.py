@@ -78,6 +78,7 @@ def test_stream_constants_match_real_mode():
     from dtemu.host import stream_choice
     from dtemu.real import stream
 
+    assert wire_model.STREAM_QUEUE_BYTES == stream_choice.queue_bytes()
     assert wire_model.STREAM_FRAME_BYTES == stream_choice.FRAME_BYTES == stream.FRAME_BYTES
     assert wire_model.STREAM_MIN_BYTES == stream_choice.MIN_BYTES == stream.MIN_BYTES
     key = stream.frame_key("train/client_update", "", "train/client_update", 2**50, 3, 9, 70 << 20)
@@ -90,7 +91,28 @@ def test_emu_is_told_the_path_real_mode_takes(monkeypatch):
     monkeypatch.delenv("DTEMU_DDS_STREAM", raising=False)
     assert "network.framing=rtps" in transport_sets({})
     monkeypatch.setenv("DTEMU_DDS_STREAM", "1")
-    assert transport_sets({})[:2] == ["network.framing=stream", f"network.send_window_bytes={128 * MIB}"]
+    assert transport_sets({}, window=2 * MIB)[:2] == ["network.framing=stream", f"network.send_window_bytes={2 * MIB}"]
+
+
+def test_on_the_stream_a_send_returns_once_queued_but_a_broadcast_to_everyone_stays_in_dds():
+    # 8 Mbit/s links, a 2 MB message, a writer history of 1 MiB: through DDS the send returns
+    # when its last group is on the wire; on the stream at once (16 frames may wait in the queue).
+    log = {}
+    env, net = _net(framing="stream", window=MIB)
+    _send(env, net, 0.0, "a", "b", 2 * MB, log, "m")
+    env.run()
+    assert log["m.returned"] == 0.0 and log["m.delivered"] > 2.0
+    assert net.stats["a"].wire_bytes_sent == wire_model.wire_bytes(2 * MB, 1500, "stream")
+    inline = {}
+    env, net = _net(framing="stream", window=MIB)
+
+    def proc():
+        yield net.send("a", "b", 2 * MB, lambda: inline.setdefault("delivered", env.now), inline=True)
+        inline["returned"] = env.now
+    env.process(proc())
+    env.run()
+    assert 0 < inline["returned"] < inline["delivered"]
+    assert net.stats["a"].wire_bytes_sent == wire_model.wire_bytes(2 * MB, 1500, "rtps")
 
 
 def test_framing_lengthens_the_flow_not_the_payload_counts():
