@@ -48,7 +48,7 @@ FRAMINGS = ("payload", "rtps", "stream")
 # TCP, IPv4 and Ethernet headers; DDS carries a small reference per frame (an RTPS sample).
 # The peer's ACKs go the other way.  Measured on the testbed: a controller's link carried 4.47%
 # over the payload (docs/notebook/, entry 41); the segments' headers alone are 4.56%.
-STREAM_FRAME_BYTES = 8 << 20      # host.stream_choice.FRAME_BYTES
+STREAM_FRAME_BYTES = 1 << 20      # host.stream_choice.FRAME_BYTES
 STREAM_MIN_BYTES = 64 << 10       # host.stream_choice.MIN_BYTES
 STREAM_ENVELOPE_BYTES = 96        # "D", the key (header numbers and names), zmq's frame flags and lengths
 STREAM_REFERENCE_BYTES = 8        # the length a reference carries (sealed: and a 16-byte tag)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-FRAME_BYTES = 8 << 20     # a message on the stream is cut into frames of this size (DDS's: 1 MiB)
+FRAME_BYTES = 1 << 20     # a message on the stream is cut into frames of this size (as in DDS): a
+                          # receiver hears its sender's progress a frame at a time (real.beside)
 MIN_BYTES = 64 << 10      # smaller frames go inline in DDS: a reference is not worth a second path
 QUEUE_FRAMES = 16         # frames queued per destination before a send waits (zmq's SNDHWM)
 

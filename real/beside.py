@@ -55,8 +55,10 @@ class Beside:
 
     def _release_parked(self) -> None:
         """Hand on the waiting frames whose bytes came; give up on a frame whose sender's stream
-        has been silent for STALL_S since it came (or that waited STALL_MAX_S): counted as lost."""
+        has been silent for STALL_S since it came (or that waited STALL_MAX_S), or whose sender has
+        left the domain (its bytes can no longer come; a slow link's are only late): counted as lost."""
         now = time.monotonic()
+        live = None
         for (topic, src), waiting in list(self._parked.items()):
             del self._parked[(topic, src)]
             while waiting:
@@ -65,7 +67,10 @@ class Beside:
                     got = self._from_stream(topic, f)
                     if got is None:
                         heard = self._stream_in.heard(src) if self._stream_in is not None else 0.0
-                        if now - max(since, heard) < stream.STALL_S and now - since < stream.STALL_MAX_S:
+                        if live is None and now - since > stream.GONE_S:
+                            live = self.stream_endpoints()   # (cached: at most every 0.2 s)
+                        gone = live is not None and src not in live
+                        if not gone and now - max(since, heard) < stream.STALL_S and now - since < stream.STALL_MAX_S:
                             self._parked[(topic, src)] = waiting
                             break
                         self.stats["stream_lost"] += 1

@@ -207,7 +207,7 @@ class Sending:
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every matched reader acknowledged everything written (before closing)."""
         deadline = time.monotonic() + timeout_s
-        ok = True
+        ok = self._stream_out.flush(timeout_s) if self._stream_out is not None else True  # (real.stream)
         for w in list(self._writers.values()):
             left = max(0.0, deadline - time.monotonic())
             ok = _wait_for_acks(w, left) and ok

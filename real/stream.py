@@ -25,7 +25,7 @@ peer's ROUTER, over TCP) per (sender, destination):
   the bytes under (sender, key); a reference whose bytes are not there yet waits,
   and the frames after it from that sender on that topic wait behind it (the
   reassembly needs them in order), until the bytes come or the sender's stream
-  has been silent for ``STALL_S``.
+  has been silent for ``STALL_S`` or the sender has left the domain.
 * The bytes themselves are checked as an inline frame's are: in a sealed run the
   frame's tag is their first bytes.  What is refused is counted: a connection
   that never authenticated (its data is dropped unread beyond its length), a
@@ -60,10 +60,14 @@ STREAM_FLAG = 1 << 30        # in Frame.parts: the payload is a length, the byte
 MIN_BYTES = stream_choice.MIN_BYTES      # smaller frames go inline
 FRAME_BYTES = stream_choice.FRAME_BYTES  # a message on the stream is cut into frames of this size
 SNDHWM = stream_choice.QUEUE_FRAMES      # frames queued per destination before a send waits
-STALL_S = 10.0               # a reference waits this long after the sender's stream last spoke
-STALL_MAX_S = 120.0          # and never longer than this (its bytes were lost on a reconnect)
+STALL_S = 30.0               # a reference waits this long after the sender's stream last delivered,
+STALL_MAX_S = 120.0          # and never longer than this (its bytes were lost on a reconnect); at
+GONE_S = 1.0                 # once after this long if the sender is no longer on the domain
 MAX_ASKED = 256              # connections in the middle of their handshake (a flood evicts the oldest)
+MAX_CONNECTIONS = 4096       # connections that count as a sender's; beyond, new ones are refused
+MAX_KEY_BYTES = 1024         # a frame's header as its key (names of at most 128 characters each)
 STORE_BYTES = 256 << 20      # bytes held per sender for references still to come
+STORE_TOTAL_BYTES = 1 << 30  # and by all senders together (unsealed, anyone may claim a name)
 STORE_AGE_S = 120.0          # bytes nobody asked for this long are dropped
 _POLL_MS = 200
 STATS = ("stream_sent_frames", "stream_recv_frames", "stream_fallbacks", "stream_refused", "stream_dropped",
@@ -178,6 +182,7 @@ class StreamIn:
         self._lock = threading.Lock()
         self._store: dict[str, OrderedDict] = {}    # sender -> key -> (arrived, bytes)
         self._held: dict[str, int] = {}             # sender -> bytes held
+        self._total = 0                             # bytes held, all senders
         self._heard: dict[str, float] = {}          # sender -> when its stream last delivered
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=f"stream-in-{node}", daemon=True)
@@ -190,6 +195,7 @@ class StreamIn:
             if got is None:
                 return None
             self._held[sender] -= len(got[1])
+            self._total -= len(got[1])
             return got[1]
 
     def heard(self, sender: str) -> float:
@@ -228,13 +234,16 @@ class StreamIn:
         ident, kind = parts[0].bytes, parts[1].bytes if len(parts) > 1 else b""
         if kind == b"D" and len(parts) == 4:
             sender = self._senders.get(ident)
-            if sender is None:
-                self._stats["stream_refused"] += 1   # an unauthenticated connection's data
+            if sender is None or len(parts[2]) > MAX_KEY_BYTES:
+                self._stats["stream_refused"] += 1   # an unauthenticated connection's data, or no header
                 return
             self._keep(sender, parts[2].bytes, parts[3].buffer)
         elif kind == b"H" and len(parts) == 4:
             sender, to = _name(parts[2].bytes), _name(parts[3].bytes)
             if sender is None or to != self.node:
+                self._stats["stream_refused"] += 1
+                return
+            if len(self._senders) >= MAX_CONNECTIONS and ident not in self._senders:
                 self._stats["stream_refused"] += 1
                 return
             nonce = secrets.token_bytes(16)
@@ -262,11 +271,15 @@ class StreamIn:
             old = store.pop(key, None)
             if old is not None:
                 self._held[sender] -= len(old[1])
+                self._total -= len(old[1])
             store[key] = (now, data)
             self._held[sender] = self._held.get(sender, 0) + len(data)
-            while store and (self._held[sender] > STORE_BYTES or now - next(iter(store.values()))[0] > STORE_AGE_S):
+            self._total += len(data)
+            while store and (self._held[sender] > STORE_BYTES or self._total > STORE_TOTAL_BYTES
+                             or now - next(iter(store.values()))[0] > STORE_AGE_S):
                 _, (_, gone) = store.popitem(last=False)
                 self._held[sender] -= len(gone)
+                self._total -= len(gone)
                 self._stats["stream_dropped"] += 1
             self._heard[sender] = now
         if self.on_bytes is not None:
@@ -295,6 +308,7 @@ class _Dealer:
         self.sock.send_multipart([b"H", node.encode(), dest.encode()])
         self.ready = False
         self.lock = threading.Lock()
+        self.last = None          # the tracker of the last frame queued
 
 
 class StreamOut:
@@ -348,11 +362,29 @@ class StreamOut:
                 if not dealer.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
                     self._stats["stream_fallbacks"] += 1
                     return False
-                dealer.sock.send_multipart([b"D", key, data], zmq.NOBLOCK, copy=len(data) < 65536)
+                # tracked: flush waits until zmq has handed the last one to the kernel
+                dealer.last = dealer.sock.send_multipart([b"D", key, data], zmq.NOBLOCK, copy=False, track=True)
         self._stats["stream_sent_frames"] += 1
         return True
 
-    def close(self) -> None:
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued frame left zmq for the kernel (which delivers it even after this
+        process is gone); False if some had not within ``timeout_s``.  Before closing: a frame
+        still queued when its DEALER closes is lost, and its receiver waits for it in vain."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            dealers = list(self._dealers.values())
+        ok = True
+        for dealer in dealers:
+            if dealer.last is not None:
+                try:
+                    dealer.last.wait(max(0.0, deadline - time.monotonic()))
+                except zmq.NotDone:
+                    ok = False
+        return ok
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
         with self._lock:
             for dealer in self._dealers.values():
                 dealer.sock.close()

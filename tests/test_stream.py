@@ -98,7 +98,7 @@ def test_large_messages_go_on_the_stream_and_arrive_whole(key):
     try:
         data = os.urandom(3 * (1 << 20) + 12345)
         send_until_streamed(a, b, data)
-        assert b.stats["stream_recv_frames"] >= 1
+        assert b.stats["stream_recv_frames"] >= 3
         assert b.stats["forged_frames"] == b.stats["malformed"] == b.stats["stream_refused"] == 0
         small = b"x" * 100   # under MIN_BYTES: inline
         sent = a.stats["stream_sent_frames"]
@@ -230,10 +230,10 @@ def test_a_peer_killed_in_the_middle_of_a_transfer_leaves_the_receiver_whole():
     try:
         assert proc.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 30
-        while b.stats["stream_recv_frames"] < 9 and time.monotonic() < deadline:   # inside the 2nd message
-            got = b.recv([CLIENT_UPDATE], timeout_s=0.05)                          # (6 frames of 8 MiB each)
+        while b.stats["stream_recv_frames"] < 60 and time.monotonic() < deadline:   # inside the 2nd message
+            got = b.recv([CLIENT_UPDATE], timeout_s=0.05)                           # (48 frames of 1 MiB)
             assert got is None or len(got.data) == 48 << 20
-        assert b.stats["stream_recv_frames"] >= 9
+        assert b.stats["stream_recv_frames"] >= 60
         proc.kill()
         proc.wait(timeout=10)
         while b.recv([CLIENT_UPDATE], timeout_s=0.5) is not None:   # whatever was whole before the kill

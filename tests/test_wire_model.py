@@ -60,13 +60,13 @@ def test_constants_match_real_mode():
 
 
 def test_stream_framing_by_hand():
-    # A 3 MiB message on the stream (real.stream): one frame, its bytes and zmq's envelope in TCP
-    # segments of 1448 bytes (MTU 1500 less IPv4 20, TCP 20 and timestamps 12), 66 header bytes
-    # each, and one DDS reference (a sample of 72 + 8 bytes).
-    data = 3 * MIB + wire_model.STREAM_ENVELOPE_BYTES
+    # A 3 MiB message on the stream (real.stream): three frames of 1 MiB, each its bytes and zmq's
+    # envelope in TCP segments of 1448 bytes (MTU 1500 less IPv4 20, TCP 20 and timestamps 12),
+    # 66 header bytes each, and a DDS reference (a sample of 72 + 8 bytes).
+    data = MIB + wire_model.STREAM_ENVELOPE_BYTES
     segments = -(-data // 1448)
     ref = (8 + 84 + 80) + 34
-    assert wire_model.wire_bytes(3 * MIB, 1500, "stream") == data + 66 * segments + ref
+    assert wire_model.wire_bytes(3 * MIB, 1500, "stream") == 3 * (data + 66 * segments + ref)
     # About 4.6% at 1500 (the testbed's controller link: 4.47%), under 1% with jumbo frames.
     assert 1.045 < wire_model.wire_bytes(44 * MB, 1500, "stream") / (44 * MB) < 1.047
     assert wire_model.wire_bytes(44 * MB, 9000, "stream") / (44 * MB) < 1.01
@@ -96,7 +96,7 @@ def test_emu_is_told_the_path_real_mode_takes(monkeypatch):
 
 def test_on_the_stream_a_send_returns_once_queued_but_a_broadcast_to_everyone_stays_in_dds():
     # 8 Mbit/s links, a 2 MB message, a writer history of 1 MiB: through DDS the send returns
-    # when its last group is on the wire; on the stream at once (16 frames may wait in the queue).
+    # when its last group is on the wire; on the stream at once (16 MiB may wait in the queue).
     log = {}
     env, net = _net(framing="stream", window=MIB)
     _send(env, net, 0.0, "a", "b", 2 * MB, log, "m")
