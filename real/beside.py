@@ -10,13 +10,14 @@ takes a frame's bytes from the stream, or says they are not here yet, and
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Optional
 
 import numpy as np
 
 from dtemu.core.wire import topics as wire_topics
 from dtemu.real import shm, stream
+from dtemu.real.reassembly import MAX_SENDERS
 from dtemu.real.wire import Frame
 
 # Topics whose messages that came beside DDS may be delivered as read-only views (a memoryview)
@@ -74,8 +75,10 @@ class Beside:
                             self._parked[(topic, src)] = waiting
                             break
                         self.stats["stream_lost"] += 1
+                        why = ("its sender has left the domain" if gone else
+                               f"its sender's stream silent {now - max(since, heard):.1f} s")
                         self._reject("lost", f"frame {f.part} of message {f.msg_id} of {src!r} on {topic}: "
-                                             f"its bytes never came on the stream")
+                                             f"its bytes never came on the stream ({why}; waited {now - since:.1f} s)")
                         got = False
                     waiting.popleft()
                     if got:   # its bytes came on the sender's own connection, its reference verified
@@ -117,14 +120,16 @@ class Beside:
         f.payload = data
         f.parts = parts
         self._stream_last[(topic, f.src)] = (f.msg_id, f.part)
+        self._stream_last.move_to_end((topic, f.src))
+        if len(self._stream_last) > MAX_SENDERS:   # unsealed, anyone may claim any name
+            self._stream_last.popitem(last=False)
         self.stats["stream_recv_frames"] += 1
         return True
-
 
     def _open_stream(self, profile: str, peers) -> str:
         """Bind this node's stream (real.stream) when the profile carries one; its endpoint, or ""."""
         self._parked: dict[tuple[str, str], deque] = {}   # (topic, sender) -> frames waiting, in order
-        self._stream_last: dict[tuple[str, str], tuple[int, int]] = {}
+        self._stream_last: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()   # the last taken
         self._stream_in = self._stream_out = None
         if not stream.enabled(profile):
             return ""
@@ -132,7 +137,6 @@ class Beside:
         self._stream_in = stream.StreamIn(self.node, stream.local_address(stream.peer_list(peers)), self.frame_key,
                                           self.frame_bytes, self.stats, on_bytes=self._stream_woke)
         return self._stream_in.endpoint
-
 
     def _stream_woke(self, sender: str) -> None:
         if self._parked:   # a frame may wait for these bytes: the receive thread looks again
