@@ -25,7 +25,8 @@ peer's ROUTER, over TCP) per (sender, destination):
   the bytes under (sender, key); a reference whose bytes are not there yet waits,
   and the frames after it from that sender on that topic wait behind it (the
   reassembly needs them in order), until the bytes come or the sender's stream
-  has been silent for ``STALL_S`` or the sender has left the domain.
+  has been silent for ``STALL_S`` (not when the sender leaves: its kernel still sends what it
+  queued).
 * The bytes themselves are checked as an inline frame's are: in a sealed run the
   frame's tag is their first bytes.  What is refused is counted: a connection
   that never authenticated (its data is dropped unread beyond its length), a
@@ -61,8 +62,7 @@ MIN_BYTES = stream_choice.MIN_BYTES      # smaller frames go inline
 FRAME_BYTES = stream_choice.FRAME_BYTES  # a message on the stream is cut into frames of this size
 SNDHWM = stream_choice.QUEUE_FRAMES      # frames queued per destination before a send waits
 STALL_S = 30.0               # a reference waits this long after the sender's stream last delivered,
-STALL_MAX_S = 120.0          # and never longer than this (its bytes were lost on a reconnect); at
-GONE_S = 1.0                 # once after this long if the sender is no longer on the domain
+STALL_MAX_S = 120.0          # and never longer than this (its bytes were lost on a reconnect)
 MAX_ASKED = 256              # connections in the middle of their handshake (a flood evicts the oldest)
 MAX_CONNECTIONS = 4096       # connections that count as a sender's; beyond, new ones are refused
 MAX_KEY_BYTES = 1024         # a frame's header as its key (names of at most 128 characters each)
