@@ -113,8 +113,6 @@ class Sending:
             dests = self._shm_dests(wname, to) if self._shm and total >= shm.MIN_BYTES else None
             streams = self._stream_dests(wname, to) if self._stream_out is not None and total >= stream.MIN_BYTES \
                 else None
-            if streams:   # on the stream a frame costs the same whatever its size: fewer, larger ones
-                fb = stream.FRAME_BYTES - (frame_auth.TAG_BYTES if sealed else 0)
             parts = max(1, -(-total // fb))
             if mv is None and not (parts == 1 and dests):
                 mv = memoryview(bytes(data))
