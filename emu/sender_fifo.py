@@ -9,7 +9,8 @@ waits in that side's queue, as in the testbed's qdiscs, and not in the sender's:
 next sample goes out behind it.  (Holding the sender until the receiver had it all made a DDP
 step with one member 0.024 s late take +0.17 s in emu, and +0 on the testbed: notebook entry 35.)
 
-Without ``send_window`` every flow starts at once and shares the links (max-min fair).
+Without ``send_window`` every flow starts at once and shares the links (max-min fair); so does a
+flow on real mode's stream (``Flow.shared``: a TCP connection per receiver) with it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from .links import FlowResult
 class SenderFifo:
     def _start_or_wait(self, flow, batch: object = None) -> None:
         """Put a flow on the wire, or (send_window) behind the earlier flows of its sender."""
+        if getattr(flow, "shared", False):   # (emu.flows.Flow.shared: the stream's)
+            self._activate(flow)
+            return
         batch = object() if batch is None else batch
         queue = self._waiting[flow.src]
         if self.send_window and self._holding[flow.src] and self._batch_on_wire.get(flow.src) is not batch:
@@ -37,7 +41,8 @@ class SenderFifo:
         self._next_flow_id += 1
         # send_window: it holds its sender until its bytes have passed the sender's side
         # (emu.tandem's first stage: Network._sync lets it go), or until it ends if sooner.
-        self._holding[flow.src].add(flow)
+        if not getattr(flow, "shared", False):
+            self._holding[flow.src].add(flow)
         self._schedule_update()
 
     def _let_go(self, flow) -> bool:

@@ -337,3 +337,18 @@ def test_store_and_forward_shares_the_senders_link_and_arrives_no_faster_than_it
     net.send("a", "b", MB, lambda: log.setdefault("fast", env.now))
     env.run()
     assert log["fast"] == approx(1.0)
+
+
+def test_on_the_stream_messages_to_two_receivers_share_the_senders_link():
+    # A connection per receiver (real.stream): two 1 MB messages from a to b and c start at once and
+    # end together, where through DDS (a FIFO under the writer history) the first ends first.
+    ends = {}
+    for framing in ("rtps", "stream"):
+        log = {}
+        env, net = _net(framing=framing, window=2 * MIB)
+        _send(env, net, 0.0, "a", "b", MB, log, "b")
+        _send(env, net, 0.0, "a", "c", MB, log, "c")
+        env.run()
+        ends[framing] = (log["b.delivered"], log["c.delivered"])
+    assert ends["rtps"][0] < 0.6 * ends["rtps"][1]
+    assert ends["stream"][0] == approx(ends["stream"][1])
