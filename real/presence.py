@@ -34,13 +34,17 @@ class Presence:
         Invalid presence samples (real.wire.INVALID_HELLO: undecodable, or no sensible
         name; in a sealed run also those without a valid tag) are skipped, and the count
         of those currently on the domain is kept (stats ``invalid_hello``)."""
+        return {s.guid: s.node for s in self._valid_hellos() if s.guid != self.guid}
+
+    def _valid_hellos(self) -> list[Hello]:
+        """The live, valid presence samples (counting the others in stats ``invalid_hello``)."""
         with self._lock:
             if self._closing:
-                return {}
+                return []
             samples = self._hello_reader.read(N=100000, condition=self._hello_alive)
         valid = [s for s in samples if s.node and self._authentic(s)]
         self.stats["invalid_hello"] = len(samples) - len(valid)
-        return {s.guid: s.node for s in valid if s.guid != self.guid}
+        return valid
 
     def _authentic(self, hello: Hello) -> bool:
         if self.frame_key is None:
@@ -55,12 +59,8 @@ class Presence:
         cached = getattr(self, "_endpoints", None)
         if cached is not None and now - cached[0] < 0.2:
             return cached[1]
-        with self._lock:
-            if self._closing:
-                return {}
-            samples = self._hello_reader.read(N=100000, condition=self._hello_alive)
-        eps = {s.node: s.stream for s in sorted(samples, key=lambda s: s.guid)
-               if s.node and s.stream and s.guid != self.guid and self._authentic(s)}
+        eps = {s.node: s.stream for s in sorted(self._valid_hellos(), key=lambda s: s.guid)
+               if s.stream and s.guid != self.guid}
         self._endpoints = (now, eps)
         return eps
 

@@ -56,6 +56,7 @@ from dtemu.core.wire import frame_auth
 from dtemu.host import stream_choice
 from dtemu.host.thread_name import name_this_thread
 from dtemu.real.config import split_peers
+from dtemu.real.wire import valid_name
 
 STREAM_FLAG = 1 << 30        # in Frame.parts: the payload is a length, the bytes came on the stream
 MIN_BYTES = stream_choice.MIN_BYTES      # smaller frames go inline
@@ -239,7 +240,7 @@ class StreamIn:
                 return
             self._keep(sender, parts[2].bytes, parts[3].buffer)
         elif kind == b"H" and len(parts) == 4:
-            sender, to = _name(parts[2].bytes), _name(parts[3].bytes)
+            sender, to = _name(parts[2].bytes), _name(parts[3].bytes)   # (None: not a node name)
             if sender is None or to != self.node:
                 self._stats["stream_refused"] += 1
                 return
@@ -291,7 +292,7 @@ def _name(raw: bytes) -> Optional[str]:
         name = raw.decode()
     except UnicodeDecodeError:
         return None
-    return name if 0 < len(name) <= 128 and name.isprintable() else None
+    return name if valid_name(name) else None
 
 
 class _Dealer:
