@@ -8,10 +8,9 @@ class Flow:
     """An active flow; ``remaining`` is exact as of ``Network._synced_at``."""
 
     __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate",
-                 "start", "lost", "event", "on_deliver", "release", "result", "passed", "rate_up", "shared")
+                 "start", "lost", "event", "on_deliver", "release", "result", "passed", "rate_up")
 
-    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=(), release=0.0,
-                 shared=False):
+    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=(), release=0.0):
         self.src, self.dst = src, dst
         # Every port (link direction) the flow crosses; flat: the two access ports.
         self.ports = ((src, "up"), *wan, (dst, "down"))
@@ -24,9 +23,6 @@ class Flow:
         self.release, self.result = release, None
         # send_window (emu.tandem): the bytes that passed the sender's side, and at what rate.
         self.passed, self.rate_up = 0.0, 0.0
-        # On real mode's stream (framing "stream"): a connection per receiver, so it starts at once
-        # and shares the sender's link with its other flows instead of queueing behind them.
-        self.shared = shared
 
 
 class MulticastFlow:

@@ -181,8 +181,7 @@ class Network(SenderFifo, Multicasting, Failures):
 
         self._sync()
         flow = Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst),
-                     release=self._release_at(nbytes, total, framing),
-                     shared=framing == "stream" and nbytes >= wire_model.STREAM_MIN_BYTES)
+                     release=self._release_at(nbytes, total, framing))
         self._start_or_wait(flow, batch)
         return event
 

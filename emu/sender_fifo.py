@@ -9,8 +9,9 @@ waits in that side's queue, as in the testbed's qdiscs, and not in the sender's:
 next sample goes out behind it.  (Holding the sender until the receiver had it all made a DDP
 step with one member 0.024 s late take +0.17 s in emu, and +0 on the testbed: notebook entry 35.)
 
-Without ``send_window`` every flow starts at once and shares the links (max-min fair); so does a
-flow on real mode's stream (``Flow.shared``: a TCP connection per receiver) with it.
+Without ``send_window`` every flow starts at once and shares the links (max-min fair).  Real
+mode's stream keeps the same order (real.stream_out: a frame to one peer waits while the others'
+are unacknowledged), so its flows queue here as DDS's do.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ from .links import FlowResult
 class SenderFifo:
     def _start_or_wait(self, flow, batch: object = None) -> None:
         """Put a flow on the wire, or (send_window) behind the earlier flows of its sender."""
-        if getattr(flow, "shared", False):   # (emu.flows.Flow.shared: the stream's)
-            self._activate(flow)
-            return
         batch = object() if batch is None else batch
         queue = self._waiting[flow.src]
         if self.send_window and self._holding[flow.src] and self._batch_on_wire.get(flow.src) is not batch:
@@ -41,8 +39,7 @@ class SenderFifo:
         self._next_flow_id += 1
         # send_window: it holds its sender until its bytes have passed the sender's side
         # (emu.tandem's first stage: Network._sync lets it go), or until it ends if sooner.
-        if not getattr(flow, "shared", False):
-            self._holding[flow.src].add(flow)
+        self._holding[flow.src].add(flow)
         self._schedule_update()
 
     def _let_go(self, flow) -> bool:

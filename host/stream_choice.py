@@ -13,6 +13,8 @@ FRAME_BYTES = 1 << 20     # a message on the stream is cut into frames of this s
                           # receiver hears its sender's progress a frame at a time (real.beside)
 MIN_BYTES = 64 << 10      # smaller frames go inline in DDS: a reference is not worth a second path
 QUEUE_FRAMES = 16         # frames queued per destination before a send waits (zmq's SNDHWM)
+ORDER_BYTES = FRAME_BYTES # a frame to one peer waits while more than this is still unacknowledged to
+                          # others: a sender's messages cross its link one after another, as DDS's do
 
 
 def stream_on(profile: str) -> bool:

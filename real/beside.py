@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from dtemu.core.wire import topics as wire_topics
-from dtemu.real import shm, stream
+from dtemu.real import shm, stream, stream_out
 from dtemu.real.reassembly import MAX_SENDERS
 from dtemu.real.wire import Frame
 
@@ -129,7 +129,7 @@ class Beside:
         self._stream_in = self._stream_out = None
         if not stream.enabled(profile):
             return ""
-        self._stream_out = stream.StreamOut(self.node, self.frame_key, self.stats)
+        self._stream_out = stream_out.StreamOut(self.node, self.frame_key, self.stats)
         self._stream_in = stream.StreamIn(self.node, stream.local_address(stream.peer_list(peers)), self.frame_key,
                                           self.frame_bytes, self.stats, on_bytes=self._stream_woke)
         return self._stream_in.endpoint

@@ -27,6 +27,15 @@ peer's ROUTER, over TCP) per (sender, destination):
   reassembly needs them in order), until the bytes come or the sender's stream
   has been silent for ``STALL_S`` (not when the sender leaves: its kernel still sends what it
   queued).
+* A sender's messages go one after another, as through DDS's writer: a frame to one
+  destination waits while more than ``ORDER_BYTES`` are still unacknowledged to the
+  others (the receiver answers each frame it took with ``K`` and its key).  Four
+  messages queued at once on four connections would share the link and all end
+  late together; in order, the first receiver starts work while the last still
+  receives (geo's PS: 14.3 s a round against DDS's 11 s, notebook entry 41).  A
+  destination that left, or whose acknowledgements stopped for ``ORDER_STALL_S``,
+  holds nobody up; neither does a wait beyond the send's timeout (counted as
+  ``stream_unordered``).  An acknowledgement only paces the sender, so it needs no tag.
 * The bytes themselves are checked as an inline frame's are: in a sealed run the
   frame's tag is their first bytes.  What is refused is counted: a connection
   that never authenticated (its data is dropped unread beyond its length), a
@@ -72,7 +81,7 @@ STORE_TOTAL_BYTES = 1 << 30  # and by all senders together (unsealed, anyone may
 STORE_AGE_S = 120.0          # bytes nobody asked for this long are dropped
 _POLL_MS = 200
 STATS = ("stream_sent_frames", "stream_recv_frames", "stream_fallbacks", "stream_refused", "stream_dropped",
-         "stream_lost", "stream_errors")
+         "stream_lost", "stream_errors", "stream_unordered")
 _LEN = struct.Struct("<Q")
 _HEAD = struct.Struct("<QIIQ")
 _ENDPOINT = re.compile(r"^tcp://(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$")
@@ -239,6 +248,10 @@ class StreamIn:
                 self._stats["stream_refused"] += 1   # an unauthenticated connection's data, or no header
                 return
             self._keep(sender, parts[2].bytes, parts[3].buffer)
+            try:   # paces the sender (StreamOut._in_order); at the high-water mark zmq drops it
+                self._sock.send_multipart([ident, b"K", parts[2].bytes], zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         elif kind == b"H" and len(parts) == 4:
             sender, to = _name(parts[2].bytes), _name(parts[3].bytes)   # (None: not a node name)
             if sender is None or to != self.node:
@@ -293,100 +306,3 @@ def _name(raw: bytes) -> Optional[str]:
     except UnicodeDecodeError:
         return None
     return name if valid_name(name) else None
-
-
-class _Dealer:
-    """One sender's connection to one destination; used under its lock."""
-
-    def __init__(self, node: str, dest: str, endpoint: str):
-        self.endpoint = endpoint
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        # One identity for the socket's life: after a reconnect the ROUTER knows the connection again.
-        self.sock.setsockopt(zmq.ROUTING_ID, secrets.token_bytes(16))
-        self.sock.setsockopt(zmq.SNDHWM, SNDHWM)
-        self.sock.setsockopt(zmq.LINGER, 2000)    # queued frames still go out after close
-        self.sock.connect(endpoint)
-        self.sock.send_multipart([b"H", node.encode(), dest.encode()])
-        self.ready = False
-        self.lock = threading.Lock()
-        self.last = None          # the tracker of the last frame queued
-
-
-class StreamOut:
-    """The sending ends: a DEALER per destination, opened on the first frame for it."""
-
-    def __init__(self, node: str, fkey: Optional[bytes], stats: dict):
-        self.node, self._fkey, self._stats = node, fkey, stats
-        self._dealers: dict[str, _Dealer] = {}
-        self._lock = threading.Lock()
-
-    def ready(self, dests: list[str], endpoints: dict[str, str]) -> bool:
-        """Whether every destination's connection has finished its handshake (opening the ones
-        still missing; those that are not ready yet take this frame inline)."""
-        ok = True
-        for d in dests:
-            ep = endpoints.get(d)
-            if not ep or not valid_endpoint(ep):
-                return False
-            with self._lock:
-                dealer = self._dealers.get(d)
-                if dealer is None or dealer.endpoint != ep:
-                    if dealer is not None:
-                        dealer.sock.close(linger=0)
-                    dealer = self._dealers[d] = _Dealer(self.node, d, ep)
-            if not dealer.ready:
-                with dealer.lock:
-                    ok = self._answer(d, dealer) and ok
-        return ok
-
-    def _answer(self, dest: str, dealer: _Dealer) -> bool:
-        try:
-            parts = dealer.sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return False
-        if len(parts) != 2 or parts[0] != b"C":
-            return False
-        if self._fkey is not None:
-            dealer.sock.send_multipart([b"A", frame_auth.stream_tag(self._fkey, self.node, dest, parts[1])])
-        dealer.ready = True
-        return True
-
-    def put(self, dests: list[str], key: bytes, chunk, wait_s: float) -> bool:
-        """Queue ``chunk`` under ``key`` to every destination (all ready); False if one of them
-        could not take it within ``wait_s`` (its queue stayed full): then the frame goes inline."""
-        # zmq keeps the buffer until its thread sent it: immutable bytes go as they are (a frame of a
-        # message given as bytes, a sealed frame, joined Buffers), anything else is copied first
-        data = chunk if isinstance(getattr(chunk, "obj", chunk), bytes) else bytes(chunk)
-        for d in dests:
-            dealer = self._dealers[d]
-            with dealer.lock:
-                if not dealer.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
-                    self._stats["stream_fallbacks"] += 1
-                    return False
-                # tracked: flush waits until zmq has handed the last one to the kernel
-                dealer.last = dealer.sock.send_multipart([b"D", key, data], zmq.NOBLOCK, copy=False, track=True)
-        self._stats["stream_sent_frames"] += 1
-        return True
-
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until every queued frame left zmq for the kernel (which delivers it even after this
-        process is gone); False if some had not within ``timeout_s``.  Before closing: a frame
-        still queued when its DEALER closes is lost, and its receiver waits for it in vain."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            dealers = list(self._dealers.values())
-        ok = True
-        for dealer in dealers:
-            if dealer.last is not None:
-                try:
-                    dealer.last.wait(max(0.0, deadline - time.monotonic()))
-                except zmq.NotDone:
-                    ok = False
-        return ok
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        self.flush(timeout_s)
-        with self._lock:
-            for dealer in self._dealers.values():
-                dealer.sock.close()
-            self._dealers.clear()

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -247,3 +248,84 @@ def test_a_peer_killed_in_the_middle_of_a_transfer_leaves_the_receiver_whole():
             proc.kill()
         c.close()
         b.close()
+
+
+# --- one sender's order across destinations (real.stream_out) ------------------------------------
+
+class SlowPeer:
+    """A receiver that answers the handshake and acknowledges only when told: a slow link."""
+
+    def __init__(self):
+        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.ident, self.keys = None, []
+
+    def serve(self, timeout_s=5.0):
+        """Answer a hello, and note the keys of the frames that came."""
+        while self.sock.poll(int(timeout_s * 1000)):
+            parts = self.sock.recv_multipart()
+            self.ident = parts[0]
+            if parts[1] == b"H":
+                self.sock.send_multipart([parts[0], b"C", b"n" * 16])
+            elif parts[1] == b"D":
+                self.keys.append(parts[2])
+            timeout_s = 0.05
+
+    def ack(self, key):
+        self.sock.send_multipart([self.ident, b"K", key])
+
+
+def connected(out, dests, endpoints, slow):
+    deadline = time.monotonic() + 10
+    while not out.ready(dests, endpoints):
+        slow.serve(0.05)
+        assert time.monotonic() < deadline, "the handshake did not finish"
+
+
+def test_a_sender_finishes_one_peers_message_before_it_starts_anothers():
+    """Frames to a slow peer still unacknowledged hold a frame to another peer back (the sender's
+    order, as DDS's writer keeps it); the slow peer's acknowledgement of its last frame lets it go,
+    and a peer that left the domain holds nobody up."""
+    from dtemu.real import stream_out
+
+    stats = dict.fromkeys(stream.STATS, 0)
+    slow, fast = SlowPeer(), stream.StreamIn("fast", "127.0.0.1", None, 1 << 21, dict.fromkeys(stream.STATS, 0))
+    out = stream_out.StreamOut("src", None, stats)
+    endpoints = {"slow": slow.endpoint, "fast": fast.endpoint}
+    try:
+        connected(out, ["slow"], endpoints, slow)
+        frame = b"x" * (1 << 20)
+        for i in range(3):   # 3 MiB to the slow peer, acknowledged by nobody yet
+            assert out.put(["slow"], b"k%d" % i, frame, wait_s=5)
+        slow.serve()
+        assert slow.keys == [b"k0", b"k1", b"k2"]
+        deadline = time.monotonic() + 10
+        while not out.ready(["fast"], endpoints):
+            assert time.monotonic() < deadline
+        started = time.monotonic()
+        assert out.put(["fast"], b"held", frame, wait_s=0.3)   # waits its 0.3 s, then goes out of order
+        assert time.monotonic() - started >= 0.3 and stats["stream_unordered"] == 1
+
+        result = []
+        sender = threading.Thread(target=lambda: result.append(out.put(["fast"], b"next", frame, wait_s=10)))
+        sender.start()
+        sender.join(0.3)
+        assert sender.is_alive()           # still held back by the slow peer's 3 MiB
+        slow.ack(b"k2")                    # its last frame: the two before it are settled too
+        sender.join(10)
+        assert result == [True] and stats["stream_unordered"] == 1
+
+        assert out.put(["slow"], b"k3", frame, wait_s=5) and out.put(["slow"], b"k4", frame, wait_s=5)
+        assert out.ready(["fast"], {"fast": fast.endpoint})   # the slow peer has left the domain
+        started = time.monotonic()
+        assert out.put(["fast"], b"free", frame, wait_s=5)
+        assert time.monotonic() - started < 1.0 and stats["stream_unordered"] == 1
+        deadline = time.monotonic() + 10
+        while fast.take("src", b"free") is None:
+            assert time.monotonic() < deadline, "the frame never came"
+            time.sleep(0.01)
+    finally:
+        out.close(timeout_s=1)
+        fast.close()
+        slow.sock.close()

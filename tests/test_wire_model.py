@@ -339,9 +339,9 @@ def test_store_and_forward_shares_the_senders_link_and_arrives_no_faster_than_it
     assert log["fast"] == approx(1.0)
 
 
-def test_on_the_stream_messages_to_two_receivers_share_the_senders_link():
-    # A connection per receiver (real.stream): two 1 MB messages from a to b and c start at once and
-    # end together, where through DDS (a FIFO under the writer history) the first ends first.
+def test_on_the_stream_messages_to_two_receivers_go_one_after_another_as_in_dds():
+    # real.stream_out holds a frame to one peer while another's are unacknowledged, so a sender's
+    # messages to b and then c cross its link in order, as through DDS's writer: b's ends first.
     ends = {}
     for framing in ("rtps", "stream"):
         log = {}
@@ -350,5 +350,5 @@ def test_on_the_stream_messages_to_two_receivers_share_the_senders_link():
         _send(env, net, 0.0, "a", "c", MB, log, "c")
         env.run()
         ends[framing] = (log["b.delivered"], log["c.delivered"])
-    assert ends["rtps"][0] < 0.6 * ends["rtps"][1]
-    assert ends["stream"][0] == approx(ends["stream"][1])
+    for framing in ("rtps", "stream"):
+        assert ends[framing][0] < 0.6 * ends[framing][1]

@@ -1,0 +1,173 @@
+"""The sending ends of real.stream: a ZeroMQ DEALER per destination, and the sender's order.
+
+See ``real.stream``'s docstring for the protocol.  Here: a frame of a message is queued to each of
+its destinations once their handshakes are done (``ready``), with zmq's tracker for ``flush``; and
+a frame to one destination first waits while more than ``ORDER_BYTES`` are still unacknowledged to
+the others, so that a sender's messages cross its link one after another, as DDS's writer sends
+them (``_in_order``).  Once a dealer is ready its socket is used under ``StreamOut._order`` only.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from typing import Optional
+
+import zmq
+
+from dtemu.core.wire import frame_auth
+from dtemu.host import stream_choice
+from dtemu.real.stream import SNDHWM, valid_endpoint
+
+ORDER_BYTES = stream_choice.ORDER_BYTES  # a frame waits while more is unacknowledged to other destinations
+ORDER_STALL_S = 10.0         # a destination whose acknowledgements stopped this long holds nobody up
+
+
+class _Dealer:
+    """One sender's connection to one destination."""
+
+    def __init__(self, node: str, dest: str, endpoint: str):
+        self.endpoint = endpoint
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        # One identity for the socket's life: after a reconnect the ROUTER knows the connection again.
+        self.sock.setsockopt(zmq.ROUTING_ID, secrets.token_bytes(16))
+        self.sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        self.sock.setsockopt(zmq.LINGER, 2000)    # queued frames still go out after close
+        self.sock.connect(endpoint)
+        self.sock.send_multipart([b"H", node.encode(), dest.encode()])
+        self.ready = False
+        self.lock = threading.Lock()   # the handshake's; once ready, the socket is StreamOut._order's
+        self.last = None          # the tracker of the last frame queued
+        self.unacked: OrderedDict[bytes, int] = OrderedDict()   # key -> bytes, in the order queued
+        self.progress = 0.0       # when its unacknowledged frames last moved (sent into an empty queue, or acked)
+
+    def take_acks(self, now: float) -> int:
+        """Read the receiver's acknowledgements; the bytes still unacknowledged.  One connection
+        delivers in order, so an acknowledged frame settles every frame queued before it (a frame
+        lost on a reconnect is never acknowledged itself); a destination silent for ORDER_STALL_S
+        is forgotten (its receiver refused the connection, or hangs): it holds nobody up."""
+        while True:
+            try:
+                parts = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(parts) == 2 and parts[0] == b"K" and parts[1] in self.unacked:
+                while self.unacked.popitem(last=False)[0] != parts[1]:
+                    pass
+                self.progress = now
+        if self.unacked and now - self.progress > ORDER_STALL_S:
+            self.unacked.clear()
+        return sum(self.unacked.values())
+
+
+class StreamOut:
+    """The sending ends: a DEALER per destination, opened on the first frame for it."""
+
+    def __init__(self, node: str, fkey: Optional[bytes], stats: dict):
+        self.node, self._fkey, self._stats = node, fkey, stats
+        self._dealers: dict[str, _Dealer] = {}
+        self._lock = threading.Lock()
+        self._order = threading.Lock()   # one frame queued at a time, in the sender's order
+        self._live: set[str] = set()     # destinations with an endpoint, as the last ready() saw them
+
+    def ready(self, dests: list[str], endpoints: dict[str, str]) -> bool:
+        """Whether every destination's connection has finished its handshake (opening the ones
+        still missing; those that are not ready yet take this frame inline)."""
+        ok = True
+        self._live = set(endpoints)
+        for d in dests:
+            ep = endpoints.get(d)
+            if not ep or not valid_endpoint(ep):
+                return False
+            with self._lock:
+                dealer = self._dealers.get(d)
+            if dealer is None or dealer.endpoint != ep:
+                with self._order, self._lock:   # (a put may be polling the old socket)
+                    if dealer is not None:
+                        dealer.sock.close(linger=0)
+                    dealer = self._dealers[d] = _Dealer(self.node, d, ep)
+            if not dealer.ready:
+                with dealer.lock:
+                    ok = self._answer(d, dealer) and ok
+        return ok
+
+    def _answer(self, dest: str, dealer: _Dealer) -> bool:
+        try:
+            parts = dealer.sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        if len(parts) != 2 or parts[0] != b"C":
+            return False
+        if self._fkey is not None:
+            dealer.sock.send_multipart([b"A", frame_auth.stream_tag(self._fkey, self.node, dest, parts[1])])
+        dealer.ready = True
+        return True
+
+    def put(self, dests: list[str], key: bytes, chunk, wait_s: float) -> bool:
+        """Queue ``chunk`` under ``key`` to every destination (all ready); False if one of them
+        could not take it within ``wait_s`` (its queue stayed full): then the frame goes inline."""
+        # zmq keeps the buffer until its thread sent it: immutable bytes go as they are (a frame of a
+        # message given as bytes, a sealed frame, joined Buffers), anything else is copied first
+        data = chunk if isinstance(getattr(chunk, "obj", chunk), bytes) else bytes(chunk)
+        with self._order:
+            self._in_order(dests, time.monotonic() + wait_s)
+            for d in dests:
+                dealer = self._dealers[d]
+                if not dealer.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
+                    self._stats["stream_fallbacks"] += 1
+                    return False
+                # tracked: flush waits until zmq has handed the last one to the kernel
+                dealer.last = dealer.sock.send_multipart([b"D", key, data], zmq.NOBLOCK, copy=False, track=True)
+                now = time.monotonic()
+                dealer.take_acks(now)   # (read as they come: zmq's inbound queue stays short)
+                if not dealer.unacked:
+                    dealer.progress = now
+                dealer.unacked[key] = len(data)
+        self._stats["stream_sent_frames"] += 1
+        return True
+
+    def _in_order(self, dests: list[str], deadline: float) -> None:
+        """Wait (under ``_order``) until at most ORDER_BYTES are unacknowledged to destinations
+        other than ``dests`` that are still live and acknowledging (module docstring)."""
+        with self._lock:
+            others = [dealer for d, dealer in self._dealers.items() if d not in dests and d in self._live
+                      and dealer.ready]
+        while others:
+            now = time.monotonic()
+            unacked = {dl: dl.take_acks(now) for dl in others}
+            waiting = [dl for dl, n in unacked.items() if n]
+            if sum(unacked.values()) <= ORDER_BYTES:
+                return
+            if now >= deadline:
+                self._stats["stream_unordered"] += 1
+                return
+            poller = zmq.Poller()
+            for dl in waiting:
+                poller.register(dl.sock, zmq.POLLIN)
+            poller.poll(max(1, int(min(deadline - now, 0.2) * 1000)))
+            others = waiting
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued frame left zmq for the kernel (which delivers it even after this
+        process is gone); False if some had not within ``timeout_s``.  Before closing: a frame
+        still queued when its DEALER closes is lost, and its receiver waits for it in vain."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            dealers = list(self._dealers.values())
+        ok = True
+        for dealer in dealers:
+            if dealer.last is not None:
+                try:
+                    dealer.last.wait(max(0.0, deadline - time.monotonic()))
+                except zmq.NotDone:
+                    ok = False
+        return ok
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
+        with self._lock:
+            for dealer in self._dealers.values():
+                dealer.sock.close()
+            self._dealers.clear()
