@@ -190,14 +190,14 @@ class Network(SenderFifo, Multicasting, Failures):
         return nbytes if framing == "payload" else wire_model.wire_bytes(nbytes, self.mtu, framing)
 
     def _release_at(self, nbytes: int, total: int, framing: str) -> float:
-        """The wire bytes still to go when a writer with send_window returns (0: none); on the
-        stream (framing "stream"), a send returns once its frames are queued (wire_model)."""
+        """The wire bytes still to go when a writer with send_window returns (0: none).  On the
+        stream (framing "stream") a destination may have the window unacknowledged, a frame at a
+        time (real.stream_out): the send returns once its last window's worth is on the way."""
         if not self.send_window or nbytes == 0:
             return 0.0
-        window = self.send_window
         if framing == "stream" and nbytes >= wire_model.STREAM_MIN_BYTES:
-            window = wire_model.STREAM_QUEUE_BYTES
-        return total * wire_model.tail_bytes(nbytes, window) / nbytes
+            return total * min(nbytes, max(self.send_window, wire_model.STREAM_FRAME_BYTES)) / nbytes
+        return total * wire_model.tail_bytes(nbytes, self.send_window) / nbytes
 
     def active_flows(self) -> list[FlowInfo]:
         """Every flow on the wire now, with its remaining bytes as of env.now."""

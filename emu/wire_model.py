@@ -52,7 +52,6 @@ STREAM_FRAME_BYTES = 1 << 20      # host.stream_choice.FRAME_BYTES
 STREAM_MIN_BYTES = 64 << 10       # host.stream_choice.MIN_BYTES
 STREAM_ENVELOPE_BYTES = 96        # "D", the key (header numbers and names), zmq's frame flags and lengths
 STREAM_REFERENCE_BYTES = 8        # the length a reference carries (sealed: and a 16-byte tag)
-STREAM_QUEUE_BYTES = 16 * STREAM_FRAME_BYTES   # a send returns once queued (host.stream_choice.queue_bytes)
 TCP_HEADER_BYTES = 20 + 12        # with the timestamp option Linux sends by default
 
 

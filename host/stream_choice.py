@@ -12,9 +12,8 @@ import os
 FRAME_BYTES = 1 << 20     # a message on the stream is cut into frames of this size (as in DDS): a
                           # receiver hears its sender's progress a frame at a time (real.beside)
 MIN_BYTES = 64 << 10      # smaller frames go inline in DDS: a reference is not worth a second path
-QUEUE_FRAMES = 16         # frames queued per destination before a send waits (zmq's SNDHWM)
-ORDER_BYTES = FRAME_BYTES # a frame to one peer waits while more than this is still unacknowledged to
-                          # others: a sender's messages cross its link one after another, as DDS's do
+QUEUE_FRAMES = 16         # at least this many frames may wait in zmq's queue for a destination (its
+                          # SNDHWM); what paces a sender is its writer history (real.stream_out)
 
 
 def stream_on(profile: str) -> bool:
@@ -23,7 +22,3 @@ def stream_on(profile: str) -> bool:
     env = os.environ.get("DTEMU_DDS_STREAM", "").strip().lower()
     return env in ("1", "yes", "on", "true") and profile != "loopback"
 
-
-def queue_bytes() -> int:
-    """What a send may leave queued on the stream when it returns (emu's send window for it)."""
-    return QUEUE_FRAMES * FRAME_BYTES

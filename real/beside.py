@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from dtemu.core.wire import topics as wire_topics
+from dtemu.host.writer_history import whc_high_bytes
 from dtemu.real import shm, stream, stream_out
 from dtemu.real.reassembly import MAX_SENDERS
 from dtemu.real.wire import Frame
@@ -122,14 +123,16 @@ class Beside:
         self.stats["stream_recv_frames"] += 1
         return True
 
-    def _open_stream(self, profile: str, peers) -> str:
-        """Bind this node's stream (real.stream) when the profile carries one; its endpoint, or ""."""
+    def _open_stream(self, profile: str, peers, whc_high: Optional[str]) -> str:
+        """Bind this node's stream (real.stream) when the profile carries one; its endpoint, or "".
+        A destination may have the writer history's bytes unacknowledged on it (real.stream_out)."""
         self._parked: dict[tuple[str, str], deque] = {}   # (topic, sender) -> frames waiting, in order
         self._stream_last: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()   # the last taken
         self._stream_in = self._stream_out = None
         if not stream.enabled(profile):
             return ""
-        self._stream_out = stream_out.StreamOut(self.node, self.frame_key, self.stats)
+        self._stream_out = stream_out.StreamOut(self.node, self.frame_key, self.stats,
+                                               whc_high_bytes(whc_high))
         self._stream_in = stream.StreamIn(self.node, stream.local_address(stream.peer_list(peers)), self.frame_key,
                                           self.frame_bytes, self.stats, on_bytes=self._stream_woke)
         return self._stream_in.endpoint

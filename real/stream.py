@@ -27,15 +27,9 @@ peer's ROUTER, over TCP) per (sender, destination):
   reassembly needs them in order), until the bytes come or the sender's stream
   has been silent for ``STALL_S`` (not when the sender leaves: its kernel still sends what it
   queued).
-* A sender's messages go one after another, as through DDS's writer: a frame to one
-  destination waits while more than ``ORDER_BYTES`` are still unacknowledged to the
-  others (the receiver answers each frame it took with ``K`` and its key).  Four
-  messages queued at once on four connections would share the link and all end
-  late together; in order, the first receiver starts work while the last still
-  receives (geo's PS: 14.3 s a round against DDS's 11 s, notebook entry 41).  A
-  destination that left, or whose acknowledgements stopped for ``ORDER_STALL_S``,
-  holds nobody up; neither does a wait beyond the send's timeout (counted as
-  ``stream_unordered``).  An acknowledgement only paces the sender, so it needs no tag.
+* A destination takes at most the run's writer history unacknowledged (the receiver
+  answers each frame with ``K`` and its key), as DDS's writer does: a send returns once
+  only its last history's worth is on the way (``real.stream_out``).
 * The bytes themselves are checked as an inline frame's are: in a sealed run the
   frame's tag is their first bytes.  What is refused is counted: a connection
   that never authenticated (its data is dropped unread beyond its length), a
@@ -70,7 +64,7 @@ from dtemu.real.wire import valid_name
 STREAM_FLAG = 1 << 30        # in Frame.parts: the payload is a length, the bytes came on the stream
 MIN_BYTES = stream_choice.MIN_BYTES      # smaller frames go inline
 FRAME_BYTES = stream_choice.FRAME_BYTES  # a message on the stream is cut into frames of this size
-SNDHWM = stream_choice.QUEUE_FRAMES      # frames queued per destination before a send waits
+SNDHWM = stream_choice.QUEUE_FRAMES      # frames zmq may queue per destination, at least
 STALL_S = 30.0               # a reference waits this long after the sender's stream last delivered,
 STALL_MAX_S = 120.0          # and never longer than this (its bytes were lost on a reconnect)
 MAX_ASKED = 256              # connections in the middle of their handshake (a flood evicts the oldest)
@@ -81,7 +75,7 @@ STORE_TOTAL_BYTES = 1 << 30  # and by all senders together (unsealed, anyone may
 STORE_AGE_S = 120.0          # bytes nobody asked for this long are dropped
 _POLL_MS = 200
 STATS = ("stream_sent_frames", "stream_recv_frames", "stream_fallbacks", "stream_refused", "stream_dropped",
-         "stream_lost", "stream_errors", "stream_unordered")
+         "stream_lost", "stream_errors", "stream_window_timeouts")
 _LEN = struct.Struct("<Q")
 _HEAD = struct.Struct("<QIIQ")
 _ENDPOINT = re.compile(r"^tcp://(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$")
@@ -248,7 +242,7 @@ class StreamIn:
                 self._stats["stream_refused"] += 1   # an unauthenticated connection's data, or no header
                 return
             self._keep(sender, parts[2].bytes, parts[3].buffer)
-            try:   # paces the sender (StreamOut._in_order); at the high-water mark zmq drops it
+            try:   # paces the sender (real.stream_out); at the high-water mark zmq drops it
                 self._sock.send_multipart([ident, b"K", parts[2].bytes], zmq.NOBLOCK)
             except zmq.Again:
                 pass

@@ -1,10 +1,22 @@
-"""The sending ends of real.stream: a ZeroMQ DEALER per destination, and the sender's order.
+"""The sending ends of real.stream: a ZeroMQ DEALER per destination, each under a writer history.
 
 See ``real.stream``'s docstring for the protocol.  Here: a frame of a message is queued to each of
-its destinations once their handshakes are done (``ready``), with zmq's tracker for ``flush``; and
-a frame to one destination first waits while more than ``ORDER_BYTES`` are still unacknowledged to
-the others, so that a sender's messages cross its link one after another, as DDS's writer sends
-them (``_in_order``).  Once a dealer is ready its socket is used under ``StreamOut._order`` only.
+its destinations once their handshakes are done (``ready``), with zmq's tracker for ``flush``.
+
+A frame waits while its destination has more than the run's writer history (DDS's WhcHigh:
+host.writer_history, 2 MiB unless the mode's ranks all send at once) unacknowledged; the receiver
+answers each frame it took with ``K`` and the frame's key.  So a send returns, as DDS's write does,
+once only about its last history's worth is still on the way, and a role's messages to several
+peers cross its link one after another.  Without it a send returned once its frames were queued
+(16 MiB a peer) and geo's PS put its four pulls of a round on four connections at once: they
+shared the uplink and all ended late together, 14.3 s a round against DDS's 11 s (notebook entry
+41).  emu models both paths with the same window (``network.send_window_bytes``).
+
+A destination whose acknowledgements stopped for ``STALL_S`` holds nobody up (its receiver refused
+the connection, or hangs); neither does a wait beyond the send's timeout (counted as
+``stream_window_timeouts``): the frame is queued anyway, within zmq's high-water mark.  An
+acknowledgement only paces its sender, so it needs no tag.  Once a dealer is ready its socket
+is used under ``StreamOut._order`` only.
 """
 
 from __future__ import annotations
@@ -18,22 +30,20 @@ from typing import Optional
 import zmq
 
 from dtemu.core.wire import frame_auth
-from dtemu.host import stream_choice
-from dtemu.real.stream import SNDHWM, valid_endpoint
+from dtemu.real.stream import FRAME_BYTES, SNDHWM, valid_endpoint
 
-ORDER_BYTES = stream_choice.ORDER_BYTES  # a frame waits while more is unacknowledged to other destinations
-ORDER_STALL_S = 10.0         # a destination whose acknowledgements stopped this long holds nobody up
+STALL_S = 10.0    # a destination whose acknowledgements stopped this long holds nobody up
 
 
 class _Dealer:
     """One sender's connection to one destination."""
 
-    def __init__(self, node: str, dest: str, endpoint: str):
+    def __init__(self, node: str, dest: str, endpoint: str, window: int):
         self.endpoint = endpoint
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         # One identity for the socket's life: after a reconnect the ROUTER knows the connection again.
         self.sock.setsockopt(zmq.ROUTING_ID, secrets.token_bytes(16))
-        self.sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        self.sock.setsockopt(zmq.SNDHWM, max(SNDHWM, window // FRAME_BYTES + 2))   # the window binds first
         self.sock.setsockopt(zmq.LINGER, 2000)    # queued frames still go out after close
         self.sock.connect(endpoint)
         self.sock.send_multipart([b"H", node.encode(), dest.encode()])
@@ -46,8 +56,8 @@ class _Dealer:
     def take_acks(self, now: float) -> int:
         """Read the receiver's acknowledgements; the bytes still unacknowledged.  One connection
         delivers in order, so an acknowledged frame settles every frame queued before it (a frame
-        lost on a reconnect is never acknowledged itself); a destination silent for ORDER_STALL_S
-        is forgotten (its receiver refused the connection, or hangs): it holds nobody up."""
+        lost on a reconnect is never acknowledged itself); after STALL_S of silence the rest is
+        forgotten."""
         while True:
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK)
@@ -57,7 +67,7 @@ class _Dealer:
                 while self.unacked.popitem(last=False)[0] != parts[1]:
                     pass
                 self.progress = now
-        if self.unacked and now - self.progress > ORDER_STALL_S:
+        if self.unacked and now - self.progress > STALL_S:
             self.unacked.clear()
         return sum(self.unacked.values())
 
@@ -65,18 +75,17 @@ class _Dealer:
 class StreamOut:
     """The sending ends: a DEALER per destination, opened on the first frame for it."""
 
-    def __init__(self, node: str, fkey: Optional[bytes], stats: dict):
+    def __init__(self, node: str, fkey: Optional[bytes], stats: dict, window: int):
         self.node, self._fkey, self._stats = node, fkey, stats
+        self.window = window   # bytes a destination may have unacknowledged (the writer history)
         self._dealers: dict[str, _Dealer] = {}
         self._lock = threading.Lock()
         self._order = threading.Lock()   # one frame queued at a time, in the sender's order
-        self._live: set[str] = set()     # destinations with an endpoint, as the last ready() saw them
 
     def ready(self, dests: list[str], endpoints: dict[str, str]) -> bool:
         """Whether every destination's connection has finished its handshake (opening the ones
         still missing; those that are not ready yet take this frame inline)."""
         ok = True
-        self._live = set(endpoints)
         for d in dests:
             ep = endpoints.get(d)
             if not ep or not valid_endpoint(ep):
@@ -87,7 +96,7 @@ class StreamOut:
                 with self._order, self._lock:   # (a put may be polling the old socket)
                     if dealer is not None:
                         dealer.sock.close(linger=0)
-                    dealer = self._dealers[d] = _Dealer(self.node, d, ep)
+                    dealer = self._dealers[d] = _Dealer(self.node, d, ep, self.window)
             if not dealer.ready:
                 with dealer.lock:
                     ok = self._answer(d, dealer) and ok
@@ -106,48 +115,40 @@ class StreamOut:
         return True
 
     def put(self, dests: list[str], key: bytes, chunk, wait_s: float) -> bool:
-        """Queue ``chunk`` under ``key`` to every destination (all ready); False if one of them
-        could not take it within ``wait_s`` (its queue stayed full): then the frame goes inline."""
+        """Queue ``chunk`` under ``key`` to every destination (all ready), each once its window
+        has room; False if one of them could not take it within ``wait_s`` (zmq's queue stayed
+        full): then the frame goes inline."""
         # zmq keeps the buffer until its thread sent it: immutable bytes go as they are (a frame of a
         # message given as bytes, a sealed frame, joined Buffers), anything else is copied first
         data = chunk if isinstance(getattr(chunk, "obj", chunk), bytes) else bytes(chunk)
+        deadline = time.monotonic() + wait_s
         with self._order:
-            self._in_order(dests, time.monotonic() + wait_s)
             for d in dests:
                 dealer = self._dealers[d]
-                if not dealer.sock.poll(int(wait_s * 1000), zmq.POLLOUT):
+                self._room(dealer, len(data), deadline)
+                if not dealer.sock.poll(int(max(0.0, deadline - time.monotonic()) * 1000), zmq.POLLOUT):
                     self._stats["stream_fallbacks"] += 1
                     return False
                 # tracked: flush waits until zmq has handed the last one to the kernel
                 dealer.last = dealer.sock.send_multipart([b"D", key, data], zmq.NOBLOCK, copy=False, track=True)
-                now = time.monotonic()
-                dealer.take_acks(now)   # (read as they come: zmq's inbound queue stays short)
                 if not dealer.unacked:
-                    dealer.progress = now
+                    dealer.progress = time.monotonic()
                 dealer.unacked[key] = len(data)
         self._stats["stream_sent_frames"] += 1
         return True
 
-    def _in_order(self, dests: list[str], deadline: float) -> None:
-        """Wait (under ``_order``) until at most ORDER_BYTES are unacknowledged to destinations
-        other than ``dests`` that are still live and acknowledging (module docstring)."""
-        with self._lock:
-            others = [dealer for d, dealer in self._dealers.items() if d not in dests and d in self._live
-                      and dealer.ready]
-        while others:
+    def _room(self, dealer: _Dealer, size: int, deadline: float) -> None:
+        """Wait (under ``_order``) until ``size`` more bytes fit in ``dealer``'s window (or nothing
+        of it is unacknowledged: a frame larger than the window goes alone)."""
+        while True:
             now = time.monotonic()
-            unacked = {dl: dl.take_acks(now) for dl in others}
-            waiting = [dl for dl, n in unacked.items() if n]
-            if sum(unacked.values()) <= ORDER_BYTES:
+            unacked = dealer.take_acks(now)
+            if not unacked or unacked + size <= self.window:
                 return
             if now >= deadline:
-                self._stats["stream_unordered"] += 1
+                self._stats["stream_window_timeouts"] += 1
                 return
-            poller = zmq.Poller()
-            for dl in waiting:
-                poller.register(dl.sock, zmq.POLLIN)
-            poller.poll(max(1, int(min(deadline - now, 0.2) * 1000)))
-            others = waiting
+            dealer.sock.poll(max(1, int(min(deadline - now, 0.2) * 1000)), zmq.POLLIN)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued frame left zmq for the kernel (which delivers it even after this

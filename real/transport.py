@@ -223,7 +223,7 @@ class DdsTransport(Sending, Receiving, Beside, Presence, Reassembler):
             self._entities += [hello_topic, self._hello_writer, self._hello_reader, self._hello_alive]
             for t in wire_topics.ALL:
                 self._writer(t)
-            endpoint = self._open_stream(profile, peers)   # real.stream, or "" where the profile has none
+            endpoint = self._open_stream(profile, peers, whc_high)   # real.stream, or ""
             tag = frame_auth.hello_tag(self.frame_key, node, self.guid, endpoint) if self.frame_key else b""
             self._hello_writer.write(Hello(node=node, guid=self.guid, pid=os.getpid(), host=socket.gethostname(),
                                            tag=tag, stream=endpoint))

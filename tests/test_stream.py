@@ -283,48 +283,51 @@ def connected(out, dests, endpoints, slow):
         assert time.monotonic() < deadline, "the handshake did not finish"
 
 
-def test_a_sender_finishes_one_peers_message_before_it_starts_anothers():
-    """Frames to a slow peer still unacknowledged hold a frame to another peer back (the sender's
-    order, as DDS's writer keeps it); the slow peer's acknowledgement of its last frame lets it go,
-    and a peer that left the domain holds nobody up."""
+def test_a_destination_takes_the_writer_history_unacknowledged_and_no_more(monkeypatch):
+    """As DDS's writer: a slow peer holds its sender once the history's bytes are unacknowledged,
+    so a role's next message to another peer waits behind this one; an acknowledgement settles
+    every frame before it; a peer silent for STALL_S holds nobody up."""
     from dtemu.real import stream_out
 
     stats = dict.fromkeys(stream.STATS, 0)
     slow, fast = SlowPeer(), stream.StreamIn("fast", "127.0.0.1", None, 1 << 21, dict.fromkeys(stream.STATS, 0))
-    out = stream_out.StreamOut("src", None, stats)
+    out = stream_out.StreamOut("src", None, stats, window=2 << 20)
     endpoints = {"slow": slow.endpoint, "fast": fast.endpoint}
+    frame = b"x" * (1 << 20)
     try:
         connected(out, ["slow"], endpoints, slow)
-        frame = b"x" * (1 << 20)
-        for i in range(3):   # 3 MiB to the slow peer, acknowledged by nobody yet
-            assert out.put(["slow"], b"k%d" % i, frame, wait_s=5)
+        started = time.monotonic()
+        assert out.put(["slow"], b"k0", frame, wait_s=5) and out.put(["slow"], b"k1", frame, wait_s=5)
+        assert time.monotonic() - started < 1.0                 # the window's 2 MiB go at once
+        assert out.put(["slow"], b"k2", frame, wait_s=0.3)     # waits its 0.3 s, then goes anyway
+        assert time.monotonic() - started >= 0.3 and stats["stream_window_timeouts"] == 1
         slow.serve()
         assert slow.keys == [b"k0", b"k1", b"k2"]
-        deadline = time.monotonic() + 10
+
+        result = []
+        sender = threading.Thread(target=lambda: result.append(out.put(["slow"], b"k3", frame, wait_s=10)))
+        sender.start()
+        sender.join(0.3)
+        assert sender.is_alive()           # 3 MiB unacknowledged: held
+        slow.ack(b"k1")                    # settles k0 and k1: 1 MiB left, room for k3
+        sender.join(10)
+        assert result == [True] and stats["stream_window_timeouts"] == 1
+
+        deadline = time.monotonic() + 10   # another peer's window is its own
         while not out.ready(["fast"], endpoints):
             assert time.monotonic() < deadline
         started = time.monotonic()
-        assert out.put(["fast"], b"held", frame, wait_s=0.3)   # waits its 0.3 s, then goes out of order
-        assert time.monotonic() - started >= 0.3 and stats["stream_unordered"] == 1
-
-        result = []
-        sender = threading.Thread(target=lambda: result.append(out.put(["fast"], b"next", frame, wait_s=10)))
-        sender.start()
-        sender.join(0.3)
-        assert sender.is_alive()           # still held back by the slow peer's 3 MiB
-        slow.ack(b"k2")                    # its last frame: the two before it are settled too
-        sender.join(10)
-        assert result == [True] and stats["stream_unordered"] == 1
-
-        assert out.put(["slow"], b"k3", frame, wait_s=5) and out.put(["slow"], b"k4", frame, wait_s=5)
-        assert out.ready(["fast"], {"fast": fast.endpoint})   # the slow peer has left the domain
-        started = time.monotonic()
-        assert out.put(["fast"], b"free", frame, wait_s=5)
-        assert time.monotonic() - started < 1.0 and stats["stream_unordered"] == 1
-        deadline = time.monotonic() + 10
-        while fast.take("src", b"free") is None:
+        assert out.put(["fast"], b"f0", frame, wait_s=5)
+        assert time.monotonic() - started < 1.0
+        while fast.take("src", b"f0") is None:
             assert time.monotonic() < deadline, "the frame never came"
             time.sleep(0.01)
+
+        monkeypatch.setattr(stream_out, "STALL_S", 0.2)   # the slow peer has said nothing since
+        time.sleep(0.25)
+        started = time.monotonic()
+        assert out.put(["slow"], b"k4", frame, wait_s=5) and out.put(["slow"], b"k5", frame, wait_s=5)
+        assert time.monotonic() - started < 1.0 and stats["stream_window_timeouts"] == 1
     finally:
         out.close(timeout_s=1)
         fast.close()
