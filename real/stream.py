@@ -27,9 +27,10 @@ peer's ROUTER, over TCP) per (sender, destination):
   reassembly needs them in order), until the bytes come or the sender's stream
   has been silent for ``STALL_S`` (not when the sender leaves: its kernel still sends what it
   queued).
-* A destination takes at most the run's writer history unacknowledged (the receiver
-  answers each frame with ``K`` and its key), as DDS's writer does: a send returns once
-  only its last history's worth is on the way (``real.stream_out``).
+* The receiver answers each frame with ``K`` and its key, and the sender is paced by what
+  is unacknowledged, as DDS's writer is: a destination takes at most the writer history, and a
+  frame to one waits while more than a frame is unacknowledged to the others, so that a
+  sender's messages cross its link one after another (``real.stream_out``).
 * The bytes themselves are checked as an inline frame's are: in a sealed run the
   frame's tag is their first bytes.  What is refused is counted: a connection
   that never authenticated (its data is dropped unread beyond its length), a

@@ -1,22 +1,26 @@
-"""The sending ends of real.stream: a ZeroMQ DEALER per destination, each under a writer history.
+"""The sending ends of real.stream: a ZeroMQ DEALER per destination, paced as DDS's writer.
 
 See ``real.stream``'s docstring for the protocol.  Here: a frame of a message is queued to each of
 its destinations once their handshakes are done (``ready``), with zmq's tracker for ``flush``.
+The receiver answers each frame it took with ``K`` and the frame's key, and two rules pace the
+sender by what is still unacknowledged:
 
-A frame waits while its destination has more than the run's writer history (DDS's WhcHigh:
-host.writer_history, 2 MiB unless the mode's ranks all send at once) unacknowledged; the receiver
-answers each frame it took with ``K`` and the frame's key.  So a send returns, as DDS's write does,
-once only about its last history's worth is still on the way, and a role's messages to several
-peers cross its link one after another.  Without it a send returned once its frames were queued
-(16 MiB a peer) and geo's PS put its four pulls of a round on four connections at once: they
-shared the uplink and all ended late together, 14.3 s a round against DDS's 11 s (notebook entry
-41).  emu models both paths with the same window (``network.send_window_bytes``).
+* **The writer history** (``_room``): a destination takes at most the run's writer history
+  unacknowledged (DDS's WhcHigh: host.writer_history, 2 MiB unless the mode's ranks all send at
+  once), so a send returns, as DDS's write does, once only its last history's worth is on the way.
+* **The sender's order** (``_in_order``): a frame to one destination waits while more than
+  ``ORDER_BYTES`` are unacknowledged to the others, so that a sender's messages to several peers
+  cross its link one after another, as DDS's do and as emu models them.  Two TCP connections
+  share a link evenly: geo's PS put its four pulls of a round on four connections at once, and all
+  ended late together (14.3 s a round against DDS's 11 s); with the history alone the next pull
+  still started 2 MiB before the last ended and shared the uplink for them (12.6 s: notebook
+  entry 42).  One frame's overlap keeps the link busy across the switch.
 
-A destination whose acknowledgements stopped for ``STALL_S`` holds nobody up (its receiver refused
-the connection, or hangs); neither does a wait beyond the send's timeout (counted as
-``stream_window_timeouts``): the frame is queued anyway, within zmq's high-water mark.  An
-acknowledgement only paces its sender, so it needs no tag.  Once a dealer is ready its socket
-is used under ``StreamOut._order`` only.
+A destination that left (no endpoint in the last ``ready``), or whose acknowledgements stopped
+for ``STALL_S``, holds nobody up (its receiver refused the connection, or hangs); neither does a
+wait beyond the send's timeout (counted as ``stream_window_timeouts``): the frame is queued
+anyway, within zmq's high-water mark.  An acknowledgement only paces its sender, so it needs no
+tag.  Once a dealer is ready its socket is used under ``StreamOut._order`` only.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import zmq
 from dtemu.core.wire import frame_auth
 from dtemu.real.stream import FRAME_BYTES, SNDHWM, valid_endpoint
 
-STALL_S = 10.0    # a destination whose acknowledgements stopped this long holds nobody up
+ORDER_BYTES = FRAME_BYTES   # a frame waits while more than this is unacknowledged to other destinations
+STALL_S = 10.0              # a destination whose acknowledgements stopped this long holds nobody up
 
 
 class _Dealer:
@@ -81,11 +86,13 @@ class StreamOut:
         self._dealers: dict[str, _Dealer] = {}
         self._lock = threading.Lock()
         self._order = threading.Lock()   # one frame queued at a time, in the sender's order
+        self._live: frozenset[str] = frozenset()   # destinations with an endpoint, as ready() last saw them
 
     def ready(self, dests: list[str], endpoints: dict[str, str]) -> bool:
         """Whether every destination's connection has finished its handshake (opening the ones
         still missing; those that are not ready yet take this frame inline)."""
         ok = True
+        self._live = frozenset(endpoints)
         for d in dests:
             ep = endpoints.get(d)
             if not ep or not valid_endpoint(ep):
@@ -123,6 +130,7 @@ class StreamOut:
         data = chunk if isinstance(getattr(chunk, "obj", chunk), bytes) else bytes(chunk)
         deadline = time.monotonic() + wait_s
         with self._order:
+            self._in_order(dests, deadline)
             for d in dests:
                 dealer = self._dealers[d]
                 self._room(dealer, len(data), deadline)
@@ -136,6 +144,25 @@ class StreamOut:
                 dealer.unacked[key] = len(data)
         self._stats["stream_sent_frames"] += 1
         return True
+
+    def _in_order(self, dests: list[str], deadline: float) -> None:
+        """Wait (under ``_order``) until at most ORDER_BYTES are unacknowledged to the live
+        destinations other than ``dests``."""
+        with self._lock:
+            others = [dl for d, dl in self._dealers.items() if d not in dests and d in self._live and dl.ready]
+        while others:
+            now = time.monotonic()
+            unacked = {dl: dl.take_acks(now) for dl in others}
+            if sum(unacked.values()) <= ORDER_BYTES:
+                return
+            if now >= deadline:
+                self._stats["stream_window_timeouts"] += 1
+                return
+            others = [dl for dl, n in unacked.items() if n]
+            poller = zmq.Poller()
+            for dl in others:
+                poller.register(dl.sock, zmq.POLLIN)
+            poller.poll(max(1, int(min(deadline - now, 0.2) * 1000)))
 
     def _room(self, dealer: _Dealer, size: int, deadline: float) -> None:
         """Wait (under ``_order``) until ``size`` more bytes fit in ``dealer``'s window (or nothing

@@ -283,10 +283,29 @@ def connected(out, dests, endpoints, slow):
         assert time.monotonic() < deadline, "the handshake did not finish"
 
 
-def test_a_destination_takes_the_writer_history_unacknowledged_and_no_more(monkeypatch):
-    """As DDS's writer: a slow peer holds its sender once the history's bytes are unacknowledged,
-    so a role's next message to another peer waits behind this one; an acknowledgement settles
-    every frame before it; a peer silent for STALL_S holds nobody up."""
+def timed_put(out, dest, key, frame, wait_s):
+    started = time.monotonic()
+    assert out.put([dest], key, frame, wait_s=wait_s)
+    return time.monotonic() - started
+
+
+def held_put(out, dest, key, frame, release):
+    """A put that must still wait 0.3 s in, and go once ``release()`` acknowledged enough."""
+    result = []
+    sender = threading.Thread(target=lambda: result.append(out.put([dest], key, frame, wait_s=10)))
+    sender.start()
+    sender.join(0.3)
+    assert sender.is_alive()
+    release()
+    sender.join(10)
+    assert result == [True]
+
+
+def test_a_sender_is_paced_by_what_its_peers_have_not_acknowledged(monkeypatch):
+    """As DDS's writer: a destination takes the writer history unacknowledged and no more; a frame
+    to another destination waits while more than a frame is unacknowledged to the first (the
+    sender's order); an acknowledgement settles every frame before it; a peer that left, or has
+    been silent for STALL_S, holds nobody up."""
     from dtemu.real import stream_out
 
     stats = dict.fromkeys(stream.STATS, 0)
@@ -296,38 +315,31 @@ def test_a_destination_takes_the_writer_history_unacknowledged_and_no_more(monke
     frame = b"x" * (1 << 20)
     try:
         connected(out, ["slow"], endpoints, slow)
-        started = time.monotonic()
-        assert out.put(["slow"], b"k0", frame, wait_s=5) and out.put(["slow"], b"k1", frame, wait_s=5)
-        assert time.monotonic() - started < 1.0                 # the window's 2 MiB go at once
-        assert out.put(["slow"], b"k2", frame, wait_s=0.3)     # waits its 0.3 s, then goes anyway
-        assert time.monotonic() - started >= 0.3 and stats["stream_window_timeouts"] == 1
+        assert timed_put(out, "slow", b"k0", frame, 5) + timed_put(out, "slow", b"k1", frame, 5) < 1.0
+        assert timed_put(out, "slow", b"k2", frame, 0.3) >= 0.3   # the history is full: goes after its wait
+        assert stats["stream_window_timeouts"] == 1
         slow.serve()
         assert slow.keys == [b"k0", b"k1", b"k2"]
+        held_put(out, "slow", b"k3", frame, lambda: slow.ack(b"k1"))   # settles k0 and k1 too
 
-        result = []
-        sender = threading.Thread(target=lambda: result.append(out.put(["slow"], b"k3", frame, wait_s=10)))
-        sender.start()
-        sender.join(0.3)
-        assert sender.is_alive()           # 3 MiB unacknowledged: held
-        slow.ack(b"k1")                    # settles k0 and k1: 1 MiB left, room for k3
-        sender.join(10)
-        assert result == [True] and stats["stream_window_timeouts"] == 1
-
-        deadline = time.monotonic() + 10   # another peer's window is its own
+        deadline = time.monotonic() + 10
         while not out.ready(["fast"], endpoints):
             assert time.monotonic() < deadline
-        started = time.monotonic()
-        assert out.put(["fast"], b"f0", frame, wait_s=5)
-        assert time.monotonic() - started < 1.0
-        while fast.take("src", b"f0") is None:
+        assert timed_put(out, "fast", b"f0", frame, 0.3) >= 0.3   # 2 MiB still owed by the slow peer
+        assert stats["stream_window_timeouts"] == 2
+        held_put(out, "fast", b"f1", frame, lambda: slow.ack(b"k2"))   # 1 MiB left: in order, it goes
+        while fast.take("src", b"f1") is None:
             assert time.monotonic() < deadline, "the frame never came"
             time.sleep(0.01)
 
-        monkeypatch.setattr(stream_out, "STALL_S", 0.2)   # the slow peer has said nothing since
+        assert timed_put(out, "slow", b"k4", frame, 5) < 1.0   # the slow peer owes 2 MiB again
+        assert out.ready(["fast"], {"fast": fast.endpoint})    # and leaves the domain
+        assert timed_put(out, "fast", b"f2", frame, 5) < 1.0
+        monkeypatch.setattr(stream_out, "STALL_S", 0.2)        # back, but silent since
+        assert out.ready(["slow", "fast"], endpoints)
         time.sleep(0.25)
-        started = time.monotonic()
-        assert out.put(["slow"], b"k4", frame, wait_s=5) and out.put(["slow"], b"k5", frame, wait_s=5)
-        assert time.monotonic() - started < 1.0 and stats["stream_window_timeouts"] == 1
+        assert timed_put(out, "fast", b"f3", frame, 5) + timed_put(out, "slow", b"k5", frame, 5) < 1.0
+        assert stats["stream_window_timeouts"] == 2
     finally:
         out.close(timeout_s=1)
         fast.close()
