@@ -29,8 +29,8 @@ peer's ROUTER, over TCP) per (sender, destination):
   queued).
 * The receiver answers each frame with ``K`` and its key, and the sender is paced by what
   is unacknowledged, as DDS's writer is: a destination takes at most the writer history, and a
-  frame to one waits while more than a frame is unacknowledged to the others, so that a
-  sender's messages cross its link one after another (``real.stream_out``).
+  frame to one waits while a message of several frames to another is unacknowledged, so that a
+  sender's large messages cross its link one after another (``real.stream_out``).
 * The bytes themselves are checked as an inline frame's are: in a sealed run the
   frame's tag is their first bytes.  What is refused is counted: a connection
   that never authenticated (its data is dropped unread beyond its length), a
@@ -78,7 +78,7 @@ _POLL_MS = 200
 STATS = ("stream_sent_frames", "stream_recv_frames", "stream_fallbacks", "stream_refused", "stream_dropped",
          "stream_lost", "stream_errors", "stream_window_timeouts")
 _LEN = struct.Struct("<Q")
-_HEAD = struct.Struct("<QIIQ")
+FRAME_HEAD = struct.Struct("<QIIQ")   # a frame key's numbers: message id, part, parts, total
 _ENDPOINT = re.compile(r"^tcp://(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$")
 
 
@@ -89,7 +89,7 @@ def enabled(profile: str) -> bool:
 
 def frame_key(dds_topic: str, dst: str, label: str, msg_id: int, part: int, parts: int, total: int) -> bytes:
     """What names a frame's bytes on the stream: its whole header (the sender is the connection's)."""
-    return _HEAD.pack(msg_id, part, parts & ~STREAM_FLAG, total) + "\0".join((dds_topic, dst, label)).encode()
+    return FRAME_HEAD.pack(msg_id, part, parts & ~STREAM_FLAG, total) + "\0".join((dds_topic, dst, label)).encode()
 
 
 def reference(fkey: Optional[bytes], dds_topic: str, src: str, dst: str, label: str, msg_id: int, part: int,

@@ -8,13 +8,16 @@ sender by what is still unacknowledged:
 * **The writer history** (``_room``): a destination takes at most the run's writer history
   unacknowledged (DDS's WhcHigh: host.writer_history, 2 MiB unless the mode's ranks all send at
   once), so a send returns, as DDS's write does, once only its last history's worth is on the way.
-* **The sender's order** (``_in_order``): a frame to one destination waits while more than
-  ``ORDER_BYTES`` are unacknowledged to the others, so that a sender's messages to several peers
-  cross its link one after another, as DDS's do and as emu models them.  Two TCP connections
-  share a link evenly: geo's PS put its four pulls of a round on four connections at once, and all
-  ended late together (14.3 s a round against DDS's 11 s); with the history alone the next pull
-  still started 2 MiB before the last ended and shared the uplink for them (12.6 s: notebook
-  entry 42).  One frame's overlap keeps the link busy across the switch.
+* **The sender's order** (``_in_order``): a frame to one destination waits while a message of
+  more than one frame to another is still unacknowledged, so that a sender's large messages to
+  several peers cross its link one after another, as DDS's do and as emu models them.  DDS's
+  datagrams wait in the link's deep queue in the order written; TCP keeps a socket's bytes in
+  the socket until the link takes them (its small queues), so two connections share a link
+  evenly.  geo's PS put its four pulls of a round on four connections at once, and all ended
+  late together (14.3 s a round against DDS's 11 s); with the history alone the next pull still
+  started 2 MiB before the last ended and shared the uplink for them (12.6 s), and with a frame
+  of overlap 12.0 s (notebook entry 42).  Messages of one frame (a pipelined allreduce's pieces,
+  round robin to its peers) do not wait for each other: their overlap is a frame at most.
 
 A destination that left (no endpoint in the last ``ready``), or whose acknowledgements stopped
 for ``STALL_S``, holds nobody up (its receiver refused the connection, or hangs); neither does a
@@ -34,10 +37,14 @@ from typing import Optional
 import zmq
 
 from dtemu.core.wire import frame_auth
-from dtemu.real.stream import FRAME_BYTES, SNDHWM, valid_endpoint
+from dtemu.real.stream import FRAME_BYTES, FRAME_HEAD, SNDHWM, valid_endpoint
 
-ORDER_BYTES = FRAME_BYTES   # a frame waits while more than this is unacknowledged to other destinations
-STALL_S = 10.0              # a destination whose acknowledgements stopped this long holds nobody up
+STALL_S = 10.0    # a destination whose acknowledgements stopped this long holds nobody up
+
+
+def _of_large(key: bytes) -> int:
+    """1 if the frame ``key`` names is one of several of its message (real.stream.frame_key)."""
+    return int(len(key) >= FRAME_HEAD.size and FRAME_HEAD.unpack_from(key)[2] > 1)
 
 
 class _Dealer:
@@ -56,6 +63,7 @@ class _Dealer:
         self.lock = threading.Lock()   # the handshake's; once ready, the socket is StreamOut._order's
         self.last = None          # the tracker of the last frame queued
         self.unacked: OrderedDict[bytes, int] = OrderedDict()   # key -> bytes, in the order queued
+        self.large = 0            # how many of them are frames of messages of more than one frame
         self.progress = 0.0       # when its unacknowledged frames last moved (sent into an empty queue, or acked)
 
     def take_acks(self, now: float) -> int:
@@ -69,12 +77,18 @@ class _Dealer:
             except zmq.Again:
                 break
             if len(parts) == 2 and parts[0] == b"K" and parts[1] in self.unacked:
-                while self.unacked.popitem(last=False)[0] != parts[1]:
+                while self._settle() != parts[1]:
                     pass
                 self.progress = now
         if self.unacked and now - self.progress > STALL_S:
-            self.unacked.clear()
+            while self.unacked:
+                self._settle()
         return sum(self.unacked.values())
+
+    def _settle(self) -> bytes:
+        key, _ = self.unacked.popitem(last=False)
+        self.large -= _of_large(key)
+        return key
 
 
 class StreamOut:
@@ -122,6 +136,7 @@ class StreamOut:
         return True
 
     def put(self, dests: list[str], key: bytes, chunk, wait_s: float) -> bool:
+        # (``key`` is real.stream.frame_key's: it says how many frames the message has)
         """Queue ``chunk`` under ``key`` to every destination (all ready), each once its window
         has room; False if one of them could not take it within ``wait_s`` (zmq's queue stayed
         full): then the frame goes inline."""
@@ -142,23 +157,25 @@ class StreamOut:
                 if not dealer.unacked:
                     dealer.progress = time.monotonic()
                 dealer.unacked[key] = len(data)
+                dealer.large += _of_large(key)
         self._stats["stream_sent_frames"] += 1
         return True
 
     def _in_order(self, dests: list[str], deadline: float) -> None:
-        """Wait (under ``_order``) until at most ORDER_BYTES are unacknowledged to the live
-        destinations other than ``dests``."""
+        """Wait (under ``_order``) until no live destination other than ``dests`` has a frame of
+        a message of more than one frame unacknowledged."""
         with self._lock:
             others = [dl for d, dl in self._dealers.items() if d not in dests and d in self._live and dl.ready]
         while others:
             now = time.monotonic()
-            unacked = {dl: dl.take_acks(now) for dl in others}
-            if sum(unacked.values()) <= ORDER_BYTES:
+            for dl in others:
+                dl.take_acks(now)
+            others = [dl for dl in others if dl.large]
+            if not others:
                 return
             if now >= deadline:
                 self._stats["stream_window_timeouts"] += 1
                 return
-            others = [dl for dl, n in unacked.items() if n]
             poller = zmq.Poller()
             for dl in others:
                 poller.register(dl.sock, zmq.POLLIN)

@@ -303,9 +303,9 @@ def held_put(out, dest, key, frame, release):
 
 def test_a_sender_is_paced_by_what_its_peers_have_not_acknowledged(monkeypatch):
     """As DDS's writer: a destination takes the writer history unacknowledged and no more; a frame
-    to another destination waits while more than a frame is unacknowledged to the first (the
-    sender's order); an acknowledgement settles every frame before it; a peer that left, or has
-    been silent for STALL_S, holds nobody up."""
+    to another destination waits while a message of several frames to the first is unacknowledged
+    (the sender's order), where single frames do not; an acknowledgement settles every frame before
+    it; a peer that left, or has been silent for STALL_S, holds nobody up."""
     from dtemu.real import stream_out
 
     stats = dict.fromkeys(stream.STATS, 0)
@@ -313,32 +313,42 @@ def test_a_sender_is_paced_by_what_its_peers_have_not_acknowledged(monkeypatch):
     out = stream_out.StreamOut("src", None, stats, window=2 << 20)
     endpoints = {"slow": slow.endpoint, "fast": fast.endpoint}
     frame = b"x" * (1 << 20)
+
+    def key(dst, msg, part, parts):
+        return stream.frame_key("t", dst, "t", msg, part, parts, parts << 20)
+
+    k = [key("slow", 1, i, 4) for i in range(4)]   # a message of four frames to the slow peer
     try:
         connected(out, ["slow"], endpoints, slow)
-        assert timed_put(out, "slow", b"k0", frame, 5) + timed_put(out, "slow", b"k1", frame, 5) < 1.0
-        assert timed_put(out, "slow", b"k2", frame, 0.3) >= 0.3   # the history is full: goes after its wait
+        assert timed_put(out, "slow", k[0], frame, 5) + timed_put(out, "slow", k[1], frame, 5) < 1.0
+        assert timed_put(out, "slow", k[2], frame, 0.3) >= 0.3   # the history is full: goes after its wait
         assert stats["stream_window_timeouts"] == 1
         slow.serve()
-        assert slow.keys == [b"k0", b"k1", b"k2"]
-        held_put(out, "slow", b"k3", frame, lambda: slow.ack(b"k1"))   # settles k0 and k1 too
+        assert slow.keys == k[:3]
+        held_put(out, "slow", k[3], frame, lambda: slow.ack(k[1]))   # settles k[0] and k[1] too
 
         deadline = time.monotonic() + 10
         while not out.ready(["fast"], endpoints):
             assert time.monotonic() < deadline
-        assert timed_put(out, "fast", b"f0", frame, 0.3) >= 0.3   # 2 MiB still owed by the slow peer
+        assert timed_put(out, "fast", key("fast", 2, 0, 1), frame, 0.3) >= 0.3   # behind the slow peer's message
         assert stats["stream_window_timeouts"] == 2
-        held_put(out, "fast", b"f1", frame, lambda: slow.ack(b"k2"))   # 1 MiB left: in order, it goes
-        while fast.take("src", b"f1") is None:
+        held_put(out, "fast", key("fast", 3, 0, 1), frame, lambda: slow.ack(k[3]))   # all of it came: it goes
+        while fast.take("src", key("fast", 3, 0, 1)) is None:
             assert time.monotonic() < deadline, "the frame never came"
             time.sleep(0.01)
 
-        assert timed_put(out, "slow", b"k4", frame, 5) < 1.0   # the slow peer owes 2 MiB again
-        assert out.ready(["fast"], {"fast": fast.endpoint})    # and leaves the domain
-        assert timed_put(out, "fast", b"f2", frame, 5) < 1.0
-        monkeypatch.setattr(stream_out, "STALL_S", 0.2)        # back, but silent since
+        single = [key("slow", 4, 0, 1), key("slow", 5, 0, 1)]   # single frames, unacknowledged,
+        assert timed_put(out, "slow", single[0], frame, 5) + timed_put(out, "slow", single[1], frame, 5) < 1.0
+        assert timed_put(out, "fast", key("fast", 6, 0, 1), frame, 5) < 1.0   # hold nobody up
+        slow.ack(single[1])
+
+        assert timed_put(out, "slow", key("slow", 7, 0, 2), frame, 5) < 1.0   # a large message again,
+        assert out.ready(["fast"], {"fast": fast.endpoint})                  # and the slow peer leaves
+        assert timed_put(out, "fast", key("fast", 8, 0, 1), frame, 5) < 1.0
+        monkeypatch.setattr(stream_out, "STALL_S", 0.2)                      # back, but silent since
         assert out.ready(["slow", "fast"], endpoints)
         time.sleep(0.25)
-        assert timed_put(out, "fast", b"f3", frame, 5) + timed_put(out, "slow", b"k5", frame, 5) < 1.0
+        assert timed_put(out, "fast", key("fast", 9, 0, 1), frame, 5) < 1.0
         assert stats["stream_window_timeouts"] == 2
     finally:
         out.close(timeout_s=1)
