@@ -201,6 +201,7 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
         torch.set_num_threads(1)
         from dtemu.core.wire.topics import COLL_FRAMES
         from dtemu.host.rundir import RunDir
+        from dtemu.host.writer_history import writer_history
         from dtemu.core.runtime.driver import run_blocking
         from dtemu.real.node import real_driver
         from dtemu.real.transport import DdsTransport
@@ -230,8 +231,12 @@ def _dds_worker(rank, world, domain, sizes, repeats, warmup, frame_bytes, profil
             run = RunDir(tmp)
             try:
                 key = SEAL_KEY if sealed else None
+                # the writer history a DDP run of the largest vector has (host.writer_history): on the
+                # stream too, a destination takes that much unacknowledged (real.stream_out)
+                whc = writer_history(True, max(sizes))
                 with Transport(names[rank], profile=net["profile"] if net else "loopback", domain_id=domain,
-                               peers=net["peers"] if net else None, subscribe=[COLL_FRAMES], key=key) as transport:
+                               peers=net["peers"] if net else None, subscribe=[COLL_FRAMES], key=key,
+                               whc_high=whc) as transport:
                     node = Node(names[rank], transport, run, publishes=[COLL_FRAMES], key=key)
                     role = _dds_role(node, rank, world, names, sizes, repeats, warmup, frame_bytes, stamps, ops,
                                      piece_bytes)
