@@ -189,7 +189,7 @@ def seal_cost(reps: int = 7) -> float:
 def transport_sets(decode: dict[str, float], window: int = FL_WINDOW, stream: bool | None = None) -> list[str]:
     """emu --set overrides of real mode's transport: headers, writer history, decoding per node.
     ``stream`` (default: whether real mode between machines would use it now, host.stream_choice):
-    large payloads on its TCP stream (a send of those returns once they are queued: emu.network)."""
+    large payloads on its TCP stream (paced by the same writer history: emu.network)."""
     if stream is None:
         stream = stream_choice.stream_on("lan")
     sets = [f"network.framing={'stream' if stream else 'rtps'}", f"network.send_window_bytes={window}"]

@@ -17,11 +17,9 @@ QUEUE_FRAMES = 16         # at least this many frames may wait in zmq's queue fo
 
 
 def stream_on(profile: str) -> bool:
-    """Whether a transport of ``profile`` carries large payloads on the stream: for every profile
-    that reaches other hosts (``lan``, a file), never with ``loopback``, whose shared-memory pools
-    are faster.  ``DTEMU_DDS_STREAM=0`` (0/off/no/false) keeps every byte in DDS.  Between
-    namespaces it took the collectives from 2-4.7x gloo's time to under 2x, and since a sender
-    keeps its order on it (real.stream_out) geo's flat PS is as fast as through DDS (notebook
-    entries 41 and 42)."""
+    """``DTEMU_DDS_STREAM`` (1/on/yes/true or 0/off/no/false; off when unset) for a profile that
+    reaches other hosts: never with ``loopback``, whose shared-memory pools are faster.  Still
+    opt-in: made the default, it cost DDP's steps on the testbed 12-17% (the table of notebook
+    entry 42, 100 Mbit/s links, a 0.533-CPU share), for reasons not found yet."""
     env = os.environ.get("DTEMU_DDS_STREAM", "").strip().lower()
-    return env not in ("0", "no", "off", "false") and profile != "loopback"
+    return env in ("1", "yes", "on", "true") and profile != "loopback"

@@ -37,8 +37,8 @@ peer's ROUTER, over TCP) per (sender, destination):
   message of the wrong shape, bytes beyond a sender's budget (the oldest go).
 
 Not used with the ``loopback`` profile (``real.shm`` is faster there), nor on
-durable topics (a late joiner's replay names no bytes of its own).  On by default for every
-other profile; ``DTEMU_DDS_STREAM=0`` turns it off (host.stream_choice).
+durable topics (a late joiner's replay names no bytes of its own).  ``DTEMU_DDS_STREAM=0``
+turns it off, ``=1`` on.
 """
 
 from __future__ import annotations

@@ -169,9 +169,8 @@ def test_the_main_job_on_machines_is_faithful_and_ends_with_emus_model(tmp_path)
     import json
 
     r = json.loads((tmp_path / "real" / "summary.json").read_text())
-    # emu as the testbed says to model it: real mode's transport (large payloads on its TCP stream,
-    # a send returns with its writer history to go)
-    assert r["testbed"]["emu_sets"] == ["network.framing=stream", "network.send_window_bytes=2097152"]
+    # emu as the testbed says to model it: real mode's transport (a send returns once written)
+    assert r["testbed"]["emu_sets"] == ["network.framing=rtps", "network.send_window_bytes=2097152"]
     emu = subprocess.run([sys.executable, "-m", "dtemu.emu.cli", "run", "scenarios/fl_straggler.yaml", "--no-tui",
                           "--out", str(tmp_path / "emu")]
                          + [a for s in sets + r["testbed"]["emu_sets"] for a in ("--set", s)],

@@ -89,7 +89,7 @@ def test_calibrate_writes_a_profile_that_a_run_applies(tmp_path, monkeypatch, ca
     assert profile["machine"]["fingerprint"] and profile["machine"]["cores"] >= 1
     sets = profile["sets"]
     assert sets["compute.default.train_s_per_sample"] > 0 and sets["compute.default.decode_s_per_mb"] > 0
-    assert sets["compute.nodes.controller.decode_s_per_mb"] > 0 and sets["network.framing"] == "stream"   # (between hosts)
+    assert sets["compute.nodes.controller.decode_s_per_mb"] > 0 and sets["network.framing"] == "rtps"
     # a message's own CPU over DDS, each side (real.message_costs: a reader process on loopback)
     assert 0 < sets["compute.default.send_s_per_message"] < 0.01 and 0 < sets["compute.default.recv_s_per_message"] < 0.01
     # and per MB of it (large messages: framing and sockets; the receive thread beyond decoding's copy)

@@ -88,9 +88,9 @@ def test_emu_is_told_the_path_real_mode_takes(monkeypatch):
     from dtemu.emu.costs import transport_sets
 
     monkeypatch.delenv("DTEMU_DDS_STREAM", raising=False)
-    assert transport_sets({}, window=2 * MIB)[:2] == ["network.framing=stream", f"network.send_window_bytes={2 * MIB}"]
-    monkeypatch.setenv("DTEMU_DDS_STREAM", "0")
     assert "network.framing=rtps" in transport_sets({})
+    monkeypatch.setenv("DTEMU_DDS_STREAM", "1")
+    assert transport_sets({}, window=2 * MIB)[:2] == ["network.framing=stream", f"network.send_window_bytes={2 * MIB}"]
 
 
 def test_on_the_stream_a_send_returns_with_its_window_to_go_but_a_broadcast_to_everyone_stays_in_dds():
