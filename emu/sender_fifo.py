@@ -10,8 +10,8 @@ next sample goes out behind it.  (Holding the sender until the receiver had it a
 step with one member 0.024 s late take +0.17 s in emu, and +0 on the testbed: notebook entry 35.)
 
 Without ``send_window`` every flow starts at once and shares the links (max-min fair).  Real
-mode's stream keeps the same order (real.stream_out: a frame to one peer waits while the others'
-are unacknowledged), so its flows queue here as DDS's do.
+mode's stream keeps the same order (real.stream_out: a frame to one peer waits while a message of
+several frames to another is unacknowledged), so its flows queue here as DDS's do.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ QUEUE_FRAMES = 16         # at least this many frames may wait in zmq's queue fo
 def stream_on(profile: str) -> bool:
     """``DTEMU_DDS_STREAM`` (1/on/yes/true or 0/off/no/false; off when unset) for a profile that
     reaches other hosts: never with ``loopback``, whose shared-memory pools are faster.  Still
-    opt-in: made the default, it cost DDP's steps on the testbed 12-17% (the table of notebook
+    opt-in: made the default, it made DDP's steps on the testbed 17-24% slower (the table of notebook
     entry 42, 100 Mbit/s links, a 0.533-CPU share), for reasons not found yet."""
     env = os.environ.get("DTEMU_DDS_STREAM", "").strip().lower()
     return env in ("1", "yes", "on", "true") and profile != "loopback"
