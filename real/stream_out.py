@@ -63,6 +63,7 @@ class _Dealer:
         self.lock = threading.Lock()   # the handshake's; once ready, the socket is StreamOut._order's
         self.last = None          # the tracker of the last frame queued
         self.unacked: OrderedDict[bytes, int] = OrderedDict()   # key -> bytes, in the order queued
+        self.owed = 0             # their bytes
         self.large = 0            # how many of them are frames of messages of more than one frame
         self.progress = 0.0       # when its unacknowledged frames last moved (sent into an empty queue, or acked)
 
@@ -83,10 +84,19 @@ class _Dealer:
         if self.unacked and now - self.progress > STALL_S:
             while self.unacked:
                 self._settle()
-        return sum(self.unacked.values())
+        return self.owed
+
+    def owe(self, key: bytes, size: int, now: float) -> None:
+        """A frame of ``size`` bytes queued under ``key``, to be acknowledged."""
+        if not self.unacked:
+            self.progress = now
+        self.unacked[key] = size
+        self.owed += size
+        self.large += _of_large(key)
 
     def _settle(self) -> bytes:
-        key, _ = self.unacked.popitem(last=False)
+        key, size = self.unacked.popitem(last=False)
+        self.owed -= size
         self.large -= _of_large(key)
         return key
 
@@ -136,10 +146,10 @@ class StreamOut:
         return True
 
     def put(self, dests: list[str], key: bytes, chunk, wait_s: float) -> bool:
-        # (``key`` is real.stream.frame_key's: it says how many frames the message has)
-        """Queue ``chunk`` under ``key`` to every destination (all ready), each once its window
-        has room; False if one of them could not take it within ``wait_s`` (zmq's queue stayed
-        full): then the frame goes inline."""
+        """Queue ``chunk`` under ``key`` (real.stream.frame_key's: it says how many frames the
+        message has) to every destination (all ready), each once its window has room; False if
+        one of them could not take it within ``wait_s`` (zmq's queue stayed full): then the frame
+        goes inline."""
         # zmq keeps the buffer until its thread sent it: immutable bytes go as they are (a frame of a
         # message given as bytes, a sealed frame, joined Buffers), anything else is copied first
         data = chunk if isinstance(getattr(chunk, "obj", chunk), bytes) else bytes(chunk)
@@ -154,10 +164,7 @@ class StreamOut:
                     return False
                 # tracked: flush waits until zmq has handed the last one to the kernel
                 dealer.last = dealer.sock.send_multipart([b"D", key, data], zmq.NOBLOCK, copy=False, track=True)
-                if not dealer.unacked:
-                    dealer.progress = time.monotonic()
-                dealer.unacked[key] = len(data)
-                dealer.large += _of_large(key)
+                dealer.owe(key, len(data), time.monotonic())
         self._stats["stream_sent_frames"] += 1
         return True
 
