@@ -8,12 +8,15 @@
     python -m tools.esync_experiments feddrop     # FedDrop's final test loss against K_hat
     python -m tools.esync_experiments cnn4 [headline|fedasync|noniid|hc]  # the larger model (4 conv + 1 FC)
 
-Every run starts from scenarios/esync.yaml (12 parties, 6 fast and 6 slow, 1 Gbit/s LAN,
-IID Fashion-MNIST, batch 32, SGD) in the ps form these experiments were written in (``BASE_PS``,
-read as FL's: core.fl.ps_form), with the overrides each experiment lists (``ps.*``), runs in
-virtual time under /tmp/esync_experiments/<label>, and its numbers (summary and the
-parameter server's evaluations) go to docs/figures/esync/<experiment>.json with a
-figure beside.  Run one at a time under flock /tmp/dtemu-heavy.lock: each is minutes.
+Every run starts from scenarios/esync.yaml (12 clients, 6 fast and 6 slow, 1 Gbit/s LAN,
+IID Fashion-MNIST, batch 32, SGD, ESync's rule), with the overrides each experiment lists in FL's
+keys, runs in virtual time under /tmp/esync_experiments/<label>, and its numbers (summary and the
+controller's evaluations) go to docs/figures/esync/<experiment>.json with a figure beside.
+
+The baselines are FL rules: SSGD is FedAvg over one batch a round (``fl.subset`` of one batch, drawn
+each round), ASGD and DC-ASGD take one batch a client too, and a fixed schedule of k iterations is
+``fl.subset`` of k batches.  (These experiments were first written in mode ps's keys, which
+core/fl/ps_form.py still reads as this form.)  Run one at a time under flock /tmp/dtemu-heavy.lock: each is minutes.
 """
 
 from __future__ import annotations
@@ -26,12 +29,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "scenarios" / "esync.yaml"
-# scenarios/esync.yaml as it was, in mode ps's keys (its network, data and speeds are the file's)
-BASE_PS = {"mode": "ps", "ps": {"workers": 12, "algorithm": "esync", "rounds": 20, "batch_size": 32, "lr": 0.05,
-                                "global_lr": 1.0, "init": "xavier", "eval_every": 1, "round_timeout_s": 60,
-                                "min_workers": 6}}
 FIGURES = ROOT / "docs" / "figures" / "esync"
-SLOW = [f"worker{k}" for k in range(7, 13)]
+SLOW = [f"client{k}" for k in range(7, 13)]
+BATCH = 32   # scenarios/esync.yaml's fl.batch_size
+
+
+def iterations(k: int) -> str:
+    """k local iterations a round: k batches, drawn afresh each round."""
+    return f"fl.subset={k * BATCH}"
+
+
+# The rules, each as FL spells it (ESync is the file's own).
+SSGD = ["fl.algorithm=fedavg", iterations(1)]
+ASGD = ["fl.algorithm=asgd", iterations(1)]
+DCASGD = ["fl.algorithm=dcasgd", iterations(1)]
 
 
 def speeds(hc: float) -> list[str]:
@@ -46,9 +57,7 @@ def run(label: str, overrides: list[str]) -> dict:
     from dtemu.core.scenario import parse_scenario
 
     raw = bounded_yaml.load(BASE.read_text(), str(BASE))
-    raw.pop("fl")
-    raw["compute"]["nodes"] = {w: {"slowdown": 150} for w in SLOW}
-    scenario = parse_scenario({**raw, **BASE_PS}, overrides)
+    scenario = parse_scenario(raw, overrides)
     out = Path("/tmp/esync_experiments") / label
     started = time.perf_counter()
     try:
@@ -105,10 +114,16 @@ def curves(name: str, rows: list[dict], title: str, logx: bool = True) -> None:
     plt.close(fig)
 
 
+HEADLINE_RUNS = {
+    "esync-hc150": [],
+    "ssgd-hc150": [*SSGD, "fl.rounds=1000", "fl.eval_every=10"],
+    "esync-hc1": speeds(1) + ["fl.rounds=1000", "fl.eval_every=10"],
+    "ssgd-hc1": speeds(1) + [*SSGD, "fl.rounds=1000", "fl.eval_every=10"],
+}
+
+
 def headline() -> list[dict]:
-    rows = [run("esync-hc150", []), run("ssgd-hc150", ["ps.algorithm=ssgd", "ps.rounds=1000", "ps.eval_every=10"])]
-    rows += [run("esync-hc1", speeds(1) + ["ps.rounds=1000", "ps.eval_every=10"]),
-             run("ssgd-hc1", speeds(1) + ["ps.algorithm=ssgd", "ps.rounds=1000", "ps.eval_every=10"])]
+    rows = [run(label, o) for label, o in HEADLINE_RUNS.items()]
     save("headline", rows)
     curves("headline", rows, "ESync vs SSGD, 12 parties (6 slow), small CNN, Fashion-MNIST")
     return rows
@@ -121,6 +136,11 @@ HC_ESYNC_ROUNDS = {10: 60, 50: 25, 300: 8}
 HC_SSGD_ROUNDS = 300
 
 
+def hc_run(algo: str, h: float) -> list[str]:
+    rounds = HC_ESYNC_ROUNDS[h] if algo == "esync" else HC_SSGD_ROUNDS
+    return speeds(h) + [f"fl.rounds={rounds}"] + ([*SSGD, "fl.eval_every=10"] if algo == "ssgd" else [])
+
+
 def hc() -> list[dict]:
     """Time to 0.8 against h_c; h_c = 1 and 150 are the headline's runs (the same scenarios), reused."""
     done = {r["label"]: r for r in _load("headline") + _load("hc")}
@@ -129,10 +149,7 @@ def hc() -> list[dict]:
         for algo in ("esync", "ssgd"):
             label = f"{algo}-hc{h}"
             if label not in done:
-                rounds = HC_ESYNC_ROUNDS[h] if algo == "esync" else HC_SSGD_ROUNDS
-                o = speeds(h) + [f"ps.rounds={rounds}"] + (["ps.algorithm=ssgd", "ps.eval_every=10"]
-                                                             if algo == "ssgd" else [])
-                done[label] = run(label, o)
+                done[label] = run(label, hc_run(algo, h))
             rows.append(done[label])
             save("hc", rows)  # as far as it got
     import matplotlib
@@ -156,33 +173,36 @@ def hc() -> list[dict]:
     return rows
 
 
+NONIID_RUNS = {
+    "esync": ["fl.rounds=60"],
+    "ssgd": [*SSGD, "fl.rounds=400", "fl.eval_every=10"],
+    "asgd": [*ASGD, "fl.rounds=6000", "fl.eval_every=200"],
+    "dcasgd": [*DCASGD, "fl.rounds=6000", "fl.eval_every=200"],
+    # ESync on until SSGD's time to 0.8 (72.0 s): does it get there first?
+    "esync-to72s": ["fl.rounds=100000", "fl.max_time_s=72.03"],
+    # The same with a fast party's local iterations capped at 32 a round (a quarter of what fit)
+    # against the drift on its few labels that made the run above swing after 0.8.
+    "esync-cap32-to72s": ["fl.rounds=100000", "fl.max_time_s=72.03", "fl.esync.max_iterations=32"],
+    # ASGD and DC-ASGD diverge at the scenario's lr 0.05 on the shards; at 0.02 (the largest tried
+    # that held for 6000 updates) they run, for 40 s: does their early lead last?
+    "asgd-lr0.02-to40s": [*ASGD, "fl.lr=0.02", "fl.rounds=1000000", "fl.max_time_s=40",
+                          "fl.eval_every=500"],
+    "dcasgd-lr0.02-to40s": [*DCASGD, "fl.lr=0.02", "fl.rounds=1000000", "fl.max_time_s=40",
+                            "fl.eval_every=500"],
+    # ESync at that lr too (its fast parties' drift on their few labels shrinks with it)
+    "esync-lr0.02-to40s": ["fl.lr=0.02", "fl.rounds=100000", "fl.max_time_s=40"],
+}
+NONIID_DATA = ["data.partition=shards", "data.shards_per_client=2"]
+
+
 def noniid() -> list[dict]:
     """ESync, SSGD, ASGD and DC-ASGD at h_c = 150 on non-IID data (McMahan's shards: 2 a party,
     so a party holds at most 4 labels, and the slow parties hold labels the fast ones lack)."""
-    runs = {
-        "esync": ["ps.rounds=60"],
-        "ssgd": ["ps.algorithm=ssgd", "ps.rounds=400", "ps.eval_every=10"],
-        "asgd": ["ps.algorithm=asgd", "ps.rounds=6000", "ps.eval_every=200"],
-        "dcasgd": ["ps.algorithm=dcasgd", "ps.rounds=6000", "ps.eval_every=200"],
-        # ESync on until SSGD's time to 0.8 (72.0 s): does it get there first?
-        "esync-to72s": ["ps.rounds=100000", "ps.max_time_s=72.03"],
-        # The same with a fast party's local iterations capped at 32 a round (a quarter of what fit)
-        # against the drift on its few labels that made the run above swing after 0.8.
-        "esync-cap32-to72s": ["ps.rounds=100000", "ps.max_time_s=72.03", "ps.max_local_iterations=32"],
-        # ASGD and DC-ASGD diverge at the scenario's lr 0.05 on the shards; at 0.02 (the largest tried
-        # that held for 6000 updates) they run, for 40 s: does their early lead last?
-        "asgd-lr0.02-to40s": ["ps.algorithm=asgd", "ps.lr=0.02", "ps.rounds=1000000", "ps.max_time_s=40",
-                              "ps.eval_every=500"],
-        "dcasgd-lr0.02-to40s": ["ps.algorithm=dcasgd", "ps.lr=0.02", "ps.rounds=1000000", "ps.max_time_s=40",
-                                "ps.eval_every=500"],
-        # ESync at that lr too (its fast parties' drift on their few labels shrinks with it)
-        "esync-lr0.02-to40s": ["ps.lr=0.02", "ps.rounds=100000", "ps.max_time_s=40"],
-    }
     done = {r["label"]: r for r in _load("noniid")}
     rows = []
-    for label, o in runs.items():
+    for label, o in NONIID_RUNS.items():
         label = f"{label}-noniid"
-        o = ["data.partition=shards", "data.shards_per_client=2"] + o
+        o = NONIID_DATA + o
         cached = done.get(label)
         # (a run that failed is run again: ASGD's divergence used to end in an error, now in a stop_reason)
         rows.append(cached if cached and cached["overrides"] == o and "error" not in cached else run(label, o))
@@ -191,45 +211,57 @@ def noniid() -> list[dict]:
     return rows
 
 
+CENTRALIZED = ["fl.clients=1", "fl.min_clients=1", "compute.nodes={}", "fl.algorithm=fedavg", "fl.epochs=1",
+               "fl.rounds=8"]
+
+
 def centralized() -> list[dict]:
     """Centralized SGD, the accuracy reference: one party holding the whole training set, at the
     fast parties' speed, one epoch a round (FedAvg with one worker: w + delta is plain SGD), 8
     epochs (ESync's 20 rounds at h_c = 150 trained on ~7.9 epochs' worth of samples)."""
-    rows = [run("centralized-sgd", ["ps.workers=1", "ps.min_workers=1", "ps.tifl_tiers=1", "compute.nodes={}",
-                                    "ps.algorithm=fedavg", "ps.local_epochs=1", "ps.rounds=8"])]
+    rows = [run("centralized-sgd", CENTRALIZED)]
     save("centralized", rows)
     return rows
 
 
+BASELINE_RUNS = {
+    "esync": ["fl.rounds=20"],
+    "ssgd": [*SSGD, "fl.rounds=1000", "fl.eval_every=10"],
+    "asgd": [*ASGD, "fl.rounds=6000", "fl.eval_every=200"],
+    "dcasgd": [*DCASGD, "fl.rounds=6000", "fl.eval_every=200"],
+    "fedavg": ["fl.algorithm=fedavg", "fl.rounds=5"],
+    "fedasync+poly": ["fl.algorithm=fedasync", "fl.fedasync.staleness=poly", "fl.rounds=60", "fl.eval_every=4"],
+    "fedasync+hinge": ["fl.algorithm=fedasync", "fl.fedasync.staleness=hinge", "fl.rounds=60", "fl.eval_every=4"],
+    "feddrop(6)": ["fl.algorithm=feddrop", "fl.feddrop.k_hat=6", "fl.rounds=10"],
+    "tifl": ["fl.algorithm=tifl", "fl.tifl.tier_probs=[0.5,0.5]", "fl.tifl.credits=[100,3]", "fl.sample=4",
+             "fl.min_clients=4", "fl.rounds=10"],  # a tier asked is 4 of the 12
+}
+
+
 def baselines() -> list[dict]:
-    runs = {
-        "esync": ["ps.rounds=20"],
-        "ssgd": ["ps.algorithm=ssgd", "ps.rounds=1000", "ps.eval_every=10"],
-        "asgd": ["ps.algorithm=asgd", "ps.rounds=6000", "ps.eval_every=200"],
-        "dcasgd": ["ps.algorithm=dcasgd", "ps.rounds=6000", "ps.eval_every=200"],
-        "fedavg": ["ps.algorithm=fedavg", "ps.rounds=5"],
-        "fedasync+poly": ["ps.algorithm=fedasync", "ps.staleness=poly", "ps.rounds=60", "ps.eval_every=4"],
-        "fedasync+hinge": ["ps.algorithm=fedasync", "ps.staleness=hinge", "ps.rounds=60", "ps.eval_every=4"],
-        "feddrop(6)": ["ps.algorithm=feddrop", "ps.feddrop_k_hat=6", "ps.rounds=10"],
-        "tifl": ["ps.algorithm=tifl", "ps.tifl_tier_probs=[0.5,0.5]", "ps.tifl_credits=[100,3]", "ps.rounds=10"],
-    }
     # ESync and SSGD at h_c = 150 are the headline's runs (the same scenarios): reused when there.
     done = {r["label"].split("-hc")[0]: r for r in _load("headline") if r["label"].endswith("-hc150")}
     rows = []
-    for label, o in runs.items():
+    for label, o in BASELINE_RUNS.items():
         rows.append(dict(done[label], label=label) if label in done else run(label, o))
         save("baselines", rows)  # as far as it got
     curves("baselines", rows, "every algorithm, h_c = 150 (each run to its own budget)")
     return rows
 
 
+FEDDROP_KS = (4, 6, 8, 10)
+
+
+def feddrop_run(k: int) -> list[str]:
+    return ["fl.algorithm=feddrop", f"fl.feddrop.k_hat={k}", "fl.rounds=8"]
+
+
 def feddrop() -> list[dict]:
     import sys as _sys
 
-    ks = [int(k) for k in _sys.argv[2:]] or [4, 6, 8, 10]
+    ks = [int(k) for k in _sys.argv[2:]] or list(FEDDROP_KS)
     done = {r["label"]: r for r in _load("feddrop")}
-    rows = [done.get(f"feddrop-k{k}") or run(f"feddrop-k{k}", ["ps.algorithm=feddrop", f"ps.feddrop_k_hat={k}",
-                                                                "ps.rounds=8"]) for k in ks]
+    rows = [done.get(f"feddrop-k{k}") or run(f"feddrop-k{k}", feddrop_run(k)) for k in ks]
     rows = sorted({**done, **{r["label"]: r for r in rows}}.values(), key=lambda r: int(r["label"].split("-k")[1]))
     save("feddrop", rows)
     import matplotlib
@@ -239,7 +271,7 @@ def feddrop() -> list[dict]:
 
     fig, ax = plt.subplots(figsize=(5, 3.6))
     ax.plot([int(r["label"].split("-k")[1]) for r in rows], [r["final_loss"] for r in rows], "o-")
-    ax.set_xlabel("K_hat (workers not waited for)")
+    ax.set_xlabel("K_hat (clients not waited for)")
     ax.set_ylabel("final test loss")
     fig.tight_layout()
     fig.savefig(FIGURES / "feddrop.png", dpi=110)
@@ -255,22 +287,22 @@ def feddrop() -> list[dict]:
 # (a FedAvg round: 20 slow iterations, 3.2 s); "noniid": the same on McMahan's shards.
 CNN4_RUNS = {
     "headline": {
-        "esync-cnn4-hc150": ["model=cnn4", "ps.rounds=10"],
-        "ssgd-cnn4-hc150": ["model=cnn4", "ps.algorithm=ssgd", "ps.rounds=600", "ps.eval_every=10"],
+        "esync-cnn4-hc150": ["model=cnn4", "fl.rounds=10"],
+        "ssgd-cnn4-hc150": ["model=cnn4", *SSGD, "fl.rounds=600", "fl.eval_every=10"],
     },
     "fedasync": {
-        "fedavg-cnn4-hc20": ["model=cnn4", *speeds(20), "ps.algorithm=fedavg", "ps.fixed_iterations=20",
-                             "ps.rounds=15"],
-        "fedasync-cnn4-hc20": ["model=cnn4", *speeds(20), "ps.algorithm=fedasync", "ps.staleness=poly",
-                               "ps.fixed_iterations=20", "ps.rounds=100000", "ps.max_time_s=48",
-                               "ps.eval_every=60"],
+        "fedavg-cnn4-hc20": ["model=cnn4", *speeds(20), "fl.algorithm=fedavg", iterations(20),
+                             "fl.rounds=15"],
+        "fedasync-cnn4-hc20": ["model=cnn4", *speeds(20), "fl.algorithm=fedasync", "fl.fedasync.staleness=poly",
+                               iterations(20), "fl.rounds=100000", "fl.max_time_s=48",
+                               "fl.eval_every=60"],
     },
     "noniid": {
-        "fedavg-cnn4-hc20-noniid": ["model=cnn4", *speeds(20), "data.partition=shards", "ps.algorithm=fedavg",
-                                    "ps.fixed_iterations=20", "ps.rounds=15"],
-        "fedasync-cnn4-hc20-noniid": ["model=cnn4", *speeds(20), "data.partition=shards", "ps.algorithm=fedasync",
-                                      "ps.staleness=poly", "ps.fixed_iterations=20", "ps.rounds=100000",
-                                      "ps.max_time_s=48", "ps.eval_every=60"],
+        "fedavg-cnn4-hc20-noniid": ["model=cnn4", *speeds(20), "data.partition=shards", "fl.algorithm=fedavg",
+                                    iterations(20), "fl.rounds=15"],
+        "fedasync-cnn4-hc20-noniid": ["model=cnn4", *speeds(20), "data.partition=shards", "fl.algorithm=fedasync",
+                                      "fl.fedasync.staleness=poly", iterations(20), "fl.rounds=100000",
+                                      "fl.max_time_s=48", "fl.eval_every=60"],
     },
 }
 # "hc": ESync against SSGD across h_c (h_c = 150 is the headline's pair, reused).  Budgets past 0.8:
@@ -280,10 +312,10 @@ CNN4_RUNS = {
 CNN4_HC_ESYNC_ROUNDS = {1: 400, 10: 100, 50: 25, 300: 8}
 CNN4_RUNS["hc"] = {}
 for _h, _rounds in CNN4_HC_ESYNC_ROUNDS.items():
-    CNN4_RUNS["hc"][f"esync-cnn4-hc{_h}"] = ["model=cnn4", *speeds(_h), f"ps.rounds={_rounds}",
-                                              *(["ps.eval_every=10"] if _h == 1 else [])]
-    CNN4_RUNS["hc"][f"ssgd-cnn4-hc{_h}"] = ["model=cnn4", *speeds(_h), "ps.algorithm=ssgd", "ps.rounds=400",
-                                             "ps.eval_every=10"]
+    CNN4_RUNS["hc"][f"esync-cnn4-hc{_h}"] = ["model=cnn4", *speeds(_h), f"fl.rounds={_rounds}",
+                                              *(["fl.eval_every=10"] if _h == 1 else [])]
+    CNN4_RUNS["hc"][f"ssgd-cnn4-hc{_h}"] = ["model=cnn4", *speeds(_h), *SSGD, "fl.rounds=400",
+                                             "fl.eval_every=10"]
 
 
 def cnn4_hc_figure(done: dict) -> None:
@@ -339,6 +371,18 @@ def cnn4() -> list[dict]:
         if shown:
             curves(f"cnn4_{part}", shown, f"cnn4 (4 conv + 1 FC): {part}")
     return rows
+
+
+def every_run() -> dict[str, list[str]]:
+    """Each experiment's runs by label: their overrides on scenarios/esync.yaml (tests parse them all)."""
+    runs = {**HEADLINE_RUNS, "centralized-sgd": CENTRALIZED}
+    runs.update({f"{a}-hc{h}": hc_run(a, h) for h in HC_ESYNC_ROUNDS for a in ("esync", "ssgd")})
+    runs.update({f"{label}-noniid": NONIID_DATA + o for label, o in NONIID_RUNS.items()})
+    runs.update({f"baseline-{label}": o for label, o in BASELINE_RUNS.items()})
+    runs.update({f"feddrop-k{k}": feddrop_run(k) for k in FEDDROP_KS})
+    for part in CNN4_RUNS.values():
+        runs.update(part)
+    return runs
 
 
 def main() -> int:
