@@ -86,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.flower_app:
             args.scenario = _flower_app_scenario(args)
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code, profile=args.profile)
+        # as many workers as the cores hold at the scenario's threads (more would only share them), where
+        # the mode gains by it without being asked (core.modes: FL's clients, yes; ddp's gradients, not)
+        jobs = args.jobs or (cores.fitting(scenario.threads) if scenario.kind.pool_by_default else 1)
+        if jobs > 1 and args.executor == "local":
+            from .fork_server import prestart
+
+            # the workers' torch loads while this process loads its own, and the scenario's code's
+            prestart(jobs, scenario.threads, scenario.kind.worker_modules)
         init = read_init(scenario)
         key, _ = load_key(args.key_file)
         check_code(scenario)  # code the scenario names that fails is refused before a run folder exists
@@ -93,13 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"emu: {err}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else default_out(scenario.name)
-    # as many workers as the cores hold at the scenario's threads (more would only share them), where
-    # the mode gains by it without being asked (core.modes: FL's clients, yes; ddp's gradients, not)
-    jobs = args.jobs or (cores.fitting(scenario.threads) if scenario.kind.pool_by_default else 1)
-    if jobs > 1 and args.executor == "local":
-        from .pool import prestart
-
-        prestart(jobs, scenario.threads)  # the workers' torch loads while this process loads its own
 
     from dtemu.host.dashboard import Dashboard  # rich is slow to import; only when running
 

@@ -24,8 +24,8 @@ pool anyway (``submit`` and ``result``):
   first optimizer's import of torch._dynamo itself, 2.4 s of CPU each, and on 2
   cores the emulator waited ~2.9 s for its first result (fl_1000 cut to 5 short
   rounds: a quarter of the run).  The jobs' SGD (core.ml.sgd) needs no dynamo.
-  ``prestart`` starts that server as ``emu run`` begins, so its imports
-  overlap the emulator's own.  The server imports and allocates,
+  ``prestart`` (emu.fork_server) starts that server as ``emu run`` begins, so
+  its imports overlap the emulator's own.  The server imports and allocates,
   never computes, so no OpenMP pool is inherited half-initialised (the reason
   for not forking the emulator itself).
 - a worker that dies (killed, out of memory) is seen at once (its process
@@ -50,12 +50,10 @@ from typing import Any
 from dtemu.core import events as ev
 from dtemu.core.errors import DtemuError
 from dtemu.core.ml.jobs import EvalJob, GradientJob, TrainJob, run_eval_job, run_gradient_job, run_train_job
+from dtemu.emu.fork_server import prestart
 from dtemu.host import cores
 
 MAX_RESTARTS = 10
-# What the fork server imports once for every worker: this module (dtemu first, so the CPU arithmetic
-# is fixed before torch loads; then torch and the jobs' code).
-PRELOAD = ["dtemu.emu.pool"]
 DEPTH = 2  # jobs a worker holds: the one it trains and the next
 PIPE_BYTES = 1 << 20  # Linux's default ceiling for an unprivileged pipe (/proc/sys/fs/pipe-max-size)
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (named in the fcntl module from Python 3.10 on Linux only)
@@ -143,19 +141,7 @@ def _worker_main(jobs_in, results_out, dataset, threads: int) -> None:
 def _context():
     import torch.multiprocessing as tmp  # registers torch's reductions: tensors travel as shared memory
 
-    context = tmp.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
-    return context
-
-
-def prestart(jobs: int, threads: int) -> None:
-    """Start the fork server now, with the OpenMP wait policy ``jobs`` workers of ``threads`` threads
-    need (it is read when the server loads torch, and its workers inherit it); a later pool forks from it."""
-    from multiprocessing import forkserver
-
-    _context()
-    with cores.spawn_env(cores.wait_policy(jobs, threads)):
-        forkserver.ensure_running()
+    return tmp.get_context("forkserver")   # (its preload: prestart's, which starts the server)
 
 
 def _widen(conn) -> None:
@@ -170,6 +156,10 @@ class _Worker:
         jobs_in, self.jobs = context.Pipe(duplex=False)
         self.results, results_out = context.Pipe(duplex=False)
         _widen(self.jobs)
+        # and the results' pipe: a Flower call's answer (its reply and Context, ~0.2 MB) through 64 KiB
+        # took four hand-offs between the worker's sender thread and the emulator, ~3 ms of the
+        # emulator's time a result on two busy cores (1.0 s of a 50-client run's 11 s)
+        _widen(self.results)
         self.process = context.Process(target=_worker_main, args=(jobs_in, results_out, dataset, threads),
                                        daemon=True)
         self.process.start()

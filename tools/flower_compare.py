@@ -11,9 +11,9 @@ Flower's FedAvg sums the replies in the order they arrive, which under Ray varie
 from run to run, so even two Flower runs differ in the last bits (about 1e-7) and
 in sha256: the difference is the number to read, the hashes say whether it is 0.
 
-Memory is polled from /proc every 0.2 s over the subprocess and all its
-descendants: Ray's gcs_server, raylet and workers are descendants of the driver,
-not waited-for children, and getrusage(RUSAGE_CHILDREN) would give the largest
+Memory is polled from /proc over the subprocess and all its descendants (RSS every
+0.2 s, PSS every 2 s: reading PSS is dear, ``PSS_EVERY``): Ray's gcs_server,
+raylet and workers are descendants of the driver, not waited-for children, and getrusage(RUSAGE_CHILDREN) would give the largest
 single process, not the sum.  This process makes itself a child subreaper, so a
 Ray process whose parent exits stays in the tree.  The RSS sum counts shared pages
 (torch's libraries, Ray's object store) once per process; the PSS sum splits them,
@@ -45,6 +45,10 @@ APP_DIR = ROOT / "scenarios" / "examples" / "flower_quickstart"
 SCENARIO = ROOT / "scenarios" / "examples" / "flower_quickstart.yaml"
 EMU = Path(sys.executable).parent / "emu"
 POLL_S = 0.2
+# PSS every tenth poll (2 s): the kernel walks a process's page tables for smaps_rollup, about 5 ms
+# of CPU a process, so reading it every 0.2 s took 12% of a core from the 2-core runs it measured
+# (and more under Ray's ten processes); RSS (statm) is read at every poll.
+PSS_EVERY = 10
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -131,11 +135,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def tree_memory(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) in bytes, summed over ``pid`` and its descendants."""
-    rss = pss = 0
+def tree_memory(pid: int, pss: bool = True) -> tuple[int, int]:
+    """(RSS, PSS) in bytes, summed over ``pid`` and its descendants (PSS 0 unless ``pss``)."""
+    rss = pss_sum = 0
+    page = os.sysconf("SC_PAGE_SIZE")
     for p in descendants(pid):
         try:
+            if not pss:   # statm: a few microseconds a process
+                rss += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
+                continue
             rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
         except OSError:  # exited, or a zombie
             continue
@@ -144,8 +152,8 @@ def tree_memory(pid: int) -> tuple[int, int]:
             if key == "Rss":
                 rss += int(value.split()[0]) * 1024
             elif key == "Pss":
-                pss += int(value.split()[0]) * 1024
-    return rss, pss
+                pss_sum += int(value.split()[0]) * 1024
+    return rss, pss_sum
 
 
 def measure(name: str, cmd: list[str], model: Path, log: Path) -> Measured:
@@ -156,9 +164,11 @@ def measure(name: str, cmd: list[str], model: Path, log: Path) -> Measured:
     t0 = time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        polls = 0
         while proc.poll() is None:
-            rss, pss = tree_memory(proc.pid)
+            rss, pss = tree_memory(proc.pid, pss=polls % PSS_EVERY == 0)
             peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            polls += 1
             time.sleep(POLL_S)
     wall = time.perf_counter() - t0
     reap_orphans()

@@ -52,6 +52,9 @@ class Mode:
     # --jobs N: its model's state goes out and its gradients come back every step, which on 2 cores
     # cost more than the second core gave (docs/notebook/, entry 27).
     pool_by_default: bool = False
+    # What its jobs import in a worker beyond torch and dtemu's jobs: emu's fork server imports them
+    # once for every worker (emu.fork_server), rather than each worker on its first job.
+    worker_modules: tuple[str, ...] = ()
     # Do its training nodes step with torch.optim (ddp, geo), rather than with core.ml.sgd
     # (an FL client's train_local; a Flower app's own code)?
     steps_with_torch_optim: bool = True
