@@ -21,8 +21,11 @@ class FlowerApp(FederatedLearning):
     name = "flower"
     digest_sections = frozenset({"fl", "flower"})
     pool_by_default = True
-    # (flwr's imports: ~0.3 s of a worker's CPU before its first call)
-    worker_modules = ("dtemu.host.flower_jobs", "flwr.clientapp", "flwr.serverapp", "flwr.common.serde")
+    # flwr's imports (~0.3 s of a worker's CPU before its first call), and torch._dynamo, which a
+    # torch app's first optimizer step imports (1.1-1.2 s of each worker's CPU on a 2-core AMD EPYC;
+    # a numpy app leaves it unused in the fork server's memory)
+    worker_modules = ("dtemu.host.flower_jobs", "flwr.clientapp", "flwr.serverapp", "flwr.common.serde",
+                      "torch._dynamo")
     steps_with_torch_optim = False
     crash_points = {"leader": (), "member": CLIENT_CRASH_POINTS}
     audit = "dtemu.report.audit_flower:check_flower"
