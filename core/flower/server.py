@@ -19,6 +19,12 @@ out: the MB of arrays it handled (the replies it was last given, what it sends n
 ``compute.app_s_per_mb`` (emu; real spends what it spends), and logged with what it measured
 (``server_app``: what ``emu calibrate`` fits the cost to).
 
+The Grid the ServerApp is handed (``make_grid``) is Flower's Grid interface, each call handed to this
+role through the app's thread (host.flower_app).  ``get_node_ids`` lists every client, as Flower's
+simulation registers every node: the scenario's faults and availability decide who answers, not who
+is listed (a SuperLink's list would change with them, but a strategy that waits for a node to connect
+polls with a wall-clock sleep, which the emulator's clock cannot serve).
+
 For the dashboard, the report and the audit, a train call is logged as an FL round is: round_start,
 update_accepted per reply, round_close; an evaluate call's replies give the round's accuracy (their
 mean of ``flower.accuracy_key`` weighted by their examples), logged as ``eval``.
@@ -34,8 +40,7 @@ from dtemu.core import events as ev
 from dtemu.core.errors import AppError
 from dtemu.core.fl.steps import barrier
 from dtemu.core.flower import wire
-from dtemu.core.flower.app import FlowerApp, Finished, already_done, node_id
-from dtemu.core.flower.grid import make_grid
+from dtemu.core.flower.app import RUN_ID, Call, FlowerApp, Finished, already_done, node_id
 from dtemu.core.flower.inbox import Asked, reply_inbox
 from dtemu.core.flower.replies import accuracy_of, array_bytes, examples_of, is_train, round_of
 from dtemu.core.modes.base import DONE
@@ -58,6 +63,42 @@ class ServerResult:
     counts: Counter = field(default_factory=Counter)
     history: list = field(default_factory=list)  # (time, accuracy) of every evaluate call
     model_sha256: str | None = None  # of the arrays the server last sent
+
+
+def make_grid(thread, node_ids: list[int]):
+    """The ServerApp's Grid; ``thread``: the app's handle (FlowerApp.server_thread), whose ``ask``
+    hands a call to this role."""
+    from flwr.app import Message
+    from flwr.serverapp import Grid
+    from flwr.supercore.run import Run
+
+    class DtemuGrid(Grid):
+        def __init__(self):
+            self._run = Run.create_empty(RUN_ID)
+
+        def set_run(self, run) -> None:
+            self._run = run
+
+        @property
+        def run(self):
+            return self._run
+
+        def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+            return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+        def get_node_ids(self):
+            return list(node_ids)
+
+        def push_messages(self, messages):
+            return thread.ask(Call("push_messages", (list(messages),)))
+
+        def pull_messages(self, message_ids):
+            return thread.ask(Call("pull_messages", (list(message_ids),)))
+
+        def send_and_receive(self, messages, *, timeout=None):
+            return thread.ask(Call("send_and_receive", (list(messages),), timeout))
+
+    return DtemuGrid()
 
 
 def server(ctx, scenario, app: FlowerApp, population=None):
