@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from dtemu.host import stream_choice
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure what a scenario's roles cost on this machine (a profile)",
@@ -56,10 +58,11 @@ def add_parser(sub) -> None:
     p.add_argument("--cpu-share", type=float, default=None, metavar="CPUS",
                    help="(root) time everything under this much of a core, as a machine of real launch "
                         "--machines has (host.cpu_shares: the same quota and 5 ms period); recorded in the profile")
-    p.add_argument("--messages-over", choices=("shm", "dds"), default=None,
+    p.add_argument("--messages-over", choices=("shm", "dds", "stream"), default=None,
                    help="the path messages are priced on: shm, large payloads beside DDS (real launch on one "
                         "machine, unsealed); dds, every byte through DDS (real launch --machines, several hosts); "
-                        "default: dds under --cpu-share, else shm")
+                        "stream, large payloads on the TCP stream beside DDS (DTEMU_DDS_STREAM=1); "
+                        "default: under --cpu-share the stream where DTEMU_DDS_STREAM says so, else dds; else shm")
 
 
 def measure(scenario, reps: int = 7, together: bool = False, share: float | None = None,
@@ -80,7 +83,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
 
     heap.keep()   # timed as the ranks will train (real.cli)
     # every mode's messages cost the transport's CPU, whatever their size, and (sealed) per MB
-    over = messages_over or ("dds" if share else "shm")
+    over = messages_over or messages_path(share)
     messages = [*_message_sets(share, over), f"compute.default.seal_s_per_mb={_in_share(seal_cost(reps), share):.6e}"]
     if not scenario.kind.own_model:  # (a Flower app) its own model: its costs time its training too
         # its calls in CPU seconds (emu.costs.flower_sets), in the share's as every op's, as slow as
@@ -217,6 +220,15 @@ def _app_contention(scenario, together: bool, share: float | None, per_machine: 
         return 1.0, _reference(proxy.model_spec, 1, 1, alone)
     at_once = _step(proxy, ranks, None, share, per_machine)
     return max(1.0, at_once / alone), _reference(proxy.model_spec, ranks, per_machine, at_once)
+
+
+def messages_path(share: float | None) -> str:
+    """The path a run's messages take, to price them on: on the testbed's machines (``share``) DDS, or
+    the TCP stream beside it where real mode's lan profile takes it now (host.stream_choice); else
+    one machine's shared memory."""
+    if not share:
+        return "shm"
+    return "stream" if stream_choice.stream_on("lan") else "dds"
 
 
 def _message_sets(share: float | None = None, over: str = "shm") -> list[str]:

@@ -18,7 +18,9 @@ beside DDS through shared memory (real.shm: one machine, unsealed); ``dds``, the
 127.0.0.1, every byte through CycloneDDS and the kernel's UDP path, as ranks on the testbed's machines
 (real launch --machines) or on several hosts send.  A MB costs the reader 4x as much CPU on the second
 (1.35 against 0.31 ms, notebook entry 39): a machine's messages priced on the first left a geo site's
-PS a third of the CPU it spent.
+PS a third of the CPU it spent.  ``stream``: the lan profile with its large payloads on the TCP stream
+beside DDS (``DTEMU_DDS_STREAM=1``, real.stream); its writer's cost is its whole process's CPU, as zmq's
+I/O thread writes the frames (a send's caller only queues them).
 
     python -m dtemu.real.message_costs --read thread|caller|bare --domain D --messages N [--path P]  (the reader)
     python -m dtemu.real.message_costs --measure [--path shm|dds]   (both sides; prints {"send": s,
@@ -47,23 +49,31 @@ def _rusage() -> tuple:
 
 
 # The transport's profile and peers for each path (``--path``)
-PATHS = {"shm": {"profile": "loopback"}, "dds": {"profile": "lan", "peers": ["127.0.0.1"]}}
+PATHS = {"shm": {"profile": "loopback"}, "dds": {"profile": "lan", "peers": ["127.0.0.1"]},
+         "stream": {"profile": "lan", "peers": ["127.0.0.1"]}}
+# Paths whose large payloads leave the caller's thread: a send's CPU is its whole process's (zmq's I/O
+# thread writes the stream's frames; on a DDP run it took 1.0 s of a rank's 8.2, notebook entry 43)
+PROCESS_WIDE = ("stream",)
 
 
 def _transport(node: str, domain: int, path: str, **kw):
     """A DdsTransport of ``path`` on 127.0.0.1 alone (the lan profile's interface set to it)."""
     from dtemu.real.transport import DdsTransport
 
-    before = os.environ.get("DTEMU_DDS_INTERFACE")
-    if path == "dds":
-        os.environ["DTEMU_DDS_INTERFACE"] = "127.0.0.1"   # nothing leaves this box (read while it starts)
+    settings = {"DTEMU_DDS_INTERFACE": "127.0.0.1" if path != "shm" else None,   # nothing leaves this box
+                "DTEMU_DDS_STREAM": "1" if path == "stream" else "0"}              # (read while it starts)
+    before = {k: os.environ.get(k) for k in settings}
+    for k, v in settings.items():
+        if v is not None:
+            os.environ[k] = v
     try:
         return DdsTransport(node, domain_id=domain, **PATHS[path], **kw)
     finally:
-        if before is None:
-            os.environ.pop("DTEMU_DDS_INTERFACE", None)
-        else:
-            os.environ["DTEMU_DDS_INTERFACE"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def read(domain: int, n: int, mode: str, path: str = "shm") -> None:
@@ -123,11 +133,14 @@ def write(domain: int, n: int, size: int, gap_s: float, path: str = "shm") -> di
 
         t._write = timed_write
         payload, send_cpu = os.urandom(size), 0.0
+        # (the gap is inside the timing: a thread's clock stands still while it sleeps, and a process's
+        # counts what its other threads send meanwhile)
+        clock = time.process_time if path in PROCESS_WIDE else time.thread_time
         for _ in range(n):
-            c = time.thread_time()
+            c = clock()
             t.send(TRAIN_CMD, payload, to="rx")
-            send_cpu += time.thread_time() - c
             time.sleep(gap_s)
+            send_cpu += clock() - c
         t.flush(timeout_s=10)
     return {"send_us": round(1e6 * send_cpu / n, 1), "dds_write_us": round(1e6 * write_cpu[0] / n, 1)}
 
@@ -177,7 +190,8 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=2000)
     p.add_argument("--path", choices=sorted(PATHS), default="shm",
                    help="shm: the loopback profile, large payloads beside DDS (one machine, unsealed); "
-                        "dds: the lan profile, every byte through DDS (the testbed's machines, several hosts)")
+                        "dds: the lan profile, every byte through DDS (the testbed's machines, several hosts); "
+                        "stream: the lan profile, large payloads on the TCP stream beside DDS (DTEMU_DDS_STREAM=1)")
     args = p.parse_args()
     if args.measure:
         print(json.dumps(message_costs(args.messages, path=args.path)), flush=True)

@@ -208,6 +208,15 @@ def test_messages_are_priced_on_the_path_the_run_takes(monkeypatch):
         message_costs(path="tcp")
 
 
+def test_messages_are_priced_on_the_path_the_testbeds_ranks_take(monkeypatch):
+    from dtemu.emu.calibrate import messages_path
+
+    monkeypatch.delenv("DTEMU_DDS_STREAM", raising=False)
+    assert (messages_path(None), messages_path(0.5)) == ("shm", "dds")
+    monkeypatch.setenv("DTEMU_DDS_STREAM", "1")   # large payloads on the TCP stream beside DDS
+    assert (messages_path(None), messages_path(0.5)) == ("shm", "stream")
+
+
 @pytest.mark.slow
 def test_a_mb_through_dds_costs_the_reader_more_than_one_beside_it():
     """The reason the path matters (notebook entry 39): over the lan profile every fragment crosses the
