@@ -76,7 +76,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     (real.message_costs' ``shm`` or ``dds``; default ``dds`` under a share, the testbed's)."""
     from dtemu.host import devices, heap
     from dtemu.host.datasets import load_for
-    from dtemu.host.train_cost import MAX_TOGETHER, sample_of, spread_parts
+    from dtemu.host.train_cost import MAX_TOGETHER, sample_of, spread_parts, warmup_of
     from dtemu.host.resolve import resolve
 
     from .costs import seal_cost
@@ -101,13 +101,14 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
     device = devices.resolve(scenario)   # (where the step below is timed)
     runs: list[list[float]] = []
+    warmups: list[float] = []   # (fresh processes only: the trainers timed together)
     train = alone = _step(scenario, 1, sample, share, 1, runs)
     contention = 1.0
     if ranks > 1:
         # The ranks' other CPU work (decoding, codecs, each message) is slowed as their training
         # is: every cost below, timed alone, takes the factor the training took together.
         runs = []
-        train = _step(scenario, ranks, sample, share, per_machine, runs)
+        train = _step(scenario, ranks, sample, share, per_machine, runs, warmups)
         contention = max(1.0, train / alone)
     # The roles' ops, timed in CPU seconds with the ranks' threads (emu.costs.median_cpu_s), in the
     # share's seconds as the step is (``_in_share``), as slow as the ranks' training together makes them
@@ -119,6 +120,10 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     spread, per_sample = spread_parts(runs, scenario.kind.batch_size(scenario))
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", f"compute.default.spread={spread:.4f}",
                    f"compute.default.spread_per_sample={per_sample:.4f}", *costs]
+    if warmups:
+        # A rank's first steps hold torch's lazy set-up, which the steady steps above leave out: a short
+        # run's first units were 0.1-0.5 s slower on the testbed (notebook entry 43).
+        assignments.insert(3, f"compute.default.warmup_s={warmup_of(warmups):.4f}")
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "messages_over": over,
                                             "input_shape": list(sample[0].shape[1:]),
@@ -136,24 +141,28 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
 TOGETHER_REPEATS = 3
 
 
-def _median_together(scenario, ranks: int, sample, share, per_machine: int, runs: list | None = None) -> float:
+def _median_together(scenario, ranks: int, sample, share, per_machine: int, runs: list | None = None,
+                     warmups: list | None = None) -> float:
     """host.train_cost.measured_together's seconds per sample, the median of TOGETHER_REPEATS timings
-    (``runs``: every process's steps of all of them, for the spread)."""
+    (``runs``: every process's steps of all of them, for the spread; ``warmups``: each fresh process's
+    start-up in its first steps)."""
     from dtemu.host.train_cost import measured_together
 
-    times = sorted(measured_together(scenario, ranks, sample, share=share, per_group=per_machine, step_times=runs)
+    times = sorted(measured_together(scenario, ranks, sample, share=share, per_group=per_machine, step_times=runs,
+                                     warmups=warmups)
                    for _ in range(TOGETHER_REPEATS))
     return times[len(times) // 2]
 
 
-def _step(scenario, ranks: int, sample, share, per_machine: int, runs: list | None = None) -> float:
+def _step(scenario, ranks: int, sample, share, per_machine: int, runs: list | None = None,
+          warmups: list | None = None) -> float:
     """Seconds per sample of the scenario's step, per machine: alone, the best of three timings of 24
     warm steps (other load only slows a step down); ``ranks`` > 1, the median of their timings at once
     over ``per_machine`` (``_median_together``).  ``runs`` gets each timing's steps, a list each."""
     from dtemu.host.train_cost import measured_s_per_sample
 
     if ranks > 1:
-        return _median_together(scenario, ranks, sample, share, per_machine, runs) / per_machine
+        return _median_together(scenario, ranks, sample, share, per_machine, runs, warmups) / per_machine
     timed: list[list[float]] = [[], [], []]
     best = min(measured_s_per_sample(scenario, steps=24, sample=sample, step_times=steps) for steps in timed)
     if runs is not None:

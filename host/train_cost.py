@@ -38,11 +38,13 @@ def together_timeout_s(share: float | None) -> float:
 
 
 def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, sample=None,
-                          step_times: list | None = None, barrier_timeout_s: float = TOGETHER_TIMEOUT_S) -> float:
+                          step_times: list | None = None, barrier_timeout_s: float = TOGETHER_TIMEOUT_S,
+                          first_steps: list | None = None) -> float:
     """Seconds per training sample of the scenario's model on this machine, with its threads and
     its task's loss (``barrier``: wait there after the untimed steps, so that processes measured
     together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images;
-    ``step_times``: each timed step's seconds are appended to it)."""
+    ``step_times``: each timed step's seconds are appended to it; ``first_steps``: the two untimed
+    steps' seconds, which in a fresh process hold torch's lazy set-up)."""
     batch = scenario.kind.batch_size(scenario)
     device = devices.resolve(scenario)   # (a GPU's step is timed there; its work is waited for)
     model = build_model(scenario.model_spec, seed=scenario.seed).to(device)
@@ -57,8 +59,12 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
     threads = torch.get_num_threads()
     torch.set_num_threads(scenario.threads)
     try:
+        started = time.perf_counter()
         for i in range(steps + 2):
             if i == 2:
+                if first_steps is not None:
+                    wait()
+                    first_steps.append(time.perf_counter() - started)
                 if barrier is not None:
                     barrier.wait(timeout=barrier_timeout_s)
                 wait()
@@ -93,8 +99,11 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     heap.keep()   # as a rank's (real.cli): timed as the ranks will train
     torch.set_num_threads(scenario.threads)
     steps: list[float] = []
-    results.put((measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps,
-                                       barrier_timeout_s=together_timeout_s(group.cpus if group else None)), steps))
+    first: list[float] = []
+    cost = measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps,
+                                 barrier_timeout_s=together_timeout_s(group.cpus if group else None),
+                                 first_steps=first)
+    results.put((cost, steps, first[0] - 2 * statistics.median(steps)))
 
 
 def spread_of(values: list[float]) -> float:
@@ -123,7 +132,7 @@ def spread_parts(runs: list[list[float]], batch: int, block: int = SPREAD_BLOCK)
 
 
 def measured_together(scenario: Scenario, ranks: int, sample=None, share: float | None = None,
-                      per_group: int = 1, step_times: list | None = None) -> float:
+                      per_group: int = 1, step_times: list | None = None, warmups: list | None = None) -> float:
     """Seconds per training sample when ``ranks`` processes train at once, as a launch's do (median).
 
     Oversubscribed cores cost more than their share: eight torch threads on two cores spin and
@@ -132,7 +141,8 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     own (host.cpu_shares), as the testbed's machines have: a quota isolates CPU time, not the caches
     and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once).
     ``per_group``: that many of the processes share each group, as a site's workers share its machine;
-    ``step_times``: every process's timed steps are appended to it (a list each)."""
+    ``step_times``: every process's timed steps are appended to it (a list each); ``warmups``: each
+    fresh process's first two steps' seconds beyond two of its steady ones (``warmup_of``)."""
     from dtemu.host import cpu_shares
 
     ctx = multiprocessing.get_context("spawn")
@@ -145,9 +155,11 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
         p.start()
     try:
         got = _gathered(procs, results, share)
-        costs = sorted(cost for cost, _ in got)
+        costs = sorted(cost for cost, _, _ in got)
         if step_times is not None:
-            step_times.extend(steps for _, steps in got)
+            step_times.extend(steps for _, steps, _ in got)
+        if warmups is not None:
+            warmups.extend(warm for _, _, warm in got)
     finally:
         for p in procs:
             p.join(timeout=5)
@@ -157,6 +169,12 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
             if g is not None:
                 g.remove()
     return costs[len(costs) // 2]
+
+
+def warmup_of(warmups: list[float]) -> float:
+    """A process's start-up cost in its first training job (seconds, at the timings' share): the
+    median over fresh processes of their first two steps beyond two steady ones, at least 0."""
+    return max(0.0, statistics.median(warmups)) if warmups else 0.0
 
 
 def _gathered(procs: list, results, share: float | None = None) -> list:

@@ -80,3 +80,22 @@ def test_spread_parts_separates_a_steps_own_variation_from_slow_spells():
     assert abs(spread - 0.04) < 0.006
     assert abs(per_sample / 32 ** 0.5 - 0.08) < 0.006
     assert spread_parts([[0.1] * 24, [0.1] * 24], batch=32) == (0.0, 0.0)
+
+
+def test_a_nodes_first_training_job_carries_its_warmup_once():
+    spec = ComputeSpec(train_s_per_sample=1e-3, warmup_s=0.25, slowdown=2.0)
+    timer = ComputeTimer(spec, None, seed=[1, 2])
+    assert timer.duration(100, kind="eval") == 0.0                # (not a training job: it keeps the warm-up)
+    assert abs(timer.duration(100) - (0.2 + 0.5)) < 1e-12         # 100 samples at 2 ms, and 0.25 s x 2
+    assert abs(timer.duration(100) - 0.2) < 1e-12                 # then never again
+    raw = {"name": "s", "mode": "fl", "fl": {"clients": 2, "rounds": 1}}
+    assert parse_scenario(raw).digest() == parse_scenario(
+        {**raw, "compute": {"default": {"warmup_s": 0.0}}}).digest()
+
+
+def test_the_warmup_is_the_median_of_fresh_processes_first_steps_beyond_steady_ones():
+    from dtemu.host.train_cost import warmup_of
+
+    assert warmup_of([0.2, 0.3, 0.25]) == 0.25
+    assert warmup_of([-0.01, -0.02, 0.0]) == 0.0   # (noise below steady: none)
+    assert warmup_of([]) == 0.0

@@ -5,6 +5,7 @@ model of it instead of by this machine's wall time, so that a scenario's
 timeouts and stragglers are decided the same way on any machine:
 
     duration = samples * train_s_per_sample * slowdown * (1 + U(-jitter, +jitter)) * spread factor
+               (+ warmup_s * slowdown on a node's first training job)
 
 (``spread`` and ``spread_per_sample``, emu only: the calibrated machine's own variation of a job,
 mean 1; real mode's machines vary by themselves, so ``stretch`` leaves it out.)
@@ -63,6 +64,8 @@ class ComputeTimer:
         self.spread = getattr(spec, "spread", 0.0) or 0.0
         self.spread_per_sample = getattr(spec, "spread_per_sample", 0.0) or 0.0
         self.spread_rng = np.random.default_rng([*self.seed, 0x5D])
+        # A fresh process's start-up in its first training job (its lazy set-up), once a node.
+        self.warmup_s = getattr(spec, "warmup_s", 0.0) or 0.0
         self.schedule = tuple(spec.schedule)
         self.varying = spec.varying
         # Emu: CPU seconds per MB of a received message before the role gets it (0: none).
@@ -126,7 +129,8 @@ class ComputeTimer:
             raise ScenarioError("compute.default.train_s_per_sample", "the model has no reference cost (a model factory, or a task without train_s_per_sample): "
                                 "set it, e.g. from `emu calibrate`")
         per_sample = self.cost * self.slowdown_at(now) if self.changing else self.s_per_sample
-        return samples * per_sample * self._factor() * self._spread(samples)
+        warmup, self.warmup_s = self.warmup_s, 0.0   # (the first job only)
+        return samples * per_sample * self._factor() * self._spread(samples) + warmup * per_sample / self.cost
 
     def _spread(self, samples: int) -> float:
         """A training job's factor for the machine's own variation: uniform with mean 1 and the

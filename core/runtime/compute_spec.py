@@ -59,6 +59,9 @@ class ComputeSpec:
     # mean 1).  Real mode stages nothing: its machines vary by themselves.  0: every job alike.
     spread: float = field(default=0.0, metadata=check(non_negative))
     spread_per_sample: float = field(default=0.0, metadata=check(non_negative))
+    # Seconds a node's first training job takes beyond its modelled time: a fresh process's first
+    # steps (torch's lazy set-up; ``emu calibrate --together`` times them).  0: none.
+    warmup_s: float = field(default=0.0, metadata=check(non_negative))
     # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
     schedule: list[SlowdownStep] = field(default_factory=list)
     varying: VaryingSlowdown | None = None
@@ -98,6 +101,7 @@ class ComputeOverride:
     jitter: float | None = field(default=None, metadata=check(probability))
     spread: float | None = field(default=None, metadata=check(non_negative))
     spread_per_sample: float | None = field(default=None, metadata=check(non_negative))
+    warmup_s: float | None = field(default=None, metadata=check(non_negative))
     schedule: list[SlowdownStep] | None = None
     varying: VaryingSlowdown | None = None
     eval_s_per_sample: float | None = field(default=None, metadata=check(non_negative))
