@@ -176,9 +176,8 @@ class Scenario:
             del d["network"]["framing"]
         if not d["network"]["send_window_bytes"]:
             del d["network"]["send_window_bytes"]
-        for key in ("decode_s_per_mb", "send_s_per_message", "recv_s_per_message", "send_s_per_mb", "recv_s_per_mb",
-                    "eval_s_per_sample", "query_s", "app_s_per_mb", "seal_s_per_mb", "spread", "spread_per_sample",
-                    "warmup_s"):
+        for key in ("decode_s_per_mb", "send_s_per_message", "recv_s_per_message", "send_s_per_mb", "recv_s_per_mb", "query_s",
+                    "eval_s_per_sample", "app_s_per_mb", "seal_s_per_mb", "spread", "spread_per_sample", "warmup_s"):
             if not d["compute"]["default"][key]:
                 del d["compute"]["default"][key]
             for node in d["compute"]["nodes"].values():
