@@ -116,6 +116,8 @@ def test_calibrate_together_times_every_training_rank_at_once(tmp_path, monkeypa
     profile = read_profile(tmp_path / "p.yaml")
     assert profile["measured"]["ranks_training_at_once"] == 2 and profile["measured"]["contention"] >= 1.0
     assert profile["sets"]["compute.default.train_s_per_sample"] > 0
+    # and the fresh processes' start-up in their first steps, which a node's first job carries
+    assert profile["sets"]["compute.default.warmup_s"] >= 0
     assert "--together" in (tmp_path / "p.yaml").read_text().splitlines()[0]
     reference = profile["measured"]["reference"]
     assert reference["ranks"] == 2 and reference["s_per_sample"] == pytest.approx(
