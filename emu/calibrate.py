@@ -193,8 +193,10 @@ def host_speed(scenario, profile: dict, share: float | None) -> float:
 
 def scaled(profile: dict, factor: float) -> dict:
     """``profile`` with every CPU price (each ``..._s_per_...`` key: the step, the ops, the messages,
-    the seal) times ``factor``, as the host's speed moved; the factor recorded in ``measured``."""
-    sets = {k: (float(f"{v * factor:.6e}") if "_s_per_" in k else v) for k, v in profile["sets"].items()}
+    the seal; and a process's warm-up) times ``factor``, as the host's speed moved; the factor recorded
+    in ``measured``."""
+    sets = {k: (float(f"{v * factor:.6e}") if "_s_per_" in k or k.endswith(".warmup_s") else v)
+            for k, v in profile["sets"].items()}
     return {**profile, "measured": {**profile["measured"], "host_factor": round(factor, 4)}, "sets": sets}
 
 

@@ -135,11 +135,13 @@ def test_a_profile_follows_the_hosts_speed_in_every_cpu_price_and_nothing_else()
     profile = {"measured": {"reference": {"s_per_sample": 1e-3}},
                "sets": {"compute.default.train_s_per_sample": 1e-3, "compute.default.cpu.sum_s_per_mb": 2e-4,
                         "compute.default.send_s_per_message": 5e-5, "compute.default.spread": 0.05,
+                        "compute.default.warmup_s": 0.1,
                         "network.send_window_bytes": 2097152, "network.framing": "rtps"}}
     moved = scaled(profile, 1.1)
     assert moved["sets"] == {"compute.default.train_s_per_sample": pytest.approx(1.1e-3),
                              "compute.default.cpu.sum_s_per_mb": pytest.approx(2.2e-4),
                              "compute.default.send_s_per_message": pytest.approx(5.5e-5),
+                             "compute.default.warmup_s": pytest.approx(0.11),
                              "compute.default.spread": 0.05, "network.send_window_bytes": 2097152,
                              "network.framing": "rtps"}
     assert moved["measured"]["host_factor"] == 1.1 and "host_factor" not in profile["measured"]
