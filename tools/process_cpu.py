@@ -17,31 +17,24 @@ import subprocess
 import sys
 import time
 
+from tools.flower_compare import descendants
+
 PR_SET_CHILD_SUBREAPER = 36
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _tree(root: int) -> dict[int, tuple[str, float]]:
-    """pid -> (command line, CPU seconds) of ``root``'s descendants."""
-    children: dict[int, list[tuple[int, str]]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = open(f"/proc/{entry.name}/stat").read()
-            except OSError:   # it exited meanwhile
-                continue
-            ppid = int(stat.rpartition(")")[2].split()[1])   # (the name may hold spaces or ')')
-            children.setdefault(ppid, []).append((int(entry.name), stat))
-    out, todo = {}, [root]
-    while todo:
-        for pid, stat in children.get(todo.pop(), []):
-            fields = stat.rpartition(")")[2].split()
-            try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                cmd = stat[stat.index("(") + 1:stat.rindex(")")]
-            out[pid] = (cmd.strip()[:100], (int(fields[11]) + int(fields[12])) / TICKS)
-            todo.append(pid)
+    """pid -> (command line, CPU seconds) of ``root``'s descendants (the walk: tools.flower_compare's)."""
+    out = {}
+    for pid in descendants(root)[1:]:   # (the first is ``root`` itself)
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:   # it exited meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()   # (the name may hold spaces or ')')
+        out[pid] = (cmd.strip()[:100] or stat[stat.index("(") + 1:stat.rindex(")")],
+                    (int(fields[11]) + int(fields[12])) / TICKS)
     return out
 
 
