@@ -159,6 +159,16 @@ def fraction(v: float) -> str | None:
     return None if 0 < v <= 1 else "expected a fraction in (0, 1]"
 
 
+def each(fn):
+    """A check of a number, or of each number of a list (a field that takes either)."""
+    def every(v) -> str | None:
+        for i, x in enumerate(v if isinstance(v, list) else [v]):
+            if (why := fn(x)) is not None:
+                return f"{why} (item {i})" if isinstance(v, list) else why
+        return None
+    return every
+
+
 def between(lo: int, hi: int, why: str = ""):
     """A check: ``lo <= v <= hi`` (``why``: what sets the bound, e.g. the wire field that carries it)."""
     def within(v: float) -> str | None:

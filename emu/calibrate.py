@@ -101,7 +101,7 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     ranks = min(len(scenario.training_nodes), MAX_TOGETHER) if together else 1
     device = devices.resolve(scenario)   # (where the step below is timed)
     runs: list[list[float]] = []
-    warmups: list[float] = []   # (fresh processes only: the trainers timed together)
+    warmups: list[list[float]] = []   # (fresh processes only: the trainers timed together)
     train = alone = _step(scenario, 1, sample, share, 1, runs)
     contention = 1.0
     if ranks > 1:
@@ -120,10 +120,11 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     spread, per_sample = spread_parts(runs, scenario.kind.batch_size(scenario))
     assignments = [f"compute.default.train_s_per_sample={train:.6e}", f"compute.default.spread={spread:.4f}",
                    f"compute.default.spread_per_sample={per_sample:.4f}", *costs]
-    if warmups:
+    warm = warmup_of(warmups, per_machine)
+    if warm:
         # A rank's first steps hold torch's lazy set-up, which the steady steps above leave out: a short
-        # run's first units were 0.1-0.5 s slower on the testbed (notebook entry 43).
-        assignments.insert(3, f"compute.default.warmup_s={warmup_of(warmups):.4f}")
+        # run's first units were 0.1-0.8 s slower on the testbed (notebook entries 43, 44).
+        assignments.insert(3, f"compute.default.warmup_s=[{', '.join(f'{w:.4f}' for w in warm)}]")
     return _profile(scenario, assignments, {"model": scenario.model_spec, "batch_size": scenario.kind.batch_size(scenario),
                                             "threads": scenario.threads, "messages_over": over,
                                             "input_shape": list(sample[0].shape[1:]),
@@ -195,9 +196,16 @@ def scaled(profile: dict, factor: float) -> dict:
     """``profile`` with every CPU price (each ``..._s_per_...`` key: the step, the ops, the messages,
     the seal; and a process's warm-up) times ``factor``, as the host's speed moved; the factor recorded
     in ``measured``."""
-    sets = {k: (float(f"{v * factor:.6e}") if "_s_per_" in k or k.endswith(".warmup_s") else v)
+    sets = {k: (_times_each(v, factor) if "_s_per_" in k or k.endswith(".warmup_s") else v)
             for k, v in profile["sets"].items()}
     return {**profile, "measured": {**profile["measured"], "host_factor": round(factor, 4)}, "sets": sets}
+
+
+def _times_each(value, factor: float):
+    """A price, or a list of them (a warm-up step by step), times ``factor``."""
+    if isinstance(value, list):
+        return [_times_each(v, factor) for v in value]
+    return float(f"{value * factor:.6e}")
 
 
 def _proxy(scenario):

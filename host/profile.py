@@ -53,8 +53,8 @@ def read_profile(path: str | Path) -> dict:
         if not isinstance(key, str) or not key.startswith(ALLOWED):
             raise ScenarioError(KEY, f"{path}: a profile sets only the machine's costs ({', '.join(ALLOWED)}*), "
                                      f"not {key!r}")
-        if isinstance(value, (dict, list)):
-            raise ScenarioError(KEY, f"{path}: {key} must be a single value")
+        if isinstance(value, dict) or isinstance(value, list) and not all(_number(v) for v in value):
+            raise ScenarioError(KEY, f"{path}: {key} must be a single value or a list of numbers (a warm-up's steps)")
     return profile
 
 
@@ -63,7 +63,13 @@ def assignments(profile: dict) -> list[str]:
     return [f"{key}={_yaml_scalar(value)}" for key, value in profile["sets"].items()]
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _yaml_scalar(value) -> str:
+    if isinstance(value, list):
+        return f"[{', '.join(_yaml_scalar(v) for v in value)}]"
     if isinstance(value, float):
         return f"{value:.6e}"  # YAML reads 9e-05 as a string, 9.000000e-05 as a number
     if value is None:

@@ -26,7 +26,11 @@ from dtemu.host import devices
 
 MNIST_SHAPE = ((1, 28, 28), 10)  # (input shape, classes) when the caller does not say
 
-STEPS = 8  # timed steps, after two untimed ones
+STEPS = 8  # timed steps, after WARM_STEPS untimed ones
+# Untimed steps first: a fresh process's first steps hold torch's lazy set-up.  On the testbed a geo
+# worker's first three gradient passes were 0.6-0.8, 0.1-0.4 and up to 0.2 s over its steady 0.3 s
+# (notebook entry 44), so a warm-up is timed step by step, over four.
+WARM_STEPS = 4
 MAX_TOGETHER = 16  # processes measured at once (more ranks than this share the cores alike)
 TOGETHER_TIMEOUT_S = 120.0
 
@@ -43,8 +47,8 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
     """Seconds per training sample of the scenario's model on this machine, with its threads and
     its task's loss (``barrier``: wait there after the untimed steps, so that processes measured
     together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images;
-    ``step_times``: each timed step's seconds are appended to it; ``first_steps``: the two untimed
-    steps' seconds, which in a fresh process hold torch's lazy set-up)."""
+    ``step_times``: each timed step's seconds are appended to it; ``first_steps``: each of the
+    WARM_STEPS untimed steps' seconds, which in a fresh process hold torch's lazy set-up)."""
     batch = scenario.kind.batch_size(scenario)
     device = devices.resolve(scenario)   # (a GPU's step is timed there; its work is waited for)
     model = build_model(scenario.model_spec, seed=scenario.seed).to(device)
@@ -59,12 +63,9 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
     threads = torch.get_num_threads()
     torch.set_num_threads(scenario.threads)
     try:
-        started = time.perf_counter()
-        for i in range(steps + 2):
-            if i == 2:
-                if first_steps is not None:
-                    wait()
-                    first_steps.append(time.perf_counter() - started)
+        last = time.perf_counter()
+        for i in range(steps + WARM_STEPS):
+            if i == WARM_STEPS:
                 if barrier is not None:
                     barrier.wait(timeout=barrier_timeout_s)
                 wait()
@@ -72,10 +73,11 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
             opt.zero_grad()
             task.loss(model(x), y).backward()
             opt.step()
-            if step_times is not None and i >= 2:
+            timed = step_times if i >= WARM_STEPS else first_steps
+            if timed is not None:
                 wait()
                 now = time.perf_counter()
-                step_times.append(now - last)
+                timed.append(now - last)
                 last = now
         wait()
         return (time.perf_counter() - t0) / (steps * batch)
@@ -103,7 +105,8 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     cost = measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps,
                                  barrier_timeout_s=together_timeout_s(group.cpus if group else None),
                                  first_steps=first)
-    results.put((cost, steps, first[0] - 2 * statistics.median(steps)))
+    steady = statistics.median(steps)
+    results.put((cost, steps, [t - steady for t in first]))
 
 
 def spread_of(values: list[float]) -> float:
@@ -142,7 +145,7 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once).
     ``per_group``: that many of the processes share each group, as a site's workers share its machine;
     ``step_times``: every process's timed steps are appended to it (a list each); ``warmups``: each
-    fresh process's first two steps' seconds beyond two of its steady ones (``warmup_of``)."""
+    fresh process's first steps' seconds beyond a steady one, step by step (a list each: ``warmup_of``)."""
     from dtemu.host import cpu_shares
 
     ctx = multiprocessing.get_context("spawn")
@@ -171,10 +174,15 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     return costs[len(costs) // 2]
 
 
-def warmup_of(warmups: list[float]) -> float:
-    """A process's start-up cost in its first training job (seconds, at the timings' share): the
-    median over fresh processes of their first two steps beyond two steady ones, at least 0."""
-    return max(0.0, statistics.median(warmups)) if warmups else 0.0
+def warmup_of(warmups: list[list[float]], per: int = 1) -> list[float]:
+    """A process's start-up cost in its first training steps, step by step (seconds, at the timings'
+    share, over ``per``: the processes that shared it warmed up at once, and emu shares a machine
+    among its jobs itself): for each of the first steps, the median over fresh processes of its
+    seconds beyond a steady step, at least 0; none after the last that has any."""
+    out = [max(0.0, statistics.median(step)) / per for step in zip(*warmups)]
+    while out and out[-1] < 1e-4:
+        out.pop()
+    return out
 
 
 def _gathered(procs: list, results, share: float | None = None) -> list:

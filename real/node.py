@@ -69,7 +69,8 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     if steps_with_torch_optim(scenario):
         warm_up()  # torch.optim's one-off costs now, not in the first round against its timeout
     spec = role_of(scenario, rank, work, load_population(scenario) if rank == 0 else None)
-    timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank])
+    timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank],
+                         batch=scenario.kind.batch_size(scenario))
     whc_high = writer_history(scenario.kind.all_to_all, work.dim)
     hold_until_window_end()   # a rank down from the start comes up at its window's end, not before
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),

@@ -2,6 +2,9 @@
 
 import statistics
 
+import pytest
+
+from dtemu.core.errors import ScenarioError
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.compute_spec import ComputeSpec
 from dtemu.core.scenario import parse_scenario
@@ -93,9 +96,26 @@ def test_a_nodes_first_training_job_carries_its_warmup_once():
         {**raw, "compute": {"default": {"warmup_s": 0.0}}}).digest()
 
 
-def test_the_warmup_is_the_median_of_fresh_processes_first_steps_beyond_steady_ones():
+def test_a_warmup_step_by_step_falls_on_the_nodes_first_steps_whichever_jobs_hold_them():
+    # a geo worker's job is one step: its second pass carries the second step's warm-up, which
+    # charging it all to the first job (excluded as the run's first unit) left out (notebook entry 44)
+    spec = ComputeSpec(train_s_per_sample=1e-3, warmup_s=[0.5, 0.2, 0.05])
+    timer = ComputeTimer(spec, None, seed=[1, 2], batch=10)
+    assert [round(timer.duration(10), 9) for _ in range(4)] == [0.51, 0.21, 0.06, 0.01]
+    two = ComputeTimer(spec, None, seed=[1, 2], batch=10)          # a job of two steps takes two steps'
+    assert [round(two.duration(20), 9) for _ in range(3)] == [0.72, 0.07, 0.02]
+    whole = ComputeTimer(spec, None, seed=[1, 2])                  # no batch known: all in the first job
+    assert [round(whole.duration(10), 9) for _ in range(2)] == [0.76, 0.01]
+    with pytest.raises(ScenarioError, match=r"warmup_s.*>= 0 \(item 1\)"):
+        parse_scenario({"name": "s", "mode": "fl", "fl": {"clients": 2, "rounds": 1},
+                        "compute": {"default": {"warmup_s": [0.1, -0.1]}}})
+
+
+def test_the_warmup_is_the_median_of_fresh_processes_first_steps_beyond_steady_ones_step_by_step():
     from dtemu.host.train_cost import warmup_of
 
-    assert warmup_of([0.2, 0.3, 0.25]) == 0.25
-    assert warmup_of([-0.01, -0.02, 0.0]) == 0.0   # (noise below steady: none)
-    assert warmup_of([]) == 0.0
+    assert warmup_of([[0.2, 0.1], [0.3, 0.0], [0.25, 0.05]]) == [0.25, 0.05]
+    assert warmup_of([[0.4, 0.1]], per=2) == [0.2, 0.05]     # two processes that warmed up at once on a machine
+    assert warmup_of([[-0.01, 0.0], [-0.02, 0.0], [0.0, 0.0]]) == []   # (noise below steady: none)
+    assert warmup_of([[0.2, 0.0, 0.0]]) == [0.2]
+    assert warmup_of([]) == []

@@ -5,7 +5,7 @@ model of it instead of by this machine's wall time, so that a scenario's
 timeouts and stragglers are decided the same way on any machine:
 
     duration = samples * train_s_per_sample * slowdown * (1 + U(-jitter, +jitter)) * spread factor
-               (+ warmup_s * slowdown on a node's first training job)
+               (+ warmup_s * slowdown on a node's first training steps, step by step)
 
 (``spread`` and ``spread_per_sample``, emu only: the calibrated machine's own variation of a job,
 mean 1; real mode's machines vary by themselves, so ``stretch`` leaves it out.)
@@ -52,7 +52,7 @@ SERVER_APP = "server_app"
 class ComputeTimer:
     """One node's compute model; jitter is drawn from the node's own seeded stream."""
 
-    def __init__(self, spec: ComputeSpec, reference_s_per_sample: float | None, seed):
+    def __init__(self, spec: ComputeSpec, reference_s_per_sample: float | None, seed, batch: int | None = None):
         self.cost = spec.train_s_per_sample or reference_s_per_sample
         self.slowdown = spec.slowdown
         self.s_per_sample = None if self.cost is None else self.cost * spec.slowdown
@@ -64,8 +64,11 @@ class ComputeTimer:
         self.spread = getattr(spec, "spread", 0.0) or 0.0
         self.spread_per_sample = getattr(spec, "spread_per_sample", 0.0) or 0.0
         self.spread_rng = np.random.default_rng([*self.seed, 0x5D])
-        # A fresh process's start-up in its first training job (its lazy set-up), once a node.
-        self.warmup_s = getattr(spec, "warmup_s", 0.0) or 0.0
+        # A fresh process's start-up in its first training steps (its lazy set-up), step by step, a
+        # step being ``batch`` samples (without one: all of it in the first job).
+        warmup = getattr(spec, "warmup_s", 0.0) or 0.0
+        self.warmup = list(warmup) if isinstance(warmup, list) else [warmup]
+        self.batch = batch
         self.schedule = tuple(spec.schedule)
         self.varying = spec.varying
         # Emu: CPU seconds per MB of a received message before the role gets it (0: none).
@@ -129,8 +132,14 @@ class ComputeTimer:
             raise ScenarioError("compute.default.train_s_per_sample", "the model has no reference cost (a model factory, or a task without train_s_per_sample): "
                                 "set it, e.g. from `emu calibrate`")
         per_sample = self.cost * self.slowdown_at(now) if self.changing else self.s_per_sample
-        warmup, self.warmup_s = self.warmup_s, 0.0   # (the first job only)
+        warmup = self._warmup(samples)
         return samples * per_sample * self._factor() * self._spread(samples) + warmup * per_sample / self.cost
+
+    def _warmup(self, samples: int) -> float:
+        """The warm-up of a training job of ``samples`` samples: that of the node's steps it holds."""
+        steps = len(self.warmup) if not self.batch else -(-samples // self.batch)
+        taken, self.warmup = self.warmup[:steps], self.warmup[steps:]
+        return sum(taken)
 
     def _spread(self, samples: int) -> float:
         """A training job's factor for the machine's own variation: uniform with mean 1 and the

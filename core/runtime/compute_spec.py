@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from dtemu.core.schema import check, non_negative, positive, probability
+from dtemu.core.schema import check, each, non_negative, positive, probability
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,10 @@ class ComputeSpec:
     # mean 1).  Real mode stages nothing: its machines vary by themselves.  0: every job alike.
     spread: float = field(default=0.0, metadata=check(non_negative))
     spread_per_sample: float = field(default=0.0, metadata=check(non_negative))
-    # Seconds a node's first training job takes beyond its modelled time: a fresh process's first
-    # steps (torch's lazy set-up; ``emu calibrate --together`` times them).  0: none.
-    warmup_s: float = field(default=0.0, metadata=check(non_negative))
+    # Seconds a node's first training steps take beyond their modelled time, step by step: a fresh
+    # process's first steps hold torch's lazy set-up (``emu calibrate --together`` times them).  A
+    # number: the first step's (in the node's first job).  0 or []: none.
+    warmup_s: float | list[float] = field(default=0.0, metadata=check(each(non_negative)))
     # Speed that changes over time: steps that set the slowdown from a time on, and/or a random factor.
     schedule: list[SlowdownStep] = field(default_factory=list)
     varying: VaryingSlowdown | None = None
@@ -101,7 +102,7 @@ class ComputeOverride:
     jitter: float | None = field(default=None, metadata=check(probability))
     spread: float | None = field(default=None, metadata=check(non_negative))
     spread_per_sample: float | None = field(default=None, metadata=check(non_negative))
-    warmup_s: float | None = field(default=None, metadata=check(non_negative))
+    warmup_s: float | list[float] | None = field(default=None, metadata=check(each(non_negative)))
     schedule: list[SlowdownStep] | None = None
     varying: VaryingSlowdown | None = None
     eval_s_per_sample: float | None = field(default=None, metadata=check(non_negative))
