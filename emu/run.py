@@ -15,7 +15,7 @@ from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.summary import failed_summary, node_record, run_summary
 from dtemu.core.runtime.wiring import roles
 from dtemu.core.scenario import Scenario
-from dtemu.host import cpu_arith, devices
+from dtemu.host import arith_fingerprint, cpu_arith, devices
 from dtemu.host.work import load_work
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
@@ -79,6 +79,7 @@ def run_emulation(scenario: Scenario, out_dir: str | Path, init: bytes | None = 
     """
     wall_start = time.perf_counter()
     torch.set_num_threads(scenario.threads)
+    arith_fingerprint.start()   # (the summary's, computed beside the run: not after it)
     # Before the run folder: a scenario whose model or data cannot be had leaves nothing behind.
     work = work or load_work(scenario)
     run = RunDir(out_dir)

@@ -65,3 +65,21 @@ def test_dtemu_training_code_does_not_enter_the_fingerprint(monkeypatch):
     monkeypatch.setattr(arith_fingerprint, "_cache", {})
     value = arith_fingerprint.fingerprint(1)
     assert len(value) == 12 and int(value, 16) >= 0
+
+
+def test_a_fingerprint_begun_beside_the_run_is_the_one_computed_in_line(monkeypatch):
+    """emu.run starts it in a thread of its own while the run goes on: the same value, and the run's
+    thread count and its RNG left as they were."""
+    import torch
+
+    from dtemu.host import arith_fingerprint
+
+    monkeypatch.setattr(arith_fingerprint, "_cache", {})
+    monkeypatch.setattr(arith_fingerprint, "_running", {})
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    arith_fingerprint.start()
+    assert arith_fingerprint.start() is None            # (once: a second start finds it under way)
+    begun = arith_fingerprint.fingerprint()
+    assert torch.get_num_threads() == threads and torch.equal(torch.get_rng_state(), rng)
+    monkeypatch.setattr(arith_fingerprint, "_cache", {})
+    assert begun == arith_fingerprint.fingerprint()
