@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dtemu.core.errors import AppError, DtemuError, KeyFileError, ScenarioError
 from dtemu.host.keys import load_key
-from dtemu.host import cores
+from dtemu.host import cores, heap
 from dtemu.host.scenario_file import check_code, load_scenario, read_init
 from dtemu.host.verbs import plug
 
@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         print("emu: run takes a scenario file or --flower-app DIR (one of them)", file=sys.stderr)
         return 2
     try:
+        # (a run's heap churns with its messages and jobs: kept, they stop faulting their buffers in)
+        heap.keep()
         if args.flower_app:
             args.scenario = _flower_app_scenario(args)
         scenario = load_scenario(args.scenario, args.overrides, allow_code=not args.no_code, profile=args.profile)

@@ -69,6 +69,9 @@ def init_worker(dataset, threads: int) -> None:
     global _dataset
     import torch
 
+    from dtemu.host import heap
+
+    heap.keep()   # as a rank's (real.cli): its jobs stop faulting their buffers in, job after job
     torch.set_num_threads(threads)
     if dataset is not _dataset:   # (a Ray task calls this per job, with the same object)
         _on_device.clear()
