@@ -88,8 +88,8 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, real_events: 
     base = er.ComputeTimer
 
     class ReplayTimer(base):
-        def __init__(self, spec, reference, seed):
-            super().__init__(spec, reference or 1e-3, seed)
+        def __init__(self, spec, reference, seed, **timing):   # (timing: the batch its warm-up steps by)
+            super().__init__(spec, reference or 1e-3, seed, **timing)
             steps = rows.get(names[seed[1]], {})
             self.train = [steps[s]["compute_s"] for s in sorted(steps)]
             # compress then apply, per step: their sum (all the event has) first, then nothing

@@ -294,8 +294,8 @@ def run_emu_replay(scenario_path: str, sets: list[str], out: Path, per_round: di
     base = er.ComputeTimer
 
     class ReplayTimer(base):
-        def __init__(self, spec, reference, seed):
-            super().__init__(spec, reference or 1e-3, seed)
+        def __init__(self, spec, reference, seed, **timing):   # (timing: the batch its warm-up steps by)
+            super().__init__(spec, reference or 1e-3, seed, **timing)
             node = names[seed[1]]
             self.queue = [per_round[node][r][0] for r in sorted(per_round.get(node, {}))]
 
