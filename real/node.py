@@ -15,7 +15,7 @@ from dtemu.core.runtime import faults as faultlib
 from dtemu.core.runtime.compute import ComputeTimer
 from dtemu.core.runtime.driver import CRASHED, Driver, run_blocking
 from dtemu.core.runtime.summary import node_record
-from dtemu.core.runtime.wiring import readers_of, role_of
+from dtemu.core.runtime.wiring import readers_of, role_of, writers_of
 from dtemu.core.scenario import Scenario
 from dtemu.host import cpu_arith, devices
 from dtemu.host.work import load_work
@@ -78,7 +78,8 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
         # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).
         epoch = wait_for_start(run.path)
         prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch, pace=pace,
-                               readers=readers_of(scenario),
+                               readers=readers_of(scenario), subscribes=spec.subscribes,
+                               writers=writers_of(scenario),
                                links=PacedLinks(scenario, name, pace or 1.0, rates=links != "latency") if links else None)
         faults = faultlib.NodeFaults(scenario.faults, scenario.seed, name, rank,
                                      faultlib.CrashPlan(scenario.faults, set(fired)))

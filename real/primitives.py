@@ -9,8 +9,8 @@ that never yields, so ``run_blocking`` drives the role to its end):
 - recv:       ``DdsTransport.recv`` with the time left to the deadline.
 - computed:   a node with ``compute.slowdown`` > 1 (or jitter) idles for the
               rest of its stretched time, so a straggler can be staged on one machine.
-- wait_peers: every peer present (``ctl/hello``) and matched as a reader of
-              the topics this node publishes, and its clock measured
+- wait_peers: every peer present (``ctl/hello``), matched as a reader of
+              the topics this node publishes and as a writer of those it reads, and its clock measured
               (``real.clock_sync``; at most ``WAIT_S``: one that never answers stays at 0).
 - die:        flush what was sent, log ``node_down`` and exit with
               ``CRASH_EXIT + i`` (``real launch`` restarts the rank if the fault says so).
@@ -22,6 +22,7 @@ launch`` gave every rank) so that the ranks' events line up.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import replace
 from typing import Any, Iterable
@@ -47,7 +48,8 @@ CRASH_EXIT = 100
 class RealPrimitives:
     def __init__(self, name: str, transport: DdsTransport, run: RunDir, publishes: Iterable[str],
                  timer: ComputeTimer, epoch: float | None = None, readers: dict | None = None,
-                 pace: float | None = None, links: PacedLinks | None = None):
+                 pace: float | None = None, links: PacedLinks | None = None,
+                 subscribes: Iterable[str] = (), writers: dict | None = None):
         self.node = name
         # Under a time scale (real launch): a training job takes the scenario's modelled time
         # times this, so every rank keeps the scenario's relative timing (see ``computed``).
@@ -59,6 +61,9 @@ class RealPrimitives:
         self._arrivals = 0
         # topic -> the nodes that read it (None: every peer reads every topic this node publishes)
         self.readers = readers
+        # topic -> the nodes that write it, of the topics this node reads (None: not waited for)
+        self.writers = writers
+        self.subscribes = tuple(subscribes)
         # Sealed messages count from here: a restarted process goes on above its previous life.
         self.incarnation = int(time.time() * 1000)
         self.transport = transport
@@ -199,13 +204,31 @@ class RealPrimitives:
             for names in unmatched.values():
                 if isinstance(names, (list, tuple, set)):
                     missing.update(names)
+        # and our readers matched their writers: DDS discovers the two directions apart, and a
+        # message a peer writes before our reader knows its writer is lost (a restarted
+        # controller lost its clients' resent updates that way: docs/notebook/, entry 45)
+        present = [p for p in peers if p not in missing]
+        if present and self.subscribes and self.writers is not None:
+            want = {t: [p for p in present if p in self.writers.get(t, ())] for t in self.subscribes}
+            unmatched = self.transport.wait_matched({t: names for t, names in want.items() if names},
+                                                    timeout_s=left(), role="writers")
+            for names in unmatched.values():
+                if isinstance(names, (list, tuple, set)):
+                    missing.update(names)
         # and their clocks, so that the first messages' times read right (real.clock_sync)
         self.transport.clock.wait([p for p in peers if p not in missing], timeout_s=min(left(), CLOCK_WAIT_S))
         return frozenset(p for p in peers if p not in missing)
 
     def die(self, crash: faultlib.Crash) -> None:
         """The crash: what was sent is flushed (as emu's sends end when delivered), then no
-        clean-up, no summary."""
+        summary.  The participant is deleted on the way out, so the peers learn of the death at
+        once, as emu's do: a reliable writer that still counts a dead reader stops once its
+        history is full, until the dead one's lease ends (10 s), and a restarted controller
+        got its clients' resent updates that late (docs/notebook/, entry 45).  A process killed
+        from outside is found by the lease."""
         self.transport.flush(timeout_s=5.0)
         self._emit(ev.NODE_DOWN)
+        closing = threading.Thread(target=self.transport.close, daemon=True)
+        closing.start()
+        closing.join(timeout=3.0)  # (bounded: a crash does not wait on a stuck clean-up)
         os._exit(CRASH_EXIT + crash.index)

@@ -30,6 +30,12 @@ def test_a_mode_answers_for_its_scenario(name):
     readers = kind.readers_of(s)
     published = {t for r in roles for t in r.publishes}
     assert readers is None or set(readers) <= published
+    # who writes each topic, as a barrier waits for it (real.primitives), is what the roles publish
+    writers = {}
+    for r in roles:
+        for t in r.publishes:
+            writers.setdefault(t, set()).add(r.name)
+    assert kind.writers_of(s) == writers
     assert kind.batch_size(s) > 0 and kind.unit in ("round", "step")
     assert kind.rounds(s) is None or kind.rounds(s) > 0
     assert callable(resolve(kind.audit)) and callable(resolve(kind.report))
@@ -41,3 +47,16 @@ def test_digests_keep_only_their_modes_sections():
     assert fl.digest() == parse_scenario({**SCENARIOS["fl"], "ddp": {"workers": 9}}).digest()
     ddp = parse_scenario(SCENARIOS["ddp"])
     assert ddp.digest() == parse_scenario({**SCENARIOS["ddp"], "fl": {"clients": 9}}).digest()
+
+
+def test_fl_says_who_writes_without_building_every_role_and_agrees_with_them():
+    """FL's writers_of is written out (10,000 clients would build 10,000 roles on every rank);
+    with a state server it must still match the roles."""
+    s = parse_scenario({"name": "m", "fl": {"clients": 3, "algorithm": "esync"}})
+    kind = s.kind
+    writers = {}
+    for rank in range(len(kind.node_names(s))):
+        role = kind.role_of(s, rank, None)
+        for t in role.publishes:
+            writers.setdefault(t, set()).add(role.name)
+    assert kind.writers_of(s) == writers

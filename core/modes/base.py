@@ -142,6 +142,16 @@ class Mode:
         """Which nodes read each topic, where not every peer reads every topic a node publishes."""
         return None
 
+    def writers_of(self, s) -> dict[str, frozenset[str]]:
+        """Which nodes write each topic: a barrier waits until its readers know those writers,
+        so that what they send next is not lost (real.primitives' ``wait_peers``).  From every
+        rank's role; a mode with many ranks says it without building them all."""
+        by_topic: dict[str, set[str]] = {}
+        for rank, name in enumerate(s.node_names):
+            for topic in self.role_of(s, rank, None).publishes:
+                by_topic.setdefault(topic, set()).add(name)
+        return {t: frozenset(names) for t, names in by_topic.items()}
+
     # --- results -------------------------------------------------------
     def record(self, s, name: str, result: Any, time_to_accuracy) -> dict:
         """What a node's returned ``result`` adds to its record in summary.json."""

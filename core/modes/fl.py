@@ -98,6 +98,17 @@ class FederatedLearning(Mode):
         return {TRAIN_CMD: clients, MODEL_BLOB: clients, SS_REPLY: clients, CLIENT_UPDATE: frozenset({CONTROLLER}),
                 SS_STATE: frozenset({SS})}
 
+    def writers_of(self, s):
+        """The controller writes commands and models, the clients updates (and with a state server,
+        both ask it, and it answers)."""
+        from dtemu.core.wire.topics import CLIENT_UPDATE, MODEL_BLOB, SS_REPLY, SS_STATE, TRAIN_CMD
+
+        clients, leader = frozenset(s.client_names), frozenset({CONTROLLER})
+        out = {TRAIN_CMD: leader, MODEL_BLOB: leader, CLIENT_UPDATE: clients}
+        if s.fl.algorithm in STATE_SERVER:
+            out.update({SS_STATE: clients | leader, SS_REPLY: frozenset({SS})})
+        return out
+
     def record(self, s, name, result, time_to_accuracy):
         from dtemu.core.ml.params import sha256_of
 

@@ -77,6 +77,12 @@ class FlowerApp(FederatedLearning):
         return RoleSpec(rank, f"client{rank}", (FLOWER_INS,), (FLOWER_RES,),
                         lambda ctx, init: client(ctx, s, work, rank))
 
+    def writers_of(self, s):
+        """The server writes the calls, the clients the replies (not FL's topics)."""
+        from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
+
+        return {FLOWER_INS: frozenset({SERVER}), FLOWER_RES: frozenset(s.client_names)}
+
     def record(self, s, name, result, time_to_accuracy):
         if name != SERVER:
             return {"calls": result}

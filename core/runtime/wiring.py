@@ -11,7 +11,7 @@ from __future__ import annotations
 from dtemu.core.modes.base import RoleSpec
 from dtemu.core.scenario import Scenario
 
-__all__ = ["RoleSpec", "readers_of", "role_of", "roles"]
+__all__ = ["RoleSpec", "readers_of", "role_of", "roles", "writers_of"]
 
 
 def role_of(scenario: Scenario, rank: int, work, population=None, residuals=None) -> RoleSpec:
@@ -27,6 +27,11 @@ def readers_of(scenario: Scenario) -> dict[str, frozenset[str]] | None:
     (FL's ESync: the state server reads none of the models; geo: the root PS reads no pull, workers
     and the master no push); None: they all do."""
     return scenario.kind.readers_of(scenario)
+
+
+def writers_of(scenario: Scenario) -> dict[str, frozenset[str]]:
+    """Which nodes write each topic (a barrier waits until its readers know them)."""
+    return scenario.kind.writers_of(scenario)
 
 
 def roles(scenario: Scenario, work, population=None, residuals=None) -> list[RoleSpec]:
