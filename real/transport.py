@@ -62,7 +62,8 @@ Design
 Caveats: messages are ordered per (sender, topic), not across topics;
 complete messages wait in memory until ``recv``; a send to a reader whose
 process died can block until the peer's lease expires (10 s by default),
-bounded by ``write_timeout_s`` after which ``send`` raises DDSException.
+bounded by ``write_timeout_s`` after which ``send`` raises DDSException (a crash
+fault deletes its participant first, so its peers drop it at once: real.primitives).
 """
 
 from __future__ import annotations
