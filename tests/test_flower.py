@@ -270,7 +270,7 @@ def test_the_inbox_answers_what_every_reply_is():
     from flwr.app import ArrayRecord, Message, RecordDict
 
     from dtemu.core.flower import wire
-    from dtemu.core.flower.inbox import Asked, reply_inbox
+    from dtemu.core.flower.server import Asked, reply_inbox
     from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE, REFUSED
     from dtemu.core.wire.auth import Sealer
 
@@ -311,7 +311,7 @@ def test_a_replys_arrays_are_the_apps_to_judge_unless_dtemu_is_asked_to_check_th
     from flwr.app import ArrayRecord, Message, RecordDict
 
     from dtemu.core.flower import wire
-    from dtemu.core.flower.inbox import Asked, reply_inbox
+    from dtemu.core.flower.server import Asked, reply_inbox
     from dtemu.core.runtime.verdict import ACCEPTED, REFUSED
     from dtemu.core.wire.auth import Sealer
 

@@ -9,8 +9,9 @@ out each of its grid calls over dtemu's network and clock.
 - ``push_messages`` / ``pull_messages``: the same halves apart; a pull with nothing in waits for a
   reply at most ``POLL_S`` of the runtime's clock (Flower's own grid sleeps between pulls).
 
-Everything a client sends goes through the inbox (core.flower.inbox); what it refuses is counted and
-logged through the one refusal path and never reaches the app.  A reply that carries the ClientApp's
+Everything a client sends goes through the inbox (core.runtime.inbox, every server's, with this
+role's ``ReplyReader``); what it refuses is counted and logged through the one refusal path and never
+reaches the app.  A reply that carries the ClientApp's
 error is the app's to judge (Flower's strategies count it as a failure).  A client offline under
 ``fl.availability`` is not sent to: as a node that is not connected, it does not answer.
 
@@ -28,6 +29,22 @@ polls with a wall-clock sleep, which the emulator's clock cannot serve).
 For the dashboard, the report and the audit, a train call is logged as an FL round is: round_start,
 update_accepted per reply, round_close; an evaluate call's replies give the round's accuracy (their
 mean of ``flower.accuracy_key`` weighted by their examples), logged as ``eval``.
+
+What the inbox needs of Flower (``ReplyReader``): a reply answers the instruction whose id it names,
+and only the node it went to may answer it.
+
+An instruction the server sent is *open* until the grid call that sent it closes (its replies are all
+in, or its deadline passed).  A reply is then one of:
+
+- accepted: an authentic, well-formed reply from the node asked, to an open instruction.  Its arrays
+  are the app's to judge, as in Flower: NaN, another dtype (FedAdam's float64 under NumPy 2 answered
+  in float32), other shapes, other keys or part of the model reach the strategy.  With
+  ``flower.check_arrays`` they must load, be finite and match what the instruction carried
+  (core.flower.wire.check_reply), else the reply is refused as invalid and counted;
+- late: to an instruction whose call has closed (the app has moved on);
+- duplicate: a second reply to the same instruction;
+- refused, with a reason: unsigned or forged (sealed runs), malformed, not a reply, a reply to
+  nothing the server sent, from a node that was not asked, or invalid arrays (``check_arrays``).
 """
 
 from __future__ import annotations
@@ -37,19 +54,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from dtemu.core import events as ev
-from dtemu.core.errors import AppError
+from dtemu.core.errors import AppError, DecodeError
 from dtemu.core.fl.steps import barrier
 from dtemu.core.flower import wire
 from dtemu.core.flower.app import RUN_ID, Call, FlowerApp, Finished, already_done, node_id
-from dtemu.core.flower.inbox import Asked, reply_inbox
 from dtemu.core.flower.replies import accuracy_of, array_bytes, examples_of, is_train, round_of
 from dtemu.core.modes.base import DONE
 from dtemu.core.runtime.refusal import refuse
 from dtemu.core.runtime.compute import SERVER_APP
-from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE
+from dtemu.core.runtime.inbox import Answer, Inbox
+from dtemu.core.runtime.verdict import ACCEPTED, DUPLICATE, LATE, REFUSED, Verdict
 from dtemu.core.runtime.collect import Quorum, collect
 from dtemu.core.runtime.requests import Compute, Send
-from dtemu.core.wire.topics import FLOWER_INS
+from dtemu.core.wire.topics import FLOWER_INS, FLOWER_RES
 
 POLL_S = 0.1
 
@@ -63,6 +80,48 @@ class ServerResult:
     counts: Counter = field(default_factory=Counter)
     history: list = field(default_factory=list)  # (time, accuracy) of every evaluate call
     model_sha256: str | None = None  # of the arrays the server last sent
+
+
+# --- the inbox's reader of replies ----------------------------------------------------------
+@dataclass(frozen=True)
+class Asked:
+    """One instruction sent: to whom, of which round and type, and the arrays it carried."""
+
+    node: str
+    round: int
+    type: str
+    arrays: dict
+
+
+class ReplyReader:
+    def __init__(self, check_arrays: bool):
+        self.check_arrays = check_arrays
+
+    def read(self, src: str, sealed) -> Answer:
+        """A reply answers the instruction it names (its tag: none, an instruction is asked once)."""
+        if wire.kind_of(sealed.data) != wire.REPLY:
+            raise _NotAReply("a Flower frame, but not a reply")
+        reply = wire.decode(sealed.data)
+        return Answer(reply.metadata.reply_to_message_id, None, reply)
+
+    def check(self, answer: Answer, question) -> Verdict:
+        reply = answer.body
+        if self.check_arrays and not reply.has_error():
+            try:
+                wire.check_reply(reply, question.about.arrays)
+            except DecodeError as err:
+                return Verdict(REFUSED, "invalid", str(err))
+        return Verdict(ACCEPTED, "accepted")
+
+
+def reply_inbox(sealer, check_arrays: bool = False) -> Inbox:
+    """The server's inbox: each instruction sent is asked with ``ask(its id, None, about=Asked,
+    sender=its node)`` and closed with ``close`` when its grid call is over."""
+    return Inbox(sealer, FLOWER_RES, ReplyReader(check_arrays))
+
+
+class _NotAReply(DecodeError):
+    reason = "not_a_reply"
 
 
 def make_grid(thread, node_ids: list[int]):
