@@ -195,29 +195,24 @@ class RealPrimitives:
             return 3600.0 if deadline is None else max(0.0, deadline - self.now())
 
         missing = set(self.transport.wait_peers(list(peers), timeout_s=left()))
-        present = [p for p in peers if p not in missing]
-        if present and self.publishes:
-            want = {t: [p for p in present if self.readers is None or p in self.readers.get(t, ())]
-                    for t in self.publishes}
-            unmatched = self.transport.wait_matched({t: names for t, names in want.items() if names},
-                                                    timeout_s=left(), role="readers")
-            for names in unmatched.values():
-                if isinstance(names, (list, tuple, set)):
-                    missing.update(names)
-        # and our readers matched their writers: DDS discovers the two directions apart, and a
-        # message a peer writes before our reader knows its writer is lost (a restarted
-        # controller lost its clients' resent updates that way: docs/notebook/, entry 45)
-        present = [p for p in peers if p not in missing]
-        if present and self.subscribes and self.writers is not None:
-            want = {t: [p for p in present if p in self.writers.get(t, ())] for t in self.subscribes}
-            unmatched = self.transport.wait_matched({t: names for t, names in want.items() if names},
-                                                    timeout_s=left(), role="writers")
-            for names in unmatched.values():
-                if isinstance(names, (list, tuple, set)):
-                    missing.update(names)
+        # matched as readers of what we publish, then as writers of what we read: DDS discovers the
+        # two directions apart, and a message written before the other side knows its writer is lost
+        for topics, who, role in ((self.publishes, self.readers, "readers"),
+                                  (self.subscribes if self.writers is not None else (), self.writers, "writers")):
+            present = [p for p in peers if p not in missing]
+            if present and topics:
+                missing |= self._unmatched(topics, who, present, left(), role)
         # and their clocks, so that the first messages' times read right (real.clock_sync)
         self.transport.clock.wait([p for p in peers if p not in missing], timeout_s=min(left(), CLOCK_WAIT_S))
         return frozenset(p for p in peers if p not in missing)
+
+    def _unmatched(self, topics, who: dict | None, present: list[str], timeout_s: float, role: str) -> set:
+        """Of ``present``, the peers not matched by ``timeout_s`` as ``role`` of ``topics``, where they
+        are one (``who``: topic -> nodes; None: every peer is)."""
+        want = {t: [p for p in present if who is None or p in who.get(t, ())] for t in topics}
+        unmatched = self.transport.wait_matched({t: names for t, names in want.items() if names},
+                                                timeout_s=timeout_s, role=role)
+        return {n for names in unmatched.values() if isinstance(names, (list, tuple, set)) for n in names}
 
     def die(self, crash: faultlib.Crash) -> None:
         """The crash: what was sent is flushed (as emu's sends end when delivered), then no
