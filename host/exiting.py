@@ -2,8 +2,8 @@
 
 A process that imported torch spends 0.4 s at exit tearing its modules down (0.8 s with
 torch._dynamo, as a Flower app's calls import it), after its work is done and written:
-4% of a 50-client Flower run under ``emu run``, and the same again in every rank that
-``real launch`` waits for (measured: docs/notebook/, entry 45).  ``exit_now`` does what
+0.34 s, about 3%, of a 50-client Flower run under ``emu run`` (docs/notebook/, entry 45), and
+a rank of ``real launch`` imports torch too.  ``exit_now`` does what
 that exit owes its user, and skips the rest:
 
 - the threads that are not daemons are joined, as the interpreter would;
