@@ -51,8 +51,37 @@ def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
     # within the targets against a testbed that was not the machines it claimed to be prove nothing.
     record["within_targets"] = record["errors_within_targets"] and record["faithful"]
     record["per_unit"] = rows
-    record["warnings"] = _warnings(rows)
+    record["without_first_unit"] = _without_first(rows)
+    first = _first_unit_warning(record)
+    record["miss_in_first_unit"] = bool(first)
+    record["warnings"] = _warnings(rows) + first
     return record
+
+
+def _without_first(rows: list[dict]) -> dict | None:
+    """The errors over every unit but the first compared: where a miss sits in a fresh process's
+    first passes (its pages faulted in, notebook entry 44), which the calibration's warm-up prices at
+    about a fifth of the testbed's.  A diagnosis, not the verdict: the verdict counts every unit."""
+    rest = rows[1:]
+    if len(rest) < 2:
+        return None
+    mean = {k: statistics.fmean(r[k] for r in rest) for k in ("real_s", "emu_s", "real_comm_s", "emu_comm_s")}
+    return {"first_unit": rows[0]["unit"], "time_error": _error(mean["emu_s"], mean["real_s"]),
+            "comm_error": _error(mean["emu_comm_s"], mean["real_comm_s"])}
+
+
+def _first_unit_warning(record: dict) -> list[str]:
+    """Where the errors miss the targets over every unit but meet them without the first."""
+    rest = record.get("without_first_unit")
+    if record["errors_within_targets"] or not rest or None in (rest["time_error"], rest["comm_error"]):
+        return []
+    if abs(rest["time_error"]) > TIME_TARGET or abs(rest["comm_error"]) > COMM_TARGET:
+        return []
+    first = record["per_unit"][0]
+    return [f"the miss sits in the first compared {record['unit']} ({record['unit']} {first['unit']}: real "
+            f"{first['real_s']:.3f} s against emu {first['emu_s']:.3f} s); without it time "
+            f"{rest['time_error']:+.1%} and comm {rest['comm_error']:+.1%} are within the targets (a fresh "
+            f"process's warm-up falls there, which the calibration prices low: notebook entry 44)"]
 
 
 def note_host(record: dict, before: dict[str, float], after: dict[str, float]) -> dict:

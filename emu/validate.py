@@ -17,8 +17,9 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
 4. **compare**, unit by unit (emu.fidelity, the mode's units: round, step or version):
    ``DIR/validation.json`` holds one record per repetition with ``time_error`` and ``comm_error``
    ((emu - real) / real, fractions), ``same_model``, ``faithful`` and ``within_targets`` (the errors
-   within the targets on a faithful testbed: an unfaithful one's result does not count); the table is
-   printed.  A repetition whose monitors say its testbed was not faithful runs again, up to
+   within the targets on a faithful testbed: an unfaithful one's result does not count), and the
+   errors without the first compared unit (``without_first_unit``, a diagnosis: a warning says where
+   only that unit misses); the table is printed.  A repetition whose monitors say its testbed was not faithful runs again, up to
    ``--retries`` times (its record lists what each unfaithful attempt measured, and its folder stays
    as ``real-<i>-unfaithful-<k>``).  The host's own speed is probed after calibrating and after each
    run (emu.speed_probe), and each record holds the moves around its run (``host_moved``), with a

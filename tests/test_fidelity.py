@@ -134,3 +134,24 @@ def test_no_warning_where_a_unit_trained():
 
     rows = [{"unit": 2, "real_s": 1.0, "emu_s": 1.0, "real_comm_s": 0.4, "emu_comm_s": 1.0}]
     assert _warnings(rows) == [] and _warnings([]) == []
+
+
+def test_a_miss_that_sits_in_the_first_unit_is_said_and_still_counted(tmp_path):
+    """The first compared round 40% slow on the testbed, the rest as emu says: the verdict counts it,
+    and the record says where the miss sits."""
+    s = load_scenario("scenarios/fl_codecs.yaml")
+
+    def folder(name, closes):
+        f = tmp_path / name
+        f.mkdir()
+        events = [{"kind": "round_close", "node": "controller", "round": r, "t": t} for r, t in enumerate(closes, 1)]
+        f.joinpath("events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        f.joinpath("summary.json").write_text(json.dumps({"model_sha256": "a", "testbed": {"faithful": True}}))
+        return f
+
+    r = compare(s, folder("real", [1.0, 2.4, 3.4, 4.4, 5.4]), folder("emu", [1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert not r["within_targets"] and r["miss_in_first_unit"]
+    assert r["without_first_unit"] == {"first_unit": 2, "time_error": 0.0, "comm_error": 0.0}
+    assert any(w.startswith("the miss sits in the first compared round (round 2") for w in r["warnings"])
+    r = compare(s, folder("real2", [1.0, 2.0, 3.0, 4.0, 5.0]), folder("emu2", [1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert r["within_targets"] and not r["miss_in_first_unit"]

@@ -132,8 +132,12 @@ def why_it_misses(name: str, records: list[dict]) -> str:
             parts.append(f"run {r['repetition']}: errors within the targets, on an unfaithful testbed (not counted)")
             continue
         real_compute, emu_compute = r["real_s"] - r["real_comm_s"], r["emu_s"] - r["emu_comm_s"]
+        rest = r.get("without_first_unit") or {}
+        first = r.get("miss_in_first_unit")
         parts.append(f"run {r['repetition']}: compute emu {emu_compute:.3f} s vs real {real_compute:.3f} s, "
-                     f"comm emu {r['emu_comm_s']:.3f} vs {r['real_comm_s']:.3f}")
+                     f"comm emu {r['emu_comm_s']:.3f} vs {r['real_comm_s']:.3f}"
+                     + (f" (without the first {r['unit']}: time {rest['time_error']:+.1%}, comm "
+                        f"{rest['comm_error']:+.1%})" if first else ""))
     return "; ".join(parts)
 
 
