@@ -31,11 +31,7 @@ def test_a_mode_answers_for_its_scenario(name):
     published = {t for r in roles for t in r.publishes}
     assert readers is None or set(readers) <= published
     # who writes each topic, as a barrier waits for it (real.primitives), is what the roles publish
-    writers = {}
-    for r in roles:
-        for t in r.publishes:
-            writers.setdefault(t, set()).add(r.name)
-    assert kind.writers_of(s) == writers
+    assert kind.writers_of(s) == _published_by(roles)
     assert kind.batch_size(s) > 0 and kind.unit in ("round", "step")
     assert kind.rounds(s) is None or kind.rounds(s) > 0
     assert callable(resolve(kind.audit)) and callable(resolve(kind.report))
@@ -54,9 +50,12 @@ def test_fl_says_who_writes_without_building_every_role_and_agrees_with_them():
     with a state server it must still match the roles."""
     s = parse_scenario({"name": "m", "fl": {"clients": 3, "algorithm": "esync"}})
     kind = s.kind
-    writers = {}
-    for rank in range(len(kind.node_names(s))):
-        role = kind.role_of(s, rank, None)
-        for t in role.publishes:
-            writers.setdefault(t, set()).add(role.name)
-    assert kind.writers_of(s) == writers
+    assert kind.writers_of(s) == _published_by([kind.role_of(s, rank, None) for rank in range(len(kind.node_names(s)))])
+
+
+def _published_by(roles) -> dict[str, set[str]]:
+    writers: dict[str, set[str]] = {}
+    for role in roles:
+        for topic in role.publishes:
+            writers.setdefault(topic, set()).add(role.name)
+    return writers
