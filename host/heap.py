@@ -10,7 +10,15 @@ bare metal, and more when its host is busy, so the faults also made the runs les
 calibration's step loop churns nothing, so it never saw them: emu could not predict them.
 
 So a rank (and each calibration process, to be timed as a rank trains) calls ``keep`` first: mmap
-only for chunks over 32 MB, never trim, grow the heap 64 MB at a time.  The cost is memory: a
+only for chunks over 32 MB, never trim, grow the heap 64 MB at a time, and one arena for every thread.
+The last is for the threads: glibc gives a thread other than the main one an arena of its own, whose
+heaps it shrinks and unmaps by rules of their own, and a thread that ends hands its arena to the next.
+A Flower ClientApp call runs in a thread of its own (host.flower_thread), and a role in a thread beside
+the transport's.  Measured on the testbed (notebook entry 46, the Flower quickstart, 10 clients):
+1 to 6 of each round's 10 calls after the first faulted about 2,000 pages in (8 MB) at 10-18 us a page,
+and took twice the CPU and three times the wall of the others, so the round waited for them; with one
+arena, none in two runs.  A geo pass in a thread faulted 15,600 pages in its first pass and 2,100 and
+950 in the next two; with one arena 8,800-9,000, then none, as on the main thread.  The cost is memory: a
 process holds the most its heap ever held.  The allocator changes no arithmetic: no model moves.
 Settings the user gave malloc (its environment variables, or another allocator preloaded) win;
 ``DTEMU_KEEP_HEAP=0`` turns it off.
@@ -23,12 +31,14 @@ import ctypes.util
 import os
 
 # mallopt's parameters (glibc's malloc.h)
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
 MMAP_THRESHOLD = 32 << 20   # the most glibc takes on 64-bit (half its HEAP_MAX_SIZE); larger chunks are mapped
 TOP_PAD = 64 << 20
 NEVER_TRIM = 2 ** 31 - 1    # mallopt takes an int
+ONE_ARENA = 1   # (its lock is an atomic while one thread allocates at a time, and each thread keeps its tcache)
 
-USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD")
+USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX",
+                 "GLIBC_TUNABLES", "LD_PRELOAD")
 OFF = "DTEMU_KEEP_HEAP"   # =0: leave malloc as it is
 
 
@@ -46,7 +56,8 @@ def _mallopt_all() -> bool:
         return False
     # (order: the mmap threshold first, as setting it also stops glibc moving it by itself)
     return all(libc.mallopt(p, v) == 1 for p, v in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD),
-                                                     (M_TRIM_THRESHOLD, NEVER_TRIM), (M_TOP_PAD, TOP_PAD)))
+                                                     (M_TRIM_THRESHOLD, NEVER_TRIM), (M_TOP_PAD, TOP_PAD),
+                                                     (M_ARENA_MAX, ONE_ARENA)))
 
 
 def _glibc():
