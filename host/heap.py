@@ -13,8 +13,8 @@ So a rank (and each calibration process, to be timed as a rank trains) calls ``k
 only for chunks over 32 MB, never trim, grow the heap 64 MB at a time, and one arena for every thread.
 The last is for the threads: glibc gives a thread other than the main one an arena of its own, whose
 heaps it shrinks and unmaps by rules of their own, and a thread that ends hands its arena to the next.
-A Flower ClientApp call runs in a thread of its own (host.flower_thread), and a role in a thread beside
-the transport's.  Measured on the testbed (notebook entry 46, the Flower quickstart, 10 clients):
+A Flower ClientApp call runs in a thread of its own (host.flower_thread), and a rank's transport takes
+its messages in in a thread of its own.  Measured on the testbed (notebook entry 46, the Flower quickstart, 10 clients):
 1 to 6 of each round's 10 calls after the first faulted about 2,000 pages in (8 MB) at 10-18 us a page,
 and took twice the CPU and three times the wall of the others, so the round waited for them; with one
 arena, none in two runs.  A geo pass in a thread faulted 15,600 pages in its first pass and 2,100 and
@@ -38,14 +38,16 @@ NEVER_TRIM = 2 ** 31 - 1    # mallopt takes an int
 ONE_ARENA = 1   # (its lock is an atomic while one thread allocates at a time, and each thread keeps its tcache)
 
 USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX",
-                 "GLIBC_TUNABLES", "LD_PRELOAD")
+                 "LD_PRELOAD")
+MALLOC_TUNABLES = "glibc.malloc."   # (in GLIBC_TUNABLES: the user tuned malloc there)
 OFF = "DTEMU_KEEP_HEAP"   # =0: leave malloc as it is
 
 
 def keep(environ=os.environ) -> bool:
     """Keep this process's heap (see the module's text); False where it is left alone: not glibc's
     malloc, the user configured the allocator, or ``DTEMU_KEEP_HEAP=0``."""
-    if environ.get(OFF) == "0" or any(environ.get(k) for k in USER_SETTINGS):
+    if (environ.get(OFF) == "0" or any(environ.get(k) for k in USER_SETTINGS)
+            or MALLOC_TUNABLES in environ.get("GLIBC_TUNABLES", "")):
         return False
     return _mallopt_all()
 

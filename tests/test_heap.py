@@ -32,7 +32,7 @@ print(kept, (faults() - before) / 20)
 def _churn(env_extra: dict, threads: bool = False) -> tuple[bool, float]:
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", heap.OFF)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "GLIBC_TUNABLES", heap.OFF)}
     out = subprocess.run([sys.executable, "-c", f"THREADS = {threads}\n" + CHURN], env={**env, **env_extra}, capture_output=True, text=True,
                          check=True).stdout.split()
     return out[0] == "True", float(out[1])
@@ -57,3 +57,4 @@ def test_the_users_allocator_settings_win():
     assert heap.keep({"MALLOC_TRIM_THRESHOLD_": "1000"}) is False
     assert heap.keep({"LD_PRELOAD": "/usr/lib/libjemalloc.so"}) is False
     assert heap.keep({"MALLOC_ARENA_MAX": "4"}) is False
+    assert heap.keep({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) is False
