@@ -149,8 +149,8 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=own)
 
     schedule = _Schedule(scenario)
-    procs: list[subprocess.Popen | None] = [None if schedule.down_at_start(r) else start(r, hold=schedule.held.get(r))
-                                            for r in range(ranks)]
+    # (started in the try below: an interrupt while they start stops the ones already up)
+    procs: list[subprocess.Popen | None] = [None] * ranks
     epoch: float | None = None  # set when every rank is ready (and, on machines, discovery has settled)
     ready_at: float | None = None
     # Across shaped links DDS discovery takes a while after the ranks are up; roles that send at once
@@ -164,9 +164,12 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
     followers = [_Follower(out / f"rank{r}" / "events.jsonl") for r in range(ranks)]
     dashboard = Dashboard(scenario, title=f"real launch · {scenario.name}",
                           enabled=not args.no_tui and sys.stdout.isatty())
-    started = time.monotonic()
     codes: dict[int, int] = {}
     try:
+        for r in range(ranks):
+            if not schedule.down_at_start(r):
+                procs[r] = start(r, hold=schedule.held.get(r))
+        started = time.monotonic()   # (from the ranks' start)
         with dashboard:
             leader_done_at = None
             for rank, p in enumerate(procs):
