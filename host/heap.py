@@ -22,6 +22,16 @@ arena, none in two runs.  A geo pass in a thread faulted 15,600 pages in its fir
 process holds the most its heap ever held.  The allocator changes no arithmetic: no model moves.
 Settings the user gave malloc (its environment variables, or another allocator preloaded) win;
 ``DTEMU_KEEP_HEAP=0`` turns it off.
+
+A kept heap still grows: a fresh rank's first passes put their tensors where no page was touched yet,
+and fault them in.  ``pretouch`` faults a rank's headroom in once, before its clock starts (at the
+start line, and in the calibration's processes before their first timed step, so that both start
+alike).  Measured on geo BiSparse's testbed (notebook entry 47): a worker's first pass faulted 15,000-
+16,500 pages at 13 us each and its next four up to 4,800 each (0.26-0.33 s of CPU, then up to 0.16,
+against 0.08 steady); with the heap touched first, 340 and then none.  What a fault costs here moves
+with what this VM's host took back lately (free page reporting), so faults in a timed pass were also
+its least predictable part.  The cost is memory: ``PRETOUCH_MB`` a process, fewer where many share a
+box; ``DTEMU_PRETOUCH_MB`` sets it (0: none).
 """
 
 from __future__ import annotations
@@ -41,6 +51,11 @@ USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRES
                  "LD_PRELOAD")
 MALLOC_TUNABLES = "glibc.malloc."   # (in GLIBC_TUNABLES: the user tuned malloc there)
 OFF = "DTEMU_KEEP_HEAP"   # =0: leave malloc as it is
+PRETOUCH = "DTEMU_PRETOUCH_MB"   # how much of a kept heap to fault in before the clock starts (0: none)
+PRETOUCH_MB = 256   # (geo BiSparse's workers grew theirs 70-90 MB past the start line; a ResNet's grows more)
+MEMORY_SHARE = 0.25   # at most this much of the box's available memory pretouched, all processes together
+BLOCK = 8 << 20   # touched in blocks under the mmap threshold, so they come from the heap and stay there
+_kept = [False]   # whether keep() set this process's malloc (pretouch is pointless otherwise: trimmed)
 
 
 def keep(environ=os.environ) -> bool:
@@ -49,7 +64,52 @@ def keep(environ=os.environ) -> bool:
     if (environ.get(OFF) == "0" or any(environ.get(k) for k in USER_SETTINGS)
             or MALLOC_TUNABLES in environ.get("GLIBC_TUNABLES", "")):
         return False
-    return _mallopt_all()
+    _kept[0] = _mallopt_all()
+    return _kept[0]
+
+
+def pretouch_mb(environ=os.environ, processes: int = 1) -> int:
+    """MB of its heap a process faults in before its clock starts: the user's ``DTEMU_PRETOUCH_MB``,
+    else ``PRETOUCH_MB``, with ``processes`` on this box together using at most ``MEMORY_SHARE`` of
+    its available memory."""
+    given = environ.get(PRETOUCH)
+    if given is not None and given.strip():
+        try:
+            return max(0, int(float(given)))
+        except ValueError:
+            raise ValueError(f"{PRETOUCH}={given!r}: a number of MB was expected (0: touch none)") from None
+    return min(PRETOUCH_MB, int(_available_mb() * MEMORY_SHARE / max(1, processes)))
+
+
+def pretouch(mb: int) -> int:
+    """Fault ``mb`` MB of this process's kept heap in and free it back to the heap (not the kernel:
+    keep never trims), so the passes that follow find touched pages.  Returns the MB touched: 0 where
+    the heap is not kept (glibc would hand it straight back) or ``mb`` is 0."""
+    libc = _glibc() if _kept[0] and mb > 0 else None
+    if libc is None:
+        return 0
+    libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, (ctypes.c_void_p,)
+    blocks = [libc.malloc(BLOCK) for _ in range(max(1, mb * (1 << 20) // BLOCK))]
+    try:
+        for b in blocks:
+            if b:
+                ctypes.memset(b, 0, BLOCK)
+    finally:
+        for b in blocks:
+            if b:
+                libc.free(b)
+    return sum(1 for b in blocks if b) * BLOCK >> 20
+
+
+def _available_mb() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) >> 10
+    except OSError:
+        pass
+    return 0   # not Linux's /proc: touch nothing rather than guess
 
 
 def _mallopt_all() -> bool:

@@ -43,12 +43,13 @@ def together_timeout_s(share: float | None) -> float:
 
 def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, sample=None,
                           step_times: list | None = None, barrier_timeout_s: float = TOGETHER_TIMEOUT_S,
-                          first_steps: list | None = None) -> float:
+                          first_steps: list | None = None, pretouch_mb: int = 0) -> float:
     """Seconds per training sample of the scenario's model on this machine, with its threads and
     its task's loss (``barrier``: wait there after the untimed steps, so that processes measured
     together overlap; ``sample``: one batch (x, y) of its data, else random MNIST-shaped images;
     ``step_times``: each timed step's seconds are appended to it; ``first_steps``: each of the
-    WARM_STEPS untimed steps' seconds, which in a fresh process hold torch's lazy set-up)."""
+    WARM_STEPS untimed steps' seconds, which in a fresh process hold torch's lazy set-up;
+    ``pretouch_mb``: that much of a kept heap faulted in first, as a rank does at its start line)."""
     batch = scenario.kind.batch_size(scenario)
     device = devices.resolve(scenario)   # (a GPU's step is timed there; its work is waited for)
     model = build_model(scenario.model_spec, seed=scenario.seed).to(device)
@@ -63,6 +64,10 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
     threads = torch.get_num_threads()
     torch.set_num_threads(scenario.threads)
     try:
+        if pretouch_mb:
+            from dtemu.host import heap
+
+            heap.pretouch(pretouch_mb)
         last = time.perf_counter()
         for i in range(steps + WARM_STEPS):
             if i == WARM_STEPS:
@@ -91,7 +96,7 @@ def sample_of(data, scenario: Scenario):
     return data.x_train[:batch].clone(), data.y_train[:batch].clone()
 
 
-def _timed_together(scenario: Scenario, barrier, results, sample=None, group=None) -> None:
+def _timed_together(scenario: Scenario, barrier, results, sample=None, group=None, pretouch_mb: int = 0) -> None:
     """One of several processes that train at once (a child of ``measured_together``), in its own
     CPU group where it has one (a testbed machine's share)."""
     from dtemu.host import heap
@@ -104,7 +109,7 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     first: list[float] = []
     cost = measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps,
                                  barrier_timeout_s=together_timeout_s(group.cpus if group else None),
-                                 first_steps=first)
+                                 first_steps=first, pretouch_mb=pretouch_mb)
     steady = statistics.median(steps)
     results.put((cost, steps, [t - steady for t in first]))
 
@@ -146,13 +151,14 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     ``per_group``: that many of the processes share each group, as a site's workers share its machine;
     ``step_times``: every process's timed steps are appended to it (a list each); ``warmups``: each
     fresh process's first steps' seconds beyond a steady one, step by step (a list each: ``warmup_of``)."""
-    from dtemu.host import cpu_shares
+    from dtemu.host import cpu_shares, heap
 
     ctx = multiprocessing.get_context("spawn")
     groups = [cpu_shares.CpuGroup(f"dtm{os.getpid()}-together{i}", share).create() if share else None
               for i in range(max(1, ranks // per_group))]
     barrier, results = ctx.Barrier(len(groups) * per_group), ctx.Queue()
-    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g), daemon=True)
+    touch = heap.pretouch_mb(processes=len(groups) * per_group)   # as `real launch` gives its ranks
+    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g, touch), daemon=True)
              for g in groups for _ in range(per_group)]
     for p in procs:
         p.start()

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from dtemu.host import cores, cpu_arith
+from dtemu.host import cores, cpu_arith, heap
 from dtemu.host.rundir import CHECKPOINT, read_events, write_json
 from dtemu.core.scenario import CONTROLLER, Scenario, stretched
 
@@ -112,7 +112,8 @@ def _launch(args, scenario: Scenario, machines=None) -> int:
     # One time origin for all ranks: the instant every rank is up (real.start_line), as emu's time 0.
     start_file = out / "start.json"
     start_file.unlink(missing_ok=True)
-    env = {**os.environ, **policy, START_FILE: str(start_file.resolve()), "DTEMU_LAUNCHED": "1"}
+    env = {**os.environ, **policy, START_FILE: str(start_file.resolve()), "DTEMU_LAUNCHED": "1",
+           heap.PRETOUCH: str(heap.pretouch_mb(processes=ranks))}   # this box's memory shared by its ranks
     if getattr(args, "key_file", None):
         env["DTEMU_KEY_FILE"] = str(Path(args.key_file).resolve())
     fired: dict[int, list[int]] = {r: [] for r in range(ranks)}

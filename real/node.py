@@ -17,7 +17,7 @@ from dtemu.core.runtime.driver import CRASHED, Driver, run_blocking
 from dtemu.core.runtime.summary import node_record
 from dtemu.core.runtime.wiring import readers_of, role_of, writers_of
 from dtemu.core.scenario import Scenario
-from dtemu.host import cpu_arith, devices
+from dtemu.host import cpu_arith, devices, heap
 from dtemu.host.work import load_work
 from dtemu.host.rundir import RunDir
 from dtemu.host.traces import load_population
@@ -75,6 +75,7 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     hold_until_window_end()   # a rank down from the start comes up at its window's end, not before
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
                       key=key, whc_high=whc_high) as transport:
+        heap.pretouch(heap.pretouch_mb())   # its first passes find their pages touched (host.heap)
         # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).
         epoch = wait_for_start(run.path)
         prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch, pace=pace,

@@ -58,3 +58,41 @@ def test_the_users_allocator_settings_win():
     assert heap.keep({"LD_PRELOAD": "/usr/lib/libjemalloc.so"}) is False
     assert heap.keep({"MALLOC_ARENA_MAX": "4"}) is False
     assert heap.keep({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) is False
+
+
+GROW = """
+import resource
+import numpy as np
+from dtemu.host import heap
+kept = heap.keep()
+touched = heap.pretouch(TOUCH)
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+before = faults()
+held = [np.ones(250_000, np.float32) for _ in range(48)]   # a first pass's 48 MB of tensors, new to the heap
+print(kept, touched, faults() - before)
+"""
+
+
+def _grow(touch: int) -> tuple[bool, int, int]:
+    out = subprocess.run([sys.executable, "-c", f"TOUCH = {touch}\n" + GROW], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out[0] == "True", int(out[1]), int(out[2])
+
+
+@pytest.mark.skipif(heap._glibc() is None, reason="not glibc's malloc")
+def test_a_pretouched_heap_holds_a_first_pass_without_faults():
+    kept, touched, faults = _grow(128)
+    assert kept and touched == 128 and faults < 500
+    _, none, faults_untouched = _grow(0)
+    assert none == 0 and faults_untouched > 10_000   # 48 MB is 12,000 pages
+
+
+def test_pretouch_needs_a_kept_heap_and_the_user_sets_its_size():
+    assert heap.pretouch_mb({heap.PRETOUCH: "0"}) == 0
+    assert heap.pretouch_mb({heap.PRETOUCH: "64"}, processes=100) == 64   # the user's word, as given
+    assert 0 <= heap.pretouch_mb({}, processes=10 ** 6) < heap.PRETOUCH_MB   # many on one box: less each
+    assert heap.pretouch_mb({}) <= heap.PRETOUCH_MB
+    if not heap._kept[0]:   # (this test process's malloc is glibc's defaults: the touch would be trimmed)
+        assert heap.pretouch(64) == 0
+    with pytest.raises(ValueError, match="DTEMU_PRETOUCH_MB"):
+        heap.pretouch_mb({heap.PRETOUCH: "lots"})
