@@ -52,7 +52,7 @@ USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRES
 MALLOC_TUNABLES = "glibc.malloc."   # (in GLIBC_TUNABLES: the user tuned malloc there)
 OFF = "DTEMU_KEEP_HEAP"   # =0: leave malloc as it is
 PRETOUCH = "DTEMU_PRETOUCH_MB"   # how much of a kept heap to fault in before the clock starts (0: none)
-PRETOUCH_MB = 256   # (geo BiSparse's workers grew theirs 70-90 MB past the start line; a ResNet's grows more)
+PRETOUCH_MB = 256   # (geo BiSparse's workers grew theirs 75-90 MB past the start line: notebook entry 47)
 MEMORY_SHARE = 0.25   # at most this much of the box's available memory pretouched, all processes together
 BLOCK = 8 << 20   # touched in blocks under the mmap threshold, so they come from the heap and stay there
 _kept = [False]   # whether keep() set this process's malloc (pretouch is pointless otherwise: trimmed)
