@@ -156,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         from dtemu.real.launch import launch
 
+        # SIGINT stops a launch (its ranks, then its machines), whoever sends it.  A launcher started
+        # in the background of a script (`real launch ... &`, or under a test runner so started)
+        # inherits SIGINT ignored, as POSIX has it, and Python then installs no handler: `kill -INT`
+        # did nothing and the run went on to its end (notebook entry 47).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         return launch(args, scenario)
     return run_rank(args, scenario)
 
