@@ -72,10 +72,12 @@ def _run(scenario: Scenario, rank: int, name: str, run: RunDir, work: Workload, 
     timer = ComputeTimer(scenario.compute_for(name), work.reference_cost, seed=[scenario.seed, rank],
                          batch=scenario.kind.batch_size(scenario))
     whc_high = writer_history(scenario.kind.all_to_all, work.dim)
+    # Its first passes find their pages touched (host.heap).  Before the hold: a rank down from the
+    # start touches its headroom with the others, not in the seconds it comes up in.
+    heap.pretouch(heap.pretouch_mb())
     hold_until_window_end()   # a rank down from the start comes up at its window's end, not before
     with DdsTransport(name, profile=profile, domain_id=domain_id, subscribe=list(spec.subscribes),
                       key=key, whc_high=whc_high) as transport:
-        heap.pretouch(heap.pretouch_mb())   # its first passes find their pages touched (host.heap)
         # Under `real launch`, every rank's clock starts when all of them are up (real.start_line).
         epoch = wait_for_start(run.path)
         prims = RealPrimitives(name, transport, run, spec.publishes, timer, epoch=epoch, pace=pace,
