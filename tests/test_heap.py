@@ -29,12 +29,16 @@ print(kept, (faults() - before) / 20)
 """
 
 
-def _churn(env_extra: dict, threads: bool = False) -> tuple[bool, float]:
+def _plain_env() -> dict:
+    """This environment without the allocator settings a user may have given (they would win)."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "GLIBC_TUNABLES", heap.OFF)}
-    out = subprocess.run([sys.executable, "-c", f"THREADS = {threads}\n" + CHURN], env={**env, **env_extra}, capture_output=True, text=True,
-                         check=True).stdout.split()
+    return {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "GLIBC_TUNABLES", heap.OFF)}
+
+
+def _churn(env_extra: dict, threads: bool = False) -> tuple[bool, float]:
+    out = subprocess.run([sys.executable, "-c", f"THREADS = {threads}\n" + CHURN], env={**_plain_env(), **env_extra},
+                         capture_output=True, text=True, check=True).stdout.split()
     return out[0] == "True", float(out[1])
 
 
@@ -74,7 +78,7 @@ print(kept, touched, faults() - before)
 
 
 def _grow(touch: int) -> tuple[bool, int, int]:
-    out = subprocess.run([sys.executable, "-c", f"TOUCH = {touch}\n" + GROW], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", f"TOUCH = {touch}\n" + GROW], env=_plain_env(), capture_output=True, text=True,
                          check=True).stdout.split()
     return out[0] == "True", int(out[1]), int(out[2])
 
