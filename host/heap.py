@@ -24,8 +24,8 @@ Settings the user gave malloc (its environment variables, or another allocator p
 ``DTEMU_KEEP_HEAP=0`` turns it off.
 
 A kept heap still grows: a fresh rank's first passes put their tensors where no page was touched yet,
-and fault them in.  ``pretouch`` faults a rank's headroom in once, before its clock starts (at the
-start line, and in the calibration's processes before their first timed step, so that both start
+and fault them in.  ``pretouch`` faults a rank's headroom in once, before its clock starts (before its
+transport and start line, and in the calibration's processes before their first timed step, so both start
 alike).  Measured on geo BiSparse's testbed (notebook entry 47): a worker's first pass faulted 15,000-
 16,500 pages at 13 us each and its next four up to 4,800 each (0.26-0.33 s of CPU, then up to 0.16,
 against 0.08 steady); with the heap touched first, 340 and then none.  What a fault costs here moves
