@@ -8,9 +8,10 @@ class Flow:
     """An active flow; ``remaining`` is exact as of ``Network._synced_at``."""
 
     __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate",
-                 "start", "lost", "event", "on_deliver", "release", "result", "passed", "rate_up")
+                 "start", "lost", "event", "on_deliver", "release", "result", "passed", "rate_up",
+                 "bounds", "group", "acking")
 
-    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=(), release=0.0):
+    def __init__(self, src, dst, nbytes, total, start, lost, event, on_deliver, wan=(), release=0.0, bounds=()):
         self.src, self.dst = src, dst
         # Every port (link direction) the flow crosses; flat: the two access ports.
         self.ports = ((src, "up"), *wan, (dst, "down"))
@@ -23,6 +24,9 @@ class Flow:
         self.release, self.result = release, None
         # send_window (emu.tandem): the bytes that passed the sender's side, and at what rate.
         self.passed, self.rate_up = 0.0, 0.0
+        # ... and where each group of its writer's frames but the last ends (wire_model.group_bounds):
+        # the group it is in, and whether its acknowledgement is on the way back.
+        self.bounds, self.group, self.acking = tuple(bounds), 0, False
 
 
 class MulticastFlow:
@@ -31,7 +35,7 @@ class MulticastFlow:
     receiver's, as a reliable multicast is paced); each member is (dst, lost, on_deliver)."""
 
     __slots__ = ("src", "dst", "ports", "nbytes", "total", "remaining", "rate", "start", "event", "members",
-                 "lost", "release", "result", "passed", "rate_up")
+                 "lost", "release", "result", "passed", "rate_up", "bounds", "group", "acking")
 
     def __init__(self, src, members, nbytes, total, start, event, wan=(), release=0.0):
         self.src, self.dst, self.members = src, "*", list(members)
@@ -42,6 +46,8 @@ class MulticastFlow:
         self.lost = 0  # per member (an aborted multicast reports none)
         self.release, self.result = release, None  # as Flow's (result: the members' list)
         self.passed, self.rate_up = 0.0, 0.0       # as Flow's
+        # Acknowledged by every member: not modelled, so no groups (it goes out as one).
+        self.bounds, self.group, self.acking = (), 0, False
 
 
 class Delivery:

@@ -181,7 +181,8 @@ class Network(SenderFifo, Multicasting, Failures):
 
         self._sync()
         flow = Flow(src, dst, nbytes, total, now, lost, event, on_deliver, wan=self._wan_ports(src, dst),
-                     release=self._release_at(nbytes, total, framing))
+                     release=self._release_at(nbytes, total, framing),
+                     bounds=wire_model.group_bounds(nbytes, self.send_window, self.mtu, framing))
         self._start_or_wait(flow, batch)
         return event
 
@@ -282,16 +283,20 @@ class Network(SenderFifo, Multicasting, Failures):
         # A flow due "now" can be left with float dust (elapsed is rounded to
         # the resolution of env.now); anything within that slack is done.
         slack = 4 * math.ulp(max(now, 1.0))
-        finished, passed = [], []
+        finished, passed, stopped = [], [], False
         for flow_id, flow in self._active.items():
             if elapsed > 0:
                 flow.remaining -= flow.rate * elapsed
-            if self.send_window and tandem.advance(flow, elapsed, slack):
-                passed.append(flow)
+            if self.send_window:
+                ended, at_group_end = tandem.advance(flow, elapsed, slack)
+                if ended:
+                    passed.append(flow)
+                stopped |= at_group_end
             if flow.remaining <= flow.rate * slack + 1e-12 * flow.total:
                 finished.append(flow_id)
-            elif flow.release and flow.result is None and flow.remaining <= flow.release + flow.rate * slack:
-                self._released(flow)
+            elif (flow.release and flow.result is None and not flow.bounds
+                  and flow.remaining <= flow.release + flow.rate * slack):
+                self._released(flow)   # (a flow of several groups returns as its last one starts)
         for flow_id in finished:
             f = self._active.pop(flow_id)
             if isinstance(f, MulticastFlow):
@@ -303,8 +308,34 @@ class Network(SenderFifo, Multicasting, Failures):
             self._flow_left(f)
         for f in passed:
             self._passed_sender(f)
-        if passed:   # their second stage goes on alone: its rate is no longer the first's
+        if passed or stopped:   # their second stage goes on alone: its rate is no longer the first's
             self._schedule_update()
+        for f in self._active.values():
+            if f.bounds and not f.acking and tandem.awaiting_ack(f):
+                self._send_ack(f)
+
+    # -- a writer's groups (emu.tandem) -----------------------------------------
+
+    def _send_ack(self, flow) -> None:
+        """The flow's group arrived: its acknowledgement comes back after the path's round trip and
+        whatever waits ahead of it on the way back."""
+        flow.acking = True
+        back = ((flow.dst, "up"), *self._wan_ports(flow.dst, flow.src), (flow.src, "down"))
+        delay = (2 * self._path_latency(flow.src, flow.dst)
+                 + tandem.ack_delay(flow, list(self._active.values()), self._capacity, back))
+        self.env.timeout(delay).callbacks.append(lambda _ev: self._acked(flow))
+
+    def _acked(self, flow) -> None:
+        """The writer has its group acknowledged: the next group goes out (and with the last one, the
+        send returns)."""
+        if not any(f is flow for f in self._active.values()):
+            return   # aborted meanwhile (a failure)
+        self._sync()
+        flow.acking = False
+        flow.group += 1
+        if flow.group == len(flow.bounds) and flow.release and flow.result is None:
+            self._released(flow)
+        self._schedule_update()
 
     def _schedule_update(self) -> None:
         """Recompute rates once, later in this instant, for any number of changes now."""
@@ -346,7 +377,7 @@ class Network(SenderFifo, Multicasting, Failures):
                         default=None)
         if self.send_window:  # a writer's return (its flow down to the last group) is an instant too
             release_left = min(((f.remaining - f.release) / f.rate for f in self._active.values()
-                                if f.rate > 0 and f.release and f.result is None), default=None)
+                                if f.rate > 0 and f.release and f.result is None and not f.bounds), default=None)
             if release_left is not None:
                 time_left = release_left if time_left is None else min(time_left, release_left)
             # a first stage's end or a queue run dry changes the rates (emu.tandem)

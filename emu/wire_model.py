@@ -23,8 +23,13 @@ returns when the last group has been written, that is once every earlier group g
 through: the bytes of the last group are still on the wire.  ``tail_bytes(n, H)`` is
 that last group.  The link under the writer is a FIFO (the kernel's queue), so a
 later send from the same node starts behind that tail (emu.network, ``fifo``).
-Not modelled: the acknowledgement's round trip between groups (the link idles for
-it), which matters on a long-latency link only.
+Between groups the writer's link idles until the group is acknowledged
+(``group_bounds``; emu.tandem): the group's last byte must reach the receiver, and the
+receiver's ACKNACK must come back, behind whatever waits in the queues of the way back.
+That is a round trip on an idle path, and up to a whole writer history's time on the
+link where the receiver is itself sending a large message: on the testbed a site's
+5-frame push to the central PS, while the PS sent a model to the other site, stalled
+0.42-0.48 s after its second frame (notebook entry 48).
 """
 
 from __future__ import annotations
@@ -108,6 +113,18 @@ def frames_per_group(window: int) -> int:
     """How many frames a writer takes before more than ``window`` bytes of them are
     unacknowledged (each frame's history entry is its payload and its header)."""
     return window // (FRAME_BYTES + FRAME_HEADER_BYTES) + 1
+
+
+def group_bounds(nbytes: int, window: int, mtu: int, framing: str = "rtps") -> tuple[int, ...]:
+    """Wire bytes of a message at which each group of its frames but the last ends: there its
+    writer waits until the group is acknowledged (none without a writer history, or on the
+    stream, whose TCP acknowledges as bytes come in)."""
+    if window <= 0 or framing == "stream":
+        return ()
+    frames = max(1, -(-nbytes // FRAME_BYTES))
+    per_group = frames_per_group(window)
+    frame_wire = FRAME_BYTES if framing == "payload" else _sample_wire(FRAME_BYTES + FRAME_HEADER_BYTES, mtu)
+    return tuple(j * per_group * frame_wire for j in range(1, (frames - 1) // per_group + 1))
 
 
 def tail_bytes(nbytes: int, window: int) -> int:

@@ -351,3 +351,69 @@ def test_on_the_stream_messages_to_two_receivers_go_one_after_another_as_in_dds(
         ends[framing] = (log["b.delivered"], log["c.delivered"])
     for framing in ("rtps", "stream"):
         assert ends[framing][0] < 0.6 * ends[framing][1]
+
+
+def test_groups_end_where_the_writer_waits_for_its_acknowledgement():
+    window = 2 * MIB   # groups of two frames
+    frame = wire_model._sample_wire(wire_model.FRAME_BYTES + wire_model.FRAME_HEADER_BYTES, 1500)
+    assert wire_model.group_bounds(4_800_000, window, 1500) == (2 * frame, 4 * frame)   # frames 1-2, 3-4; 5 last
+    assert wire_model.group_bounds(4 * MIB, window, 1500) == (2 * frame,)
+    assert wire_model.group_bounds(2 * MIB, window, 1500) == ()            # one group: nothing to wait for
+    assert wire_model.group_bounds(4_800_000, window, 1500, "payload") == (2 * MIB, 4 * MIB)
+    assert wire_model.group_bounds(4_800_000, 0, 1500) == ()               # no writer history
+    assert wire_model.group_bounds(4_800_000, window, 1500, "stream") == ()  # TCP acknowledges as it goes
+
+
+def test_a_writer_waits_a_round_trip_after_each_group():
+    """An idle path: each group but the last waits for its acknowledgement, a round trip (here 4 x
+    10 ms); the send returns as the last group starts."""
+    n, latency = 4_800_000, 0.010
+    env, net = _net(window=2 * MIB, latency_s=latency)
+    log = {}
+    _send(env, net, 0, "a", "b", n, log, "model")
+    env.run()
+    rtt = 2 * (2 * latency)
+    assert log["model.returned"] == approx(4 * MIB / 1e6 + 2 * rtt)
+    assert log["model.delivered"] == approx(n / 1e6 + 2 * rtt + 2 * latency)
+
+
+def test_an_acknowledgement_waits_behind_what_the_receiver_is_sending():
+    """The testbed's geo push (notebook entry 48): a's message to b, while b sends c a message of its
+    own.  b's writer put all of it in its link's queue at once, and the acknowledgement of a's first
+    group waits behind what is left of it; a's link idles meanwhile.  A message of one group waits
+    for no acknowledgement."""
+    n = 4_800_000
+    env, net = _net(window=2 * MIB, nodes=("a", "b", "c"))
+    log = {}
+    _send(env, net, 0, "a", "b", n, log, "push")
+    _send(env, net, 1.0, "b", "c", 1.5 * MIB, log, "other")       # b's link busy from 1 s to 2.57 s
+    env.run()
+    behind = 1.0 + 1.5 * MIB / 1e6 - 2 * MIB / 1e6                  # b's queue when a's first group arrived
+    assert log["other.delivered"] == approx(1.0 + 1.5 * MIB / 1e6)   # b's own message is not slowed
+    assert log["push.returned"] == approx(4 * MIB / 1e6 + behind)
+    assert log["push.delivered"] == approx(n / 1e6 + behind)
+    env, net = _net(window=2 * MIB, nodes=("a", "b", "c"))
+    log = {}
+    _send(env, net, 0, "a", "b", 2 * MIB, log, "small")
+    _send(env, net, 1.0, "b", "c", 1.5 * MIB, log, "other")
+    env.run()
+    assert log["small.delivered"] == approx(2 * MIB / 1e6)
+
+
+def test_a_receiver_that_fails_while_a_group_waits_for_its_acknowledgement_aborts_the_send():
+    n = 4_800_000
+    env, net = _net(window=2 * MIB, latency_s=0.05)
+    results = {}
+
+    def sender():
+        results["a"] = yield net.send("a", "b", n, lambda: results.setdefault("delivered", env.now))
+
+    def failure():
+        yield env.timeout(2 * MIB / 1e6 + 0.1)   # a's first group arrived; its acknowledgement is on the way
+        net.fail_node("b")
+
+    env.process(sender())
+    env.process(failure())
+    env.run()
+    assert results["a"].aborted and "delivered" not in results
+    assert not net.active_flows()
