@@ -191,6 +191,8 @@ class Scenario:
             del d["compute"]["default"]["cpu"]
         if not d["compute"]["shared_cores"]:
             del d["compute"]["shared_cores"]
+        if not d["compute"]["spread_draw"]:   # (the seed's own draw: the digests before the key)
+            del d["compute"]["spread_draw"]
         if d["compute"]["machines"] == "nodes":  # (the default: the digests of scenarios before the key)
             del d["compute"]["machines"]
         del d["compute"]["profile"]  # where the costs came from; the costs themselves are above

@@ -4,6 +4,12 @@
 (core.modes.units), and, over the units both have, gives ``time_error`` and ``comm_error``: (emu - real)
 / real of the means, as fractions; the spread per unit; and whether they trained the same model.
 A repetition is ``within_targets`` only where its errors are and its testbed was faithful.
+
+Emu's side may be several draws of its timing (``compute.spread_draw``): a run's timing is one draw
+of its machines' variation, and where an asynchronous rule's messages cross follows it, so one
+draw's comm can land 8% either side of the next one's where the testbed's runs moved 3% (FedAsync,
+notebook entry 48).  Each unit's prediction is then the mean of the draws, and ``draws`` holds their
+band: each draw's own means and errors.
 """
 
 from __future__ import annotations
@@ -23,12 +29,16 @@ def _error(emu: float, real: float) -> float | None:
     return None if real <= 0 else round((emu - real) / real, 4)
 
 
-def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
+def compare(scenario, real_dir: Path, emu_dirs) -> dict:
+    """``emu_dirs``: emu's run folder, or the folders of several draws of its timing (the first the
+    seed's own draw, whose model is compared): each unit's emu time is then their mean."""
+    emu_dirs = [Path(emu_dirs)] if isinstance(emu_dirs, (str, Path)) else [Path(d) for d in emu_dirs]
     count = resolve(scenario.kind.units)
     leader = scenario.node_names[0]
     real = count(read_events_partial(real_dir)[0], leader)
-    emu = count(read_events_partial(emu_dir)[0], leader)
-    both = sorted(set(real) & set(emu))
+    draws = [count(read_events_partial(d)[0], leader) for d in emu_dirs]
+    both = sorted(set(real).intersection(*draws))
+    emu = {u: tuple(statistics.fmean(d[u][i] for d in draws) for i in (0, 1)) for u in both}
     rows = [{"unit": u, "real_s": round(real[u][0], 6), "emu_s": round(emu[u][0], 6),
              "real_comm_s": round(real[u][1], 6), "emu_comm_s": round(emu[u][1], 6)} for u in both]
     record = {"unit": scenario.kind.unit, "units": len(rows), "units_real": len(real), "units_emu": len(emu)}
@@ -41,7 +51,9 @@ def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
                       abs_time_error_per_unit=round(statistics.fmean(per_unit), 4) if per_unit else None)
     else:
         record.update(time_error=None, comm_error=None)
-    sums = [_summary(d) for d in (real_dir, emu_dir)]
+    if len(draws) > 1:
+        record["draws"] = _band(draws, both, record)
+    sums = [_summary(d) for d in (real_dir, emu_dirs[0])]
     record["same_model"] = bool(sums[0].get("model_sha256")) and sums[0].get("model_sha256") == sums[1].get("model_sha256")
     record["faithful"] = bool((sums[0].get("testbed") or {}).get("faithful"))
     record["testbed_why"] = (sums[0].get("testbed") or {}).get("why", [])
@@ -56,6 +68,18 @@ def compare(scenario, real_dir: Path, emu_dir: Path) -> dict:
     record["miss_in_first_unit"] = bool(first)
     record["warnings"] = _warnings(rows) + first
     return record
+
+
+def _band(draws: list[dict], units: list, record: dict) -> dict:
+    """Each draw's own unit means and errors against the same testbed run: how far one draw can land."""
+    band = {"count": len(draws), "emu_s": [], "emu_comm_s": [], "time_error": [], "comm_error": []}
+    for d in draws if units else []:
+        t, c = (statistics.fmean(d[u][i] for u in units) for i in (0, 1))
+        band["emu_s"].append(round(t, 6))
+        band["emu_comm_s"].append(round(c, 6))
+        band["time_error"].append(_error(t, record["real_s"]))
+        band["comm_error"].append(_error(c, record["real_comm_s"]))
+    return band
 
 
 def _without_first(rows: list[dict]) -> dict | None:

@@ -48,7 +48,7 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
                   if scenario.compute.machines == "sites" else None)
     for spec in roles(scenario, work, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank],
-                             batch=scenario.kind.batch_size(scenario))
+                             batch=scenario.kind.batch_size(scenario), spread_draw=scenario.compute.spread_draw)
         if not timer.modelled:
             raise ScenarioError("compute.default.train_s_per_sample", "the model has no reference cost (a model factory, or a task without train_s_per_sample): "
                                 "set it, e.g. from `emu calibrate`")

@@ -10,7 +10,9 @@ Root, as the testbed is (real launch --machines netns).  For any scenario of any
    ``DIR/profile.yaml``; nothing in it comes from the run it predicts.
 2. **predict**: ``emu run --profile`` into ``DIR/emu``, with the testbed's machines
    (``compute.machines: sites``: a site's nodes share their machine's CPU).  The profile carries real
-   mode's transport (its framing, its writer history).
+   mode's transport (its framing, its writer history).  ``--draws N`` (default 5) more draws of the
+   machines' variation (``compute.spread_draw`` 1..N-1, into ``DIR/emu-draw<k>``): a run's timing is
+   one draw of it, and each unit is predicted as their mean (emu.fidelity), with their band.
 3. **run**: ``real launch --machines netns --time-scale 1``, ``--repeat`` times, into
    ``DIR/real-<i>``: every node (or site) on a machine of its own at the scenario's link rates, and
    the fidelity monitors' verdict in its summary.
@@ -61,6 +63,9 @@ def add_parser(sub) -> None:
                    help="each (default): before every run after the first, time the calibration's step again and "
                         "predict that run from its prices scaled by how far the host's speed moved "
                         "(profile-<i>.yaml, emu-<i>); once: one prediction for every run")
+    p.add_argument("--draws", type=int, default=5, metavar="N",
+                   help="predict each run as the mean of N draws of emu's timing (compute.spread_draw "
+                        "0..N-1), and show their band (default 5; 1: the seed's own draw alone)")
     p.add_argument("--reps", type=int, default=7, help="repetitions of each calibration timing (default 7)")
     p.add_argument("--key-file", help="seal every message with this key, in both runs")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up on a testbed run after this many seconds")
@@ -88,6 +93,8 @@ def main(args) -> int:
             raise MachinesRefused("--repeat must be at least 1")
         if args.retries < 0:
             raise MachinesRefused("--retries must be 0 or more")
+        if args.draws < 1:
+            raise MachinesRefused("--draws must be at least 1")
     except (ScenarioError, MachinesRefused) as err:
         print(f"emu validate: refused: {err}", file=sys.stderr)
         return 2
@@ -116,17 +123,23 @@ def main(args) -> int:
     print("emu validate: 2/3 predicting (emu run)", file=sys.stderr)
     sites = [a for s in machines.emu_sets for a in ("--set", s)]
 
-    def predict(prof: Path, emu: Path) -> None:
-        _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(emu),
-              "--profile", str(prof), *common, *sites], emu.with_name(emu.name + ".log"), args.timeout)
+    def predict(prof: Path, emu: Path) -> list[Path]:
+        """Emu's run into ``emu``, and its other draws of timing beside it: their folders."""
+        folders = [emu] + [emu.with_name(f"{emu.name}-draw{k}") for k in range(1, args.draws)]
+        for k, folder in enumerate(folders):
+            draw = ["--set", f"compute.spread_draw={k}"] if k else []
+            _run([sys.executable, "-m", "dtemu.emu.cli", "run", args.scenario, "--no-tui", "--out", str(folder),
+                  "--profile", str(prof), *common, *sites, *draw], folder.with_name(folder.name + ".log"),
+                 args.timeout)
+        return folders
 
-    predict(profile, out / "emu")
+    calibrated_draws = predict(profile, out / "emu")
     records = []
     share_args = ["--cpu-share", repr(args.cpu_share)] if args.cpu_share is not None else []
     launch = [sys.executable, "-m", "dtemu.real.cli", "launch", args.scenario, "--machines", "netns",
               "--time-scale", "1", "--no-tui", "--timeout", repr(args.timeout), *share_args, *common]
     for i in range(1, args.repeat + 1):
-        real, given_up, emu, factor, unfollowed = out / f"real-{i}", [], out / "emu", 1.0, []
+        real, given_up, emus, factor, unfollowed = out / f"real-{i}", [], calibrated_draws, 1.0, []
         if i > 1 and args.host_speed == "each":
             # The host's speed drifts by 10% or more within an hour (notebook entry 37): this run is
             # predicted from the calibration's prices moved as its step moved since, timed just now.
@@ -139,16 +152,15 @@ def main(args) -> int:
             else:
                 print(f"emu validate: 2/3 predicting run {i}: the step takes {factor:.3f}x the calibration's",
                       file=sys.stderr)
-                emu = out / f"emu-{i}"
-                predict(out / f"profile-{i}.yaml", emu)
+                emus = predict(out / f"profile-{i}.yaml", out / f"emu-{i}")
         for attempt in range(args.retries + 1):
             print(f"emu validate: 3/3 testbed run {i} of {args.repeat}{f' (again: {attempt})' if attempt else ''} "
                   f"(real launch --machines netns) -> {real}", file=sys.stderr)
             code = _run([*launch, "--out", str(real)], out / f"real-{i}.log", args.timeout + 120, check=False)
             after = probe()
             record = {"repetition": i, "scenario": args.scenario, "mode": scenario.mode, "sets": list(args.overrides),
-                      "real_exit": code, "emu": emu.name, "host_factor": round(factor, 4),
-                      **compare(scenario, real, emu)}
+                      "real_exit": code, "emu": emus[0].name, "emu_draws": [e.name for e in emus],
+                      "host_factor": round(factor, 4), **compare(scenario, real, emus)}
             note_host(record, moved(calibrated, last), moved(calibrated, after))
             record["warnings"] = [*unfollowed, *record["warnings"]]
             last = after
@@ -243,12 +255,23 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
+def _spread(values) -> str:
+    """A band of errors, lowest to highest ("" for none)."""
+    values = [v for v in values or [] if v is not None]
+    return f"{_pct(min(values))} to {_pct(max(values))}" if values else ""
+
+
 def table(records: list[dict]) -> str:
-    lines = ["| run | units | real s | emu s | time error | real comm s | emu comm s | comm error | same model | "
-             "faithful |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = ["| run | units | real s | emu s | time error | real comm s | emu comm s | comm error | "
+             "one draw's time, comm error | same model | faithful |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in records:
+        band = r.get("draws") or {}
+        draws = (f"{_spread(band.get('time_error'))}, {_spread(band.get('comm_error'))} ({band['count']} draws)"
+                 if band else "")
         lines.append(f"| {r['repetition']} | {r['units']} {r['unit']}s | {r.get('real_s', 0):.3f} | "
                      f"{r.get('emu_s', 0):.3f} | {_pct(r['time_error'])} | {r.get('real_comm_s', 0):.3f} | "
-                     f"{r.get('emu_comm_s', 0):.3f} | {_pct(r['comm_error'])} | {'yes' if r['same_model'] else 'no'} | "
+                     f"{r.get('emu_comm_s', 0):.3f} | {_pct(r['comm_error'])} | {draws} | "
+                     f"{'yes' if r['same_model'] else 'no'} | "
                      f"{'yes' if r['faithful'] else 'NO: ' + '; '.join(r['testbed_why'])} |")
     return "\n".join(lines)

@@ -112,6 +112,24 @@ def test_errors_are_emu_against_real_with_the_testbeds_verdict(tmp_path):
     assert r["errors_within_targets"] and not r["within_targets"]
 
 
+def test_several_draws_of_emus_timing_predict_each_unit_by_their_mean_and_show_their_band(tmp_path):
+    """emu validate --draws: one draw of the machines' variation can land 8% either side of the next
+    (FedAsync's comm, notebook entry 48); the prediction is the draws' mean, their spread the band."""
+    s = load_scenario("scenarios/fl_codecs.yaml")
+    real = _folder(tmp_path, "real", 2.0, "abc", {"faithful": True, "why": []})
+    draws = [_folder(tmp_path, "emu", 1.8, "abc"), _folder(tmp_path, "emu-draw1", 2.3, "abd"),
+             _folder(tmp_path, "emu-draw2", 2.05, "abd")]
+    r = compare(s, real, draws)
+    assert r["emu_s"] == pytest.approx(2.05) and r["time_error"] == pytest.approx(0.025)
+    assert [u["emu_s"] for u in r["per_unit"]] == pytest.approx([2.05] * 3)
+    assert r["draws"]["count"] == 3 and r["draws"]["emu_s"] == pytest.approx([1.8, 2.3, 2.05])
+    assert r["draws"]["time_error"] == pytest.approx([-0.1, 0.15, 0.025])
+    assert r["same_model"]   # the seed's own draw's model (the first)
+    # one folder, or a list of one, is the plain comparison, without a band
+    one = compare(s, real, draws[0])
+    assert "draws" not in one and one == compare(s, real, [draws[0]])
+
+
 def test_the_rows_of_the_issue():
     from tools.fidelity import ROWS
 

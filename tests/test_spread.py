@@ -119,3 +119,28 @@ def test_the_warmup_is_the_median_of_fresh_processes_first_steps_beyond_steady_o
     assert warmup_of([[-0.01, 0.0], [-0.02, 0.0], [0.0, 0.0]]) == []   # (noise below steady: none)
     assert warmup_of([[0.2, 0.0, 0.0]]) == [0.2]
     assert warmup_of([]) == []
+
+
+def test_another_spread_draw_moves_the_spread_alone():
+    """compute.spread_draw: another draw of the machines' variation (emu validate --draws); the jitter
+    stream and draw 0's arithmetic stay as they were."""
+    both = ComputeSpec(train_s_per_sample=1e-3, jitter=0.2, spread=0.1)
+
+    def durations(draw):
+        timer = ComputeTimer(both, None, seed=[1, 2], spread_draw=draw)
+        return [timer.duration(100) for _ in range(50)]
+
+    assert durations(0) == _durations(both, 50)                     # the seed's own draw: unchanged
+    assert durations(1) != durations(0) and durations(1) == durations(1) and durations(2) != durations(1)
+    plain = _durations(ComputeSpec(train_s_per_sample=1e-3, jitter=0.2), 50)
+    for draw in (1, 2):   # the jitter factors are the same draws: the ratio is the spread's factor alone
+        ratios = [s / p for s, p in zip(durations(draw), plain)]
+        assert all(1 - 0.1 * 3 ** 0.5 - 1e-9 <= r <= 1 + 0.1 * 3 ** 0.5 + 1e-9 for r in ratios)
+
+
+def test_the_seeds_own_spread_draw_keeps_a_scenarios_digest_and_a_bad_one_is_refused():
+    raw = {"name": "s", "mode": "fl", "fl": {"clients": 2, "rounds": 1}}
+    assert parse_scenario({**raw, "compute": {"spread_draw": 0}}).digest() == parse_scenario(raw).digest()
+    assert parse_scenario({**raw, "compute": {"spread_draw": 3}}).compute.spread_draw == 3
+    with pytest.raises(ScenarioError, match="spread_draw"):
+        parse_scenario({**raw, "compute": {"spread_draw": -1}})

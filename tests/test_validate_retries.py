@@ -13,7 +13,7 @@ from dtemu.emu import validate
 @pytest.fixture
 def testbed(monkeypatch):
     """A stand-in testbed whose runs are faithful as ``verdicts`` says, one after the other."""
-    state = SimpleNamespace(verdicts=[], launches=0, predictions=[], followed=[])
+    state = SimpleNamespace(verdicts=[], launches=0, predictions=[], followed=[], compared=[])
 
     def run(cmd, log, timeout_s, check=True):
         out = cmd[cmd.index("--out") + 1]
@@ -24,10 +24,12 @@ def testbed(monkeypatch):
         if "launch" in cmd:
             state.launches += 1
         else:
-            state.predictions.append((Path(cmd[cmd.index("--profile") + 1]).name, Path(out).name))
+            draw = [a.split("=")[1] for a in cmd if a.startswith("compute.spread_draw=")]
+            state.predictions.append((Path(cmd[cmd.index("--profile") + 1]).name, Path(out).name, *draw))
         return 0
 
     def compare(scenario, real, emu):
+        state.compared.append([e.name for e in emu])
         faithful = state.verdicts.pop(0)
         return {"faithful": faithful, "testbed_why": [] if faithful else ["steal 14%"], "time_error": 0.01,
                 "comm_error": 0.02, "errors_within_targets": True, "within_targets": faithful, "warnings": [],
@@ -79,15 +81,42 @@ def test_retries_end_and_the_last_attempt_stands_unfaithful(tmp_path, testbed):
 
 def test_each_run_after_the_first_is_predicted_again_at_the_hosts_speed(tmp_path, testbed):
     testbed.verdicts = [True, True]
-    records = _validate(tmp_path)
+    records = _validate(tmp_path, "--draws", "1")
     assert testbed.followed == ["profile-2.yaml"]
     assert testbed.predictions == [("profile.yaml", "emu"), ("profile-2.yaml", "emu-2")]
     assert [(r["emu"], r["host_factor"]) for r in records] == [("emu", 1.0), ("emu-2", 1.05)]
 
 
+def test_each_prediction_is_several_draws_of_emus_timing_compared_together(tmp_path, testbed):
+    """A run's timing is one draw of its machines' variation (compute.spread_draw): each prediction
+    is the seed's own draw and the next ones beside it, each of the same profile, and the comparison
+    takes them all (emu.fidelity: each unit's mean, and their band)."""
+    testbed.verdicts = [True, True]
+    records = _validate(tmp_path, "--draws", "3")
+    assert testbed.predictions == [("profile.yaml", "emu"), ("profile.yaml", "emu-draw1", "1"),
+                                   ("profile.yaml", "emu-draw2", "2"), ("profile-2.yaml", "emu-2"),
+                                   ("profile-2.yaml", "emu-2-draw1", "1"), ("profile-2.yaml", "emu-2-draw2", "2")]
+    assert testbed.compared == [["emu", "emu-draw1", "emu-draw2"], ["emu-2", "emu-2-draw1", "emu-2-draw2"]]
+    assert [r["emu_draws"] for r in records] == testbed.compared
+    # the default: five draws
+    testbed.verdicts, testbed.compared = [True, True], []
+    _validate(tmp_path)
+    assert [len(c) for c in testbed.compared] == [5, 5]
+
+
+def test_no_draws_is_refused(tmp_path, testbed, capsys):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    validate.add_parser(p.add_subparsers(dest="command"))
+    args = p.parse_args(["validate", "scenarios/fl_codecs.yaml", "--out", str(tmp_path / "v"), "--draws", "0"])
+    assert validate.main(args) == 2
+    assert "--draws must be at least 1" in capsys.readouterr().err
+
+
 def test_host_speed_once_predicts_every_run_from_the_calibration(tmp_path, testbed):
     testbed.verdicts = [True, True]
-    records = _validate(tmp_path, "--host-speed", "once")
+    records = _validate(tmp_path, "--host-speed", "once", "--draws", "1")
     assert testbed.followed == [] and testbed.predictions == [("profile.yaml", "emu")]
     assert [r["emu"] for r in records] == ["emu", "emu"]
 
@@ -102,7 +131,7 @@ def test_a_run_whose_host_speed_cannot_be_timed_is_predicted_as_calibrated_and_s
 
     monkeypatch.setattr(validate, "_follow_host", fails)
     testbed.verdicts = [True, True]
-    records = _validate(tmp_path)
+    records = _validate(tmp_path, "--draws", "1")
     assert [(r["emu"], r["host_factor"]) for r in records] == [("emu", 1.0), ("emu", 1.0)]
     assert records[1]["warnings"][0].startswith("run 2: the host's speed could not be timed again")
     assert testbed.predictions == [("profile.yaml", "emu")]

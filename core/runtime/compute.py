@@ -52,7 +52,8 @@ SERVER_APP = "server_app"
 class ComputeTimer:
     """One node's compute model; jitter is drawn from the node's own seeded stream."""
 
-    def __init__(self, spec: ComputeSpec, reference_s_per_sample: float | None, seed, batch: int | None = None):
+    def __init__(self, spec: ComputeSpec, reference_s_per_sample: float | None, seed, batch: int | None = None,
+                 spread_draw: int = 0):
         self.cost = spec.train_s_per_sample or reference_s_per_sample
         self.slowdown = spec.slowdown
         self.s_per_sample = None if self.cost is None else self.cost * spec.slowdown
@@ -60,10 +61,11 @@ class ComputeTimer:
         self.rng = np.random.default_rng(seed)
         self.seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
         # Emu: the calibrated machine's own variation of a training job (``spread``), from a stream
-        # of its own, so that a scenario's jitter draws are the same with or without it.
+        # of its own, so that a scenario's jitter draws are the same with or without it; another
+        # ``spread_draw`` (compute.spread_draw) is another draw of the same variation.
         self.spread = getattr(spec, "spread", 0.0) or 0.0
         self.spread_per_sample = getattr(spec, "spread_per_sample", 0.0) or 0.0
-        self.spread_rng = np.random.default_rng([*self.seed, 0x5D])
+        self.spread_rng = np.random.default_rng([*self.seed, 0x5D, *([spread_draw] if spread_draw else [])])
         # A fresh process's start-up in its first training steps (its lazy set-up), step by step, a
         # step being ``batch`` samples (without one: all of it in the first job).
         warmup = getattr(spec, "warmup_s", 0.0) or 0.0

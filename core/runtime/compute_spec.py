@@ -129,6 +129,10 @@ class ComputeModel:
     # nodes: each node is a machine of its own; sites: the nodes of a site share one, as on the
     # testbed of real launch --machines (a geo site's PS beside its workers).
     machines: Literal["nodes", "sites"] = "nodes"
+    # Emu only: which draw of the machines' own variation (``spread``) the run takes.  0: the seed's
+    # own.  A run's timing is one draw of it: where messages cross or collide depends on it (an
+    # asynchronous rule's versions), and ``emu validate --draws N`` predicts from draws 0..N-1.
+    spread_draw: int = field(default=0, metadata=check(non_negative))
     # A calibration profile (``emu calibrate``) whose costs the loader applied (host.profile): its
     # path, made absolute; the values it set are in the keys above.
     profile: str | None = None
