@@ -189,12 +189,9 @@ class Scenario:
         # ... nor do the CPU costs outside training (geo's roles) when they are absent.
         if not self.compute.default.cpu.any():
             del d["compute"]["default"]["cpu"]
-        if not d["compute"]["shared_cores"]:
-            del d["compute"]["shared_cores"]
-        if not d["compute"]["spread_draw"]:   # (the seed's own draw: the digests before the key)
-            del d["compute"]["spread_draw"]
-        if d["compute"]["machines"] == "nodes":  # (the default: the digests of scenarios before the key)
-            del d["compute"]["machines"]
+        for key, default in (("shared_cores", 0), ("spread_draw", 0), ("machines", "nodes")):
+            if d["compute"][key] == default:   # (the digests of scenarios from before these keys)
+                del d["compute"][key]
         del d["compute"]["profile"]  # where the costs came from; the costs themselves are above
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
