@@ -56,10 +56,10 @@ left (``wire_model.tail_bytes``; a small message returns at once); a flow crosse
 network store and forward, the sender's side and then the receiver's (``emu.tandem``),
 and the node's uplink is a FIFO (``emu.sender_fifo``): a later send from it starts once
 every earlier flow from it has passed the sender's side, or ended if sooner (the flows of
-one message to several receivers, one ``batch``, share it).  Between a message's writer groups its
-flow waits for the group's acknowledgement, behind the queues of the way back (``_send_ack``).  A flow slowed by its
-receiver's side waits in that side's queue, as in the testbed's qdiscs, not in the
-sender's; a message waiting in the sender's FIFO returns when it starts.  Its FlowResult
+one message to several receivers, one ``batch``, share it).  Between a message's writer
+groups its flow waits for the group's acknowledgement, behind the queues of the way back
+(``_send_ack``).  A flow slowed by its receiver's side waits in that side's queue, as in the
+testbed's qdiscs, not in the sender's; a message waiting in the sender's FIFO returns when it starts.  Its FlowResult
 is completed in place when the flow ends.
 
 Failures: ``fail_node`` and ``restore_node`` (``emu.failures``).
@@ -323,7 +323,7 @@ class Network(SenderFifo, Multicasting, Failures):
         flow.acking = True
         back = ((flow.dst, "up"), *self._wan_ports(flow.dst, flow.src), (flow.src, "down"))
         delay = (2 * self._path_latency(flow.src, flow.dst)
-                 + tandem.ack_delay(flow, list(self._active.values()), self._capacity, back))
+                 + tandem.ack_delay(list(self._active.values()), self._capacity, back))
         self.env.timeout(delay).callbacks.append(lambda _ev: self._acked(flow))
 
     def _acked(self, flow) -> None:

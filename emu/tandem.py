@@ -114,8 +114,8 @@ def next_change(flow) -> float | None:
     return min(times, default=None)
 
 
-def ack_delay(flow, flows, capacity, ports_back) -> float:
-    """Queueing time of the flow's acknowledgement on its way back (``ports_back``: the receiver's
+def ack_delay(flows, capacity, ports_back) -> float:
+    """Queueing time of an acknowledgement on its way back (``ports_back``: the receiver's
     uplink side, then the sender's downlink side).  A writer puts its whole current group in its
     link's queue at once, so an uplink holds what the first stages of its flows have still to pass
     of their groups; a downlink holds what waits at the receivers' side.  Each side's queue is its
