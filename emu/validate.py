@@ -255,7 +255,7 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
-def _spread(values) -> str:
+def band(values) -> str:
     """A band of errors, lowest to highest ("" for none)."""
     values = [v for v in values or [] if v is not None]
     return f"{_pct(min(values))} to {_pct(max(values))}" if values else ""
@@ -266,9 +266,9 @@ def table(records: list[dict]) -> str:
              "one draw's time, comm error | same model | faithful |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in records:
-        band = r.get("draws") or {}
-        draws = (f"{_spread(band.get('time_error'))}, {_spread(band.get('comm_error'))} ({band['count']} draws)"
-                 if band else "")
+        drawn = r.get("draws") or {}
+        draws = (f"{band(drawn.get('time_error'))}, {band(drawn.get('comm_error'))} ({drawn['count']} draws)"
+                 if drawn else "")
         lines.append(f"| {r['repetition']} | {r['units']} {r['unit']}s | {r.get('real_s', 0):.3f} | "
                      f"{r.get('emu_s', 0):.3f} | {_pct(r['time_error'])} | {r.get('real_comm_s', 0):.3f} | "
                      f"{r.get('emu_comm_s', 0):.3f} | {_pct(r['comm_error'])} | {draws} | "

@@ -147,8 +147,9 @@ def why_it_misses(name: str, records: list[dict]) -> str:
 
 def _draws(records: list[dict]) -> str:
     """How far one draw of emu's timing landed from its run, over every run's draws ("" with one)."""
-    errors = [e for r in records for e in (r.get("draws") or {}).get("comm_error", []) if e is not None]
-    return f"{_pct(min(errors))} to {_pct(max(errors))}" if errors else ""
+    from dtemu.emu.validate import band
+
+    return band([e for r in records for e in (r.get("draws") or {}).get("comm_error", [])])
 
 
 def markdown(rows: dict[str, list[dict]]) -> str:
