@@ -89,10 +89,12 @@ __all__ = ["FlowInfo", "FlowResult", "Link", "Network", "NodeStats", "link_from_
 class Network(SenderFifo, Multicasting, Failures):
     def __init__(self, env: simpy.Environment, links: dict[str, Link], seed: int = 0,
                  mtu: int = 1500, sites: dict[str, str] | None = None,
-                 wan: dict[str, Link] | None = None, framing: str = "payload", send_window: int = 0):
-        """``sites`` maps a node to its site, ``wan`` a site to its WAN attachment
-        (``loss`` unused); without them the network is the flat star.  ``framing`` and
-        ``send_window``: real mode's headers and writer history (``emu.wire_model``)."""
+                 wan: dict[str, Link] | None = None, framing: str = "payload", send_window: int = 0,
+                 machine_of: dict[str, str] | None = None):
+        """``sites`` maps a node to its site, ``wan`` a site to its WAN attachment (``loss`` unused);
+        without them the network is the flat star.  ``framing``, ``send_window``: real mode's headers and
+        writer history (``emu.wire_model``).  ``machine_of``: each node's machine where nodes share one
+        (compute.machines: sites); a message within one crosses its loopback, which no link shapes."""
         if mtu <= 0:
             raise ValueError(f"mtu must be positive, got {mtu!r}")
         if framing not in wire_model.FRAMINGS:
@@ -108,7 +110,7 @@ class Network(SenderFifo, Multicasting, Failures):
         self._holding: dict[str, set] = defaultdict(set)
         self._waiting: dict[str, list] = defaultdict(list)
         self._batch_on_wire: dict[str, object] = {}  # the batch token of a node's flows on the wire
-        self.site_of = dict(sites or {})
+        self.site_of, self.machine_of = dict(sites or {}), dict(machine_of or {})
         self.wan = dict(wan or {})
         for node, site in self.site_of.items():
             if node not in links or site not in self.wan:
@@ -167,8 +169,9 @@ class Network(SenderFifo, Multicasting, Failures):
             event.succeed(FlowResult(src, dst, nbytes, now, now, None, 0, 0, aborted=True))
             return event
 
-        if src == dst:
-            # Loopback: no links, no loss, no latency.
+        if self.machine_of.get(src, (src,)) == self.machine_of.get(dst, (dst,)):   # (a node alone: itself)
+            # Loopback, to itself or a node of its machine: no link, loss or latency (its time is both
+            # ends' CPU, emu.world).
             self._flow_done(src, dst, nbytes, 0, now, 0, event, on_deliver, delay=0.0)
             return event
 

@@ -41,7 +41,8 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
            for name, site in scenario.network.sites.items()}
     network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu,
                       sites=scenario.site_of, wan=wan, framing=scenario.network.framing,
-                      send_window=scenario.network.send_window_bytes)
+                      send_window=scenario.network.send_window_bytes,
+                      machine_of=scenario.site_of if scenario.compute.machines == "sites" else None)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed,
                   shared_cores=scenario.compute.shared_cores, key=key,
                   machines=machines_of(scenario.site_of, scenario.node_names, env)

@@ -71,6 +71,8 @@ class EmuNode:
         self.make_role = make_role
         self.timer = timer
         self.inbox = _Inbox()
+        # its transport's receive thread, where a message from its own machine is taken in (deliver)
+        self.receive_thread = simpy.Resource(world.env, capacity=1)
         self.process: simpy.Process | None = None
         self.up = False
         self.starts = 0
@@ -232,11 +234,25 @@ class EmuNode:
         # The transport's receive thread reassembles a message while its bytes come in (real.receiving):
         # that much of its CPU per MB is spent meanwhile, on the node's machine beside its other jobs
         # where it shares one (charged as the message lands), and not after the last byte (recv).
-        meanwhile = self._reassembled_meanwhile(msg)
         machine = self.world.machines.get(self.node)
+        if machine is not None and self.world.machines.get(msg.src) is machine:
+            # From a node of its own machine, over loopback: no wire time hides the reassembly, which
+            # is the transfer (the receive thread's work on the machine's CPU) before the role has it.
+            self.world.env.process(self._reassemble(msg, machine, self.inbox))
+            return
+        meanwhile = self._reassembled_meanwhile(msg)
         if meanwhile > 0 and machine is not None:
             self.world.env.process(machine.run(meanwhile))
-        inbox = self.inbox
+        self._land(msg, self.inbox)
+
+    def _reassemble(self, msg: Message, machine, inbox: _Inbox):
+        with self.receive_thread.request() as turn:   # one at a time, in order
+            yield turn
+            yield from machine.run(len(msg.data) * self.timer.recv_s_per_mb / 1e6)
+        if self.up and inbox is self.inbox:   # (a crash meanwhile lost it with the inbox)
+            self._land(Message(msg.topic, msg.src, msg.data, msg.sent_at, self.world.env.now), inbox)
+
+    def _land(self, msg: Message, inbox: _Inbox) -> None:
         inbox.messages.append(msg)
         if inbox.waiter is not None and msg.topic in inbox.waiting_for:
             waiter, inbox.waiter = inbox.waiter, None

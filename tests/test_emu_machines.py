@@ -153,3 +153,62 @@ def test_a_message_is_reassembled_while_its_bytes_come_in_on_its_nodes_machine()
     env.process(take("hidden"))
     env.run()
     assert ends["hidden"][0] == pytest.approx(before)
+
+
+def test_a_message_within_a_machine_crosses_its_loopback_not_its_links():
+    """On the testbed a site's nodes share one namespace, and their messages cross its loopback, which
+    nothing shapes: no wire time and no link's bytes; between machines the links still carry them."""
+    from dtemu.emu.links import Link
+    from dtemu.emu.network import Network
+
+    env = simpy.Environment()
+    lan, wan = Link(up_bps=8e6, down_bps=8e6, latency_s=0.001), Link(up_bps=8e6, down_bps=8e6)
+    network = Network(env, {"a-ps": lan, "a-w0": lan, "b-ps": lan}, sites={"a-ps": "a", "a-w0": "a", "b-ps": "b"},
+                      wan={"a": wan, "b": wan}, machine_of={"a-ps": "a", "a-w0": "a", "b-ps": "b"})
+    landed = {}
+    for dst in ("a-ps", "b-ps"):
+        network.send("a-w0", dst, 1_000_000, lambda dst=dst: landed.setdefault(dst, env.now))
+    env.run()
+    assert landed["a-ps"] == 0.0
+    assert landed["b-ps"] > 1.0   # a MB at 1 MB/s, over the WAN
+    assert network.wan_bytes["a"]["up"] == 1_000_000   # the loopback message crossed no link
+    assert network.stats["a-w0"].bytes_sent == 2_000_000
+
+
+def test_a_message_from_its_own_machine_is_reassembled_on_it_before_the_role_has_it():
+    """Over loopback no wire time hides the receive thread's CPU per MB: it is the transfer, on the
+    machine beside its jobs, one message at a time in order; the message lands when it is done."""
+    import types
+
+    from dtemu.core.runtime.requests import Message
+    from dtemu.emu.world import EmuNode
+
+    env = simpy.Environment()
+    machine = SharedMachine(env)
+    world = types.SimpleNamespace(env=env, machines={"ps": machine, "w0": machine}, key=None,
+                                  on_cpu=lambda s: (yield env.timeout(s)))
+    timer = types.SimpleNamespace(recv_s_per_mb=0.5, decode_s_per_mb=0.0, recv_s_per_message=0.0)
+    node = EmuNode(world, "ps", 0, ("t",), None, timer)
+    node.up = True
+    ends, taken = {}, []
+
+    def train():
+        yield from machine.run(1.0)
+        ends["train"] = env.now
+
+    def take():
+        for _ in range(2):
+            msg = yield from node.recv(("t",), None)
+            taken.append((env.now, msg.data[:1], msg.received_at))
+
+    env.process(train())
+    env.process(take())
+    # 1 MB then 0.2 MB from w0 at 0: 0.5 s and 0.1 s of reassembly, one after the other, each beside
+    # the training at half speed: the first lands at 1.0, the second at 1.2; the training (0.6 done
+    # by then) runs its last 0.4 s alone
+    node.deliver(Message("t", "w0", b"a" * 1_000_000, sent_at=0.0, received_at=0.0))
+    node.deliver(Message("t", "w0", b"b" * 200_000, sent_at=0.0, received_at=0.0))
+    env.run()
+    assert ends["train"] == pytest.approx(1.6)
+    assert [(t, d) for t, d, _ in taken] == [(pytest.approx(1.0), b"a"), (pytest.approx(1.2), b"b")]
+    assert [r for _, _, r in taken] == [pytest.approx(1.0), pytest.approx(1.2)]   # as the role had them
