@@ -5,7 +5,9 @@
 Each job's modelled duration (``ComputeTimer``: the step as ``emu calibrate --cpu-share`` timed it
 alone on that share) is its work; while n of the machine's jobs run, each advances at 1/n of its
 rate, as a CPU quota shared by n busy processes gives each of them.  With ``nodes`` (the default)
-every node is a machine of its own and a job takes its duration, as before.
+every node is a machine of its own and a job takes its duration, as before.  The nodes of one machine
+reach each other over its loopback, not the site's LAN (emu.network's ``machine_of``): the testbed
+shapes no loopback, and such a message's time is its CPU at both ends (emu.world).
 
 The state is each running job's work left; it is brought up to date whenever a job starts or
 ends, and every job then waits for its own end or the next change, whichever is first.

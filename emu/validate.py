@@ -122,6 +122,10 @@ def main(args) -> int:
     last = calibrated
     print("emu validate: 2/3 predicting (emu run)", file=sys.stderr)
     sites = [a for s in machines.emu_sets for a in ("--set", s)]
+    # What of the scenario the testbed does not run, said beside every result
+    loopback = [f"{', '.join(machines.shared)}: one machine each on the testbed, whose nodes reach each other "
+                f"over its loopback, not the scenario's LAN (emu models the same): the LAN's rates are not "
+                f"validated"] if machines.shared else []
 
     def predict(prof: Path, emu: Path) -> list[Path]:
         """Emu's run into ``emu``, and its other draws of timing beside it: their folders."""
@@ -162,7 +166,7 @@ def main(args) -> int:
                       "real_exit": code, "emu": emus[0].name, "emu_draws": [e.name for e in emus],
                       "host_factor": round(factor, 4), **compare(scenario, real, emus)}
             note_host(record, moved(calibrated, last), moved(calibrated, after))
-            record["warnings"] = [*unfollowed, *record["warnings"]]
+            record["warnings"] = [*unfollowed, *loopback, *record["warnings"]]
             last = after
             if record["faithful"] or attempt == args.retries:
                 break

@@ -18,7 +18,9 @@ role; ``EmuNode`` supplies the driver's primitives in virtual time:
              ``compute.cpu``'s ops) of every node queues for N shared cores (FIFO).
 - machines:  with ``compute.machines: sites``, the jobs of a site's nodes share its one
              machine's CPU (emu.machines: processor sharing), as on the testbed's machines:
-             their training, their CPU ops, and each message's CPU on either side.
+             their training, their CPU ops, and each message's CPU on either side.  A message
+             between two nodes of one machine crosses its loopback (no link): its receive
+             thread's reassembly, on the machine, is its transfer.
 - wait_peers: until the peers are up (matched), or the deadline.
 - die:       the node goes down (state, inbox and flows lost) and, if the
              crash says so, restarts later.

@@ -223,3 +223,6 @@ def test_the_dashboard_says_when_the_testbed_stopped_being_faithful():
 def test_the_plan_says_when_emu_shares_a_machine_among_nodes():
     assert M.plan(load_scenario("scenarios/fl_straggler.yaml"), 2).emu_sets == []
     assert M.plan(load_scenario("scenarios/geo_hips.yaml"), 2).emu_sets == ["compute.machines=sites"]
+    # and which machines hold several nodes, whose LAN the testbed does not run (emu validate says so)
+    assert M.plan(load_scenario("scenarios/fl_straggler.yaml"), 2).shared == []
+    assert M.plan(load_scenario("scenarios/geo_hips.yaml"), 2).shared == ["central", "a", "b"]

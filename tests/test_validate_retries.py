@@ -142,3 +142,20 @@ def test_processes_timed_together_wait_as_long_as_their_share_makes_them():
 
     assert together_timeout_s(None) == together_timeout_s(1.5) == TOGETHER_TIMEOUT_S
     assert together_timeout_s(0.25) == pytest.approx(4 * TOGETHER_TIMEOUT_S)
+
+
+def test_a_scenario_whose_sites_are_machines_says_its_lan_is_not_validated(tmp_path, testbed):
+    """A geo site is one testbed machine: its nodes reach each other over loopback, and emu models that,
+    so the scenario's LAN rates are not what a record compares; each record says so, an FL one not."""
+    import argparse
+
+    testbed.verdicts = [True, True, True]
+    assert not any(r["warnings"] for r in _validate(tmp_path, "--draws", "1"))
+    p = argparse.ArgumentParser()
+    validate.add_parser(p.add_subparsers(dest="command"))
+    assert validate.main(p.parse_args(["validate", "scenarios/geo_hips.yaml", "--out", str(tmp_path / "g"),
+                                       "--repeat", "1", "--draws", "1"])) == 0
+    [record] = json.loads((tmp_path / "g" / "validation.json").read_text())
+    assert record["warnings"] == [
+        "central, a, b: one machine each on the testbed, whose nodes reach each other over its loopback, "
+        "not the scenario's LAN (emu models the same): the LAN's rates are not validated"]

@@ -43,6 +43,12 @@ class Plan:
         (compute.machines: sites, emu/machines.py)."""
         return ["compute.machines=sites"] if len(self.machines) < len(self.of_node) else []
 
+    @property
+    def shared(self) -> list[str]:
+        """The machines that hold several nodes: these reach each other over its loopback, which no
+        link shapes (a geo site's LAN is not on the testbed; emu models the loopback)."""
+        return [name for i, name in enumerate(self.machines) if len(self.nodes_on(i)) > 1]
+
     def nodes_on(self, machine: int) -> list[str]:
         return [n for n, m in self.of_node.items() if m == machine]
 
