@@ -173,3 +173,19 @@ def test_a_miss_that_sits_in_the_first_unit_is_said_and_still_counted(tmp_path):
     assert any(w.startswith("the miss sits in the first compared round (round 2") for w in r["warnings"])
     r = compare(s, folder("real2", [1.0, 2.0, 3.0, 4.0, 5.0]), folder("emu2", [1.0, 2.0, 3.0, 4.0, 5.0]))
     assert r["within_targets"] and not r["miss_in_first_unit"]
+
+
+def test_the_why_it_misses_column_appears_only_where_a_row_missed():
+    from tools.fidelity import markdown
+
+    def rec(i, comm):
+        return {"repetition": i, "unit": "round", "units": 5, "real_s": 2.0, "emu_s": 2.0, "real_comm_s": 1.0,
+                "emu_comm_s": 1.0 + comm, "time_error": 0.0, "comm_error": comm, "same_model": True, "faithful": True,
+                "within_targets": abs(comm) <= 0.05, "draws": {"comm_error": [comm]}}
+
+    met = markdown({"fl_fp32": [rec(1, 0.01), rec(2, -0.02)]})
+    assert "why it misses" not in met and met.splitlines()[2].endswith("**2 of 2** |")
+    missed = markdown({"fl_fp32": [rec(1, 0.01)], "geo_hips": [rec(1, 0.08)]})
+    head, _, hit, miss = missed.splitlines()
+    assert head.endswith("| why it misses |") and hit.endswith("**1 of 1** |  |")
+    assert miss.endswith("comm emu 1.080 vs 1.000 |")
