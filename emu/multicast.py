@@ -39,6 +39,10 @@ class Multicasting:
             if src in self._down_nodes or dst in self._down_nodes or dst == src:
                 self.stats[src].messages_lost_to_failure += dst != src
                 continue
+            if self.machine_of.get(src, (src,)) == self.machine_of.get(dst, (dst,)):   # a node of its machine:
+                # the multicast loops back in its kernel, on no link (emu.network's machine_of)
+                self._flow_done(src, dst, nbytes, 0, now, 0, self.env.event(), functools.partial(on_deliver, dst), 0.0)
+                continue
             lost = self._draw_lost_packets(src, dst, nbytes)
             lost_most = max(lost_most, lost)
             members.append((dst, lost, functools.partial(on_deliver, dst)))
@@ -72,6 +76,9 @@ class Multicasting:
         stats = self.stats[f.src]
         stats.bytes_sent += f.nbytes  # once: the point of multicast
         stats.wire_bytes_sent += f.total
+        for name, direction in f.ports:   # each WAN port it crossed, once
+            if isinstance(name, str) and name.startswith("wan:"):
+                self.wan_bytes[name[4:]][direction] += f.nbytes
         results = [self._member_done(f.src, m, f.nbytes, f.start, now) for m in f.members]
         if f.result is None:
             f.event.succeed(results)

@@ -173,6 +173,13 @@ def test_a_message_within_a_machine_crosses_its_loopback_not_its_links():
     assert landed["b-ps"] > 1.0   # a MB at 1 MB/s, over the WAN
     assert network.wan_bytes["a"]["up"] == 1_000_000   # the loopback message crossed no link
     assert network.stats["a-w0"].bytes_sent == 2_000_000
+    # a multicast loops back to its machine's nodes and crosses the links to the others
+    landed.clear()
+    network.multicast("a-w0", ["a-ps", "b-ps"], 1_000_000, lambda dst: landed.setdefault(dst, env.now))
+    start = env.now
+    env.run()
+    assert landed["a-ps"] == start and landed["b-ps"] > start + 1.0   # (a MB over the WAN)
+    assert network.wan_bytes == {"a": {"up": 2_000_000, "down": 0}, "b": {"up": 0, "down": 2_000_000}}
 
 
 def test_a_message_from_its_own_machine_is_reassembled_on_it_before_the_role_has_it():
