@@ -45,6 +45,12 @@ def link_from_spec(up_mbps: float, down_mbps: float, latency_ms: float = 0.0,
                 latency_s=latency_ms / 1e3, loss=loss)
 
 
+def same_machine(machine_of: dict, a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are one node, or two nodes of one machine (``machine_of``: node -> its
+    machine, where nodes share one): what passes between them crosses its loopback, on no link."""
+    return a == b or (a in machine_of and machine_of.get(b) is machine_of[a])
+
+
 def wan_port(site: str, direction: str) -> tuple[str, str]:
     """A site's WAN port; the "wan:" prefix keeps it apart from access ports (node, "up"|"down")."""
     return (f"wan:{site}", direction)

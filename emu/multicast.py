@@ -15,7 +15,7 @@ from typing import Callable
 import simpy
 
 from .flows import Delivery, MulticastFlow
-from .links import FlowResult
+from .links import FlowResult, same_machine
 
 
 class Multicasting:
@@ -39,8 +39,7 @@ class Multicasting:
             if src in self._down_nodes or dst in self._down_nodes or dst == src:
                 self.stats[src].messages_lost_to_failure += dst != src
                 continue
-            if self.machine_of.get(src, (src,)) == self.machine_of.get(dst, (dst,)):   # a node of its machine:
-                # the multicast loops back in its kernel, on no link (emu.network's machine_of)
+            if same_machine(self.machine_of, src, dst):   # the multicast loops back in its kernel, on no link
                 self._flow_done(src, dst, nbytes, 0, now, 0, self.env.event(), functools.partial(on_deliver, dst), 0.0)
                 continue
             lost = self._draw_lost_packets(src, dst, nbytes)

@@ -79,7 +79,7 @@ from .failures import Failures
 from .sender_fifo import SenderFifo
 from .fair_share import max_min_rates
 from .flows import Delivery, Flow, MulticastFlow
-from .links import FlowInfo, FlowResult, Link, NodeStats, link_from_spec, wan_port
+from .links import FlowInfo, FlowResult, Link, NodeStats, link_from_spec, same_machine, wan_port
 from .multicast import Multicasting
 
 # The values moved to emu.links; importers still find them here.
@@ -90,7 +90,7 @@ class Network(SenderFifo, Multicasting, Failures):
     def __init__(self, env: simpy.Environment, links: dict[str, Link], seed: int = 0,
                  mtu: int = 1500, sites: dict[str, str] | None = None,
                  wan: dict[str, Link] | None = None, framing: str = "payload", send_window: int = 0,
-                 machine_of: dict[str, str] | None = None):
+                 machine_of: dict | None = None):
         """``sites`` maps a node to its site, ``wan`` a site to its WAN attachment (``loss`` unused);
         without them the network is the flat star.  ``framing``, ``send_window``: real mode's headers and
         writer history (``emu.wire_model``).  ``machine_of``: each node's machine where nodes share one
@@ -169,7 +169,7 @@ class Network(SenderFifo, Multicasting, Failures):
             event.succeed(FlowResult(src, dst, nbytes, now, now, None, 0, 0, aborted=True))
             return event
 
-        if self.machine_of.get(src, (src,)) == self.machine_of.get(dst, (dst,)):   # (a node alone: itself)
+        if same_machine(self.machine_of, src, dst):
             # Loopback, to itself or a node of its machine: no link, loss or latency (its time is both
             # ends' CPU, emu.world).
             self._flow_done(src, dst, nbytes, 0, now, 0, event, on_deliver, delay=0.0)

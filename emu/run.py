@@ -39,14 +39,14 @@ def build_world(env: simpy.Environment, scenario: Scenario, work: Workload, run:
     # Sites (network.sites): each node's access link is its site's LAN; each site has a WAN attachment.
     wan = {name: link_from_spec(site.wan.up_mbps, site.wan.down_mbps, site.wan.latency_ms)
            for name, site in scenario.network.sites.items()}
+    # compute.machines: sites: a site's nodes share one machine's CPU and reach each other over its loopback
+    machines = (machines_of(scenario.site_of, scenario.node_names, env)
+                if scenario.compute.machines == "sites" else None)
     network = Network(env, links, seed=scenario.seed, mtu=scenario.network.mtu,
                       sites=scenario.site_of, wan=wan, framing=scenario.network.framing,
-                      send_window=scenario.network.send_window_bytes,
-                      machine_of=scenario.site_of if scenario.compute.machines == "sites" else None)
+                      send_window=scenario.network.send_window_bytes, machine_of=machines)
     world = World(env, network, run.event, run.save_checkpoint, faults=scenario.faults, seed=scenario.seed,
-                  shared_cores=scenario.compute.shared_cores, key=key,
-                  machines=machines_of(scenario.site_of, scenario.node_names, env)
-                  if scenario.compute.machines == "sites" else None)
+                  shared_cores=scenario.compute.shared_cores, key=key, machines=machines)
     for spec in roles(scenario, work, load_population(scenario), _residuals(scenario, run)):
         timer = ComputeTimer(scenario.compute_for(spec.name), work.reference_cost, seed=[scenario.seed, spec.rank],
                              batch=scenario.kind.batch_size(scenario), spread_draw=scenario.compute.spread_draw)

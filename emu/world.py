@@ -45,6 +45,7 @@ from dtemu.core.runtime.requests import Message, joined
 from dtemu.core.runtime.fault_spec import FaultSpec
 from dtemu.core.wire.topics import DURABLE_TOPICS
 
+from .links import same_machine
 from .network import Network
 
 
@@ -237,7 +238,7 @@ class EmuNode:
         # that much of its CPU per MB is spent meanwhile, on the node's machine beside its other jobs
         # where it shares one (charged as the message lands), and not after the last byte (recv).
         machine = self.world.machines.get(self.node)
-        if machine is not None and self.world.machines.get(msg.src) is machine:
+        if machine is not None and same_machine(self.world.machines, msg.src, self.node):
             # From a node of its own machine, over loopback: no wire time hides the reassembly, which
             # is the transfer (the receive thread's work on the machine's CPU) before the role has it.
             self.world.env.process(self._reassemble(msg, machine, self.inbox))

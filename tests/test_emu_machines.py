@@ -170,8 +170,9 @@ def test_a_message_within_a_machine_crosses_its_loopback_not_its_links():
 
     env = simpy.Environment()
     lan, wan = Link(up_bps=8e6, down_bps=8e6, latency_s=0.001), Link(up_bps=8e6, down_bps=8e6)
+    a, b = SharedMachine(env), SharedMachine(env)
     network = Network(env, {"a-ps": lan, "a-w0": lan, "b-ps": lan}, sites={"a-ps": "a", "a-w0": "a", "b-ps": "b"},
-                      wan={"a": wan, "b": wan}, machine_of={"a-ps": "a", "a-w0": "a", "b-ps": "b"})
+                      wan={"a": wan, "b": wan}, machine_of={"a-ps": a, "a-w0": a, "b-ps": b})
     landed = {}
     for dst in ("a-ps", "b-ps"):
         network.send("a-w0", dst, 1_000_000, lambda dst=dst: landed.setdefault(dst, env.now))
