@@ -133,13 +133,17 @@ class EmuNode:
         else:
             yield from self.world.on_cpu(seconds)
 
+    def _reassembly_s(self, msg: Message) -> float:
+        """The receive thread's CPU for ``msg`` (``compute.recv_s_per_mb``)."""
+        return len(msg.data) * self.timer.recv_s_per_mb / 1e6
+
     def _reassembled_meanwhile(self, msg: Message) -> float:
         """The receive thread's CPU per MB of ``msg`` done while its bytes were coming in: all of it, up
         to the time between its send and its last byte.  Over a 100 Mbit/s link a 4.8 MB model takes
-        0.38 s and its reassembly 6 ms of a 0.5 share's: none of that is left when it lands; over a
-        site's loopback, where the CPU is the transfer, a MB's 1.35 ms fits the LAN's wire time as well
-        (notebook entry 39)."""
-        return min(len(msg.data) * self.timer.recv_s_per_mb / 1e6, max(0.0, msg.received_at - msg.sent_at))
+        0.38 s and its reassembly 6 ms of a 0.5 share's: none of that is left when it lands.  From a
+        node of its own machine it is all done before it lands (``_reassemble``: the loopback's
+        transfer is that CPU, notebook entry 49)."""
+        return min(self._reassembly_s(msg), max(0.0, msg.received_at - msg.sent_at))
 
     def _sealing(self, data) -> float:
         """The CPU seconds of sealing or opening ``data`` (a sealed run's HMAC; 0 without a key)."""
@@ -159,7 +163,7 @@ class EmuNode:
             if msg is not None:
                 # the hand-off, the reassembly its bytes' arrival did not hide (deliver), opening the
                 # seal and decoding: the receiver's CPU before its role has the message
-                reassembly = len(msg.data) * self.timer.recv_s_per_mb / 1e6 - self._reassembled_meanwhile(msg)
+                reassembly = self._reassembly_s(msg) - self._reassembled_meanwhile(msg)
                 cost = (len(msg.data) * self.timer.decode_s_per_mb / 1e6 + max(0.0, reassembly)
                         + self.timer.recv_s_per_message + self._sealing(msg.data))
                 if cost:
@@ -251,7 +255,7 @@ class EmuNode:
     def _reassemble(self, msg: Message, machine, inbox: _Inbox):
         with self.receive_thread.request() as turn:   # one at a time, in order
             yield turn
-            yield from machine.run(len(msg.data) * self.timer.recv_s_per_mb / 1e6)
+            yield from machine.run(self._reassembly_s(msg))
         if self.up and inbox is self.inbox:   # (a crash meanwhile lost it with the inbox)
             self._land(Message(msg.topic, msg.src, msg.data, msg.sent_at, self.world.env.now), inbox)
 
