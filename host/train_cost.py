@@ -10,9 +10,11 @@ otherwise: the same cost for the built-in MNIST models).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import statistics
+import threading
 import time
 
 import torch
@@ -23,6 +25,7 @@ from dtemu.core.ml.task import task_of
 from dtemu.core.ml.train import steps_with_torch_optim
 from dtemu.core.scenario import Scenario
 from dtemu.host import devices
+from dtemu.host.machine_pace import machine_cost, machine_steps
 
 MNIST_SHAPE = ((1, 28, 28), 10)  # (input shape, classes) when the caller does not say
 
@@ -96,9 +99,10 @@ def sample_of(data, scenario: Scenario):
     return data.x_train[:batch].clone(), data.y_train[:batch].clone()
 
 
-def _timed_together(scenario: Scenario, barrier, results, sample=None, group=None, pretouch_mb: int = 0) -> None:
+def _timed_together(scenario: Scenario, barrier, results, sample=None, group=None, pretouch_mb: int = 0,
+                    machine: int = 0) -> None:
     """One of several processes that train at once (a child of ``measured_together``), in its own
-    CPU group where it has one (a testbed machine's share)."""
+    CPU group where it has one (a testbed machine's share), which is ``machine``."""
     from dtemu.host import heap
 
     if group is not None:
@@ -111,7 +115,12 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
                                  barrier_timeout_s=together_timeout_s(group.cpus if group else None),
                                  first_steps=first, pretouch_mb=pretouch_mb)
     steady = statistics.median(steps)
-    results.put((cost, steps, [t - steady for t in first]))
+    results.put((cost, steps, [t - steady for t in first], machine))
+    # Wait, idle, for the others to finish before exiting: a process's exit frees its heap in its
+    # group's quota, and three trainers in a 0.533 share stepped at half the pace for 3 s while one
+    # of them exited (notebook entry 50).  A rank does not exit in the middle of the others' training.
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait(timeout=together_timeout_s(group.cpus if group else None))
 
 
 def spread_of(values: list[float]) -> float:
@@ -141,7 +150,8 @@ def spread_parts(runs: list[list[float]], batch: int, block: int = SPREAD_BLOCK)
 
 def measured_together(scenario: Scenario, ranks: int, sample=None, share: float | None = None,
                       per_group: int = 1, step_times: list | None = None, warmups: list | None = None) -> float:
-    """Seconds per training sample when ``ranks`` processes train at once, as a launch's do (median).
+    """Seconds per training sample of one process when ``ranks`` processes train at once, as a launch's
+    do: the median over machines of a machine's time for its processes' steps (host.machine_pace).
 
     Oversubscribed cores cost more than their share: eight torch threads on two cores spin and
     wait for one another, so four ranks of two threads each train ten times slower or worse, not
@@ -149,7 +159,7 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     own (host.cpu_shares), as the testbed's machines have: a quota isolates CPU time, not the caches
     and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once).
     ``per_group``: that many of the processes share each group, as a site's workers share its machine;
-    ``step_times``: every process's timed steps are appended to it (a list each); ``warmups``: each
+    ``step_times``: each machine's timed steps are appended to it (a list each: ``machine_steps``); ``warmups``: each
     fresh process's first steps' seconds beyond a steady one, step by step (a list each: ``warmup_of``)."""
     from dtemu.host import cpu_shares, heap
 
@@ -158,17 +168,18 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
               for i in range(max(1, ranks // per_group))]
     barrier, results = ctx.Barrier(len(groups) * per_group), ctx.Queue()
     touch = heap.pretouch_mb(processes=len(groups) * per_group)   # as `real launch` gives its ranks
-    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g, touch), daemon=True)
-             for g in groups for _ in range(per_group)]
+    procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g, touch, i), daemon=True)
+             for i, g in enumerate(groups) for _ in range(per_group)]
     for p in procs:
         p.start()
     try:
         got = _gathered(procs, results, share)
-        costs = sorted(cost for cost, _, _ in got)
+        # a machine's time for its processes' steps (host.machine_pace): its slowest process's
+        costs = sorted(machine_cost([(machine, cost) for cost, _, _, machine in got]))
         if step_times is not None:
-            step_times.extend(steps for _, steps, _ in got)
+            step_times.extend(machine_steps([(machine, steps) for _, steps, _, machine in got]))
         if warmups is not None:
-            warmups.extend(warm for _, _, warm in got)
+            warmups.extend(warm for _, _, warm, _ in got)
     finally:
         for p in procs:
             p.join(timeout=5)
