@@ -8,8 +8,9 @@ It measures, on this machine and with this process's arithmetic:
   optimizer and loss, on the scenario's device (``measured.device``: a GPU's
   profile predicts a GPU's runs, wherever emu runs them), on a batch of its own data (best of three timings of 24
   warm steps: other load only slows a step down); with ``--together``, the
-  median step of every training rank of the scenario training at once (up to
-  16 processes), which is what a run whose ranks share this machine sees, and
+  step with every training rank of the scenario training at once (up to 16
+  processes; the median machine's pace, host.machine_pace), which is what a run
+  whose ranks share this machine sees, and
   every CPU cost below slowed by the same factor (``measured.contention``);
 - what the mode's roles spend outside training, as the mode names it
   (emu.costs; emu.federation_costs: FL's and ps's decoding, a client's codec
@@ -71,7 +72,8 @@ def measure(scenario, reps: int = 7, together: bool = False, share: float | None
     training timed with every training rank at once (``--together``); ``share``: in CPU shares
     (the caller runs the rest under one: host.cpu_shares.confined), ``per_machine`` ranks to a share,
     as the testbed places them.  A machine's ranks then share it, and the step is given per machine
-    (the time measured over ``per_machine``): emu shares a machine among its jobs itself
+    (its pace: the time its ranks took for their steps over ``per_machine``, host.machine_pace; the
+    spread too is the machine's): emu shares a machine among its jobs itself
     (compute.machines: sites).  ``messages_over``: the path messages are priced on
     (real.message_costs' ``shm`` or ``dds``; default ``dds`` under a share, the testbed's)."""
     from dtemu.host import devices, heap
