@@ -159,8 +159,9 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     own (host.cpu_shares), as the testbed's machines have: a quota isolates CPU time, not the caches
     and memory the processes still share (two capped trainers here stepped 1.1-1.3x slower at once).
     ``per_group``: that many of the processes share each group, as a site's workers share its machine;
-    ``step_times``: each machine's timed steps are appended to it (a list each: ``machine_steps``); ``warmups``: each
-    fresh process's first steps' seconds beyond a steady one, step by step (a list each: ``warmup_of``)."""
+    ``step_times``: each machine's timed steps are appended to it (a list each: ``machine_steps``);
+    ``warmups``: each fresh process's first steps' seconds beyond a steady one, step by step (a list
+    each: ``warmup_of``)."""
     from dtemu.host import cpu_shares, heap
 
     ctx = multiprocessing.get_context("spawn")
