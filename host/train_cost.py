@@ -111,16 +111,16 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     torch.set_num_threads(scenario.threads)
     steps: list[float] = []
     first: list[float] = []
+    timeout = together_timeout_s(group.cpus if group else None)
     cost = measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps,
-                                 barrier_timeout_s=together_timeout_s(group.cpus if group else None),
-                                 first_steps=first, pretouch_mb=pretouch_mb)
+                                 barrier_timeout_s=timeout, first_steps=first, pretouch_mb=pretouch_mb)
     steady = statistics.median(steps)
     results.put((cost, steps, [t - steady for t in first], machine))
     # Wait, idle, for the others to finish before exiting: a process's exit frees its heap in its
     # group's quota, and three trainers in a 0.533 share stepped at half the pace for 3 s while one
     # of them exited (notebook entry 50).  A rank does not exit in the middle of the others' training.
     with contextlib.suppress(threading.BrokenBarrierError):
-        barrier.wait(timeout=together_timeout_s(group.cpus if group else None))
+        barrier.wait(timeout=timeout)
 
 
 def spread_of(values: list[float]) -> float:
