@@ -5,7 +5,9 @@ durations by it (real.calibrate), and ``emu calibrate`` writes it into a
 profile (emu.calibrate).  The step is the scenario's own: its model, its
 optimizer, its task's loss, its training batch (the mode's ``batch_size``), its
 threads, and a batch of its data when given (random 28x28 images of 10 classes
-otherwise: the same cost for the built-in MNIST models).
+otherwise: the same cost for the built-in MNIST models); and the unit its roles
+run (the mode's ``compute_unit``): a step with the optimizer, or a ddp or geo
+worker's gradient pass alone.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from dtemu.core.ml.models import build_model
 from dtemu.core.ml.sgd import SGD
 from dtemu.core.ml.task import task_of
-from dtemu.core.ml.train import steps_with_torch_optim
+from dtemu.core.ml.train import compute_gradients, steps_with_torch_optim
 from dtemu.core.scenario import Scenario
 from dtemu.host import devices
 from dtemu.host.machine_pace import machine_cost, machine_steps
@@ -64,6 +66,7 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
     x, y = sample if sample is not None else (torch.randn(batch, *dims), torch.randint(0, classes, (batch,)))
     x, y = x.to(device), y.to(device)
     wait = torch.cuda.synchronize if device == devices.CUDA else (lambda: None)
+    one = _unit_of(scenario, model, opt, task, x, y)
     threads = torch.get_num_threads()
     torch.set_num_threads(scenario.threads)
     try:
@@ -78,9 +81,7 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
                     barrier.wait(timeout=barrier_timeout_s)
                 wait()
                 t0 = last = time.perf_counter()
-            opt.zero_grad()
-            task.loss(model(x), y).backward()
-            opt.step()
+            one()
             timed = step_times if i >= WARM_STEPS else first_steps
             if timed is not None:
                 wait()
@@ -91,6 +92,21 @@ def measured_s_per_sample(scenario: Scenario, barrier=None, steps: int = STEPS, 
         return (time.perf_counter() - t0) / (steps * batch)
     finally:
         torch.set_num_threads(threads)
+
+
+def _unit_of(scenario: Scenario, model, opt, task, x, y):
+    """One unit of the scenario's training compute, as its roles run it (the mode's ``compute_unit``):
+    a ddp or geo worker's forward and backward pass (its update is priced apart), or a step with the
+    optimizer."""
+    if scenario.kind.compute_unit == "gradients":
+        idx = torch.arange(len(x))   # (a worker's batch is gathered from its data by index: so is this)
+        return lambda: compute_gradients(model, x, y, idx, seed=scenario.seed, task=task)
+
+    def step():
+        opt.zero_grad()
+        task.loss(model(x), y).backward()
+        opt.step()
+    return step
 
 
 def sample_of(data, scenario: Scenario):

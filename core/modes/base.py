@@ -89,6 +89,12 @@ class Mode:
     # What its roles work on ("module:function" of host, taking the scenario): the learning task, loaded
     # with its data (core.ml.workload.Workload), or a Flower app (host.flower_app).
     work: str = "dtemu.host.work:dtemu_work"
+    # What one unit of its training nodes' compute is, as its roles run it: "step", a forward and backward
+    # pass and the optimizer's step (fl's local training); or "gradients", the pass alone
+    # (core.ml.train.compute_gradients: ddp's and geo's workers, whose update is priced apart as "apply").
+    # The calibration (host.train_cost) times this unit: a geo worker's pass took 1.5-3% more CPU than the
+    # optimizer step timed in its place, in the same processes (notebook entry 51).
+    compute_unit: str = "step"
     # What the run counts its progress in (summary.json's key, the dashboard's header): rounds (or
     # global versions), steps.
     unit: str = "round"

@@ -15,6 +15,7 @@ class DataParallel(Mode):
     report = "dtemu.report.ddp:write_ddp_report"
     units = "dtemu.core.modes.units:ddp_steps"
     costs = "dtemu.emu.costs:ddp_sets"
+    compute_unit = "gradients"   # (its workers' pass; the update is "apply")
 
     def node_names(self, s):
         return s.worker_names

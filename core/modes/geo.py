@@ -19,6 +19,7 @@ class GeoDistributed(Mode):
     report = "dtemu.report.geo:write_geo_report"
     units = "dtemu.core.modes.units:geo_rounds"
     costs = "dtemu.emu.costs:geo_sets"
+    compute_unit = "gradients"   # (its workers' pass; the update is "apply")
 
     def node_names(self, s):
         return geo_node_names(s.network.sites, s.network.central, s.geo)
