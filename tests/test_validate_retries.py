@@ -79,12 +79,14 @@ def test_retries_end_and_the_last_attempt_stands_unfaithful(tmp_path, testbed):
     assert records[0]["unfaithful_attempts"] == [] and not records[0]["within_targets"]
 
 
-def test_each_run_after_the_first_is_predicted_again_at_the_hosts_speed(tmp_path, testbed):
+def test_each_run_the_first_too_is_predicted_again_at_the_hosts_speed(tmp_path, testbed):
+    """A calibration takes minutes, and the host's speed moves in them: every run is predicted from the
+    step timed just before it, the first too (the calibration's own prediction is not needed)."""
     testbed.verdicts = [True, True]
     records = _validate(tmp_path, "--draws", "1")
-    assert testbed.followed == ["profile-2.yaml"]
-    assert testbed.predictions == [("profile.yaml", "emu"), ("profile-2.yaml", "emu-2")]
-    assert [(r["emu"], r["host_factor"]) for r in records] == [("emu", 1.0), ("emu-2", 1.05)]
+    assert testbed.followed == ["profile-1.yaml", "profile-2.yaml"]
+    assert testbed.predictions == [("profile-1.yaml", "emu-1"), ("profile-2.yaml", "emu-2")]
+    assert [(r["emu"], r["host_factor"]) for r in records] == [("emu-1", 1.05), ("emu-2", 1.05)]
 
 
 def test_each_prediction_is_several_draws_of_emus_timing_compared_together(tmp_path, testbed):
@@ -93,10 +95,10 @@ def test_each_prediction_is_several_draws_of_emus_timing_compared_together(tmp_p
     takes them all (emu.fidelity: each unit's mean, and their band)."""
     testbed.verdicts = [True, True]
     records = _validate(tmp_path, "--draws", "3")
-    assert testbed.predictions == [("profile.yaml", "emu"), ("profile.yaml", "emu-draw1", "1"),
-                                   ("profile.yaml", "emu-draw2", "2"), ("profile-2.yaml", "emu-2"),
+    assert testbed.predictions == [("profile-1.yaml", "emu-1"), ("profile-1.yaml", "emu-1-draw1", "1"),
+                                   ("profile-1.yaml", "emu-1-draw2", "2"), ("profile-2.yaml", "emu-2"),
                                    ("profile-2.yaml", "emu-2-draw1", "1"), ("profile-2.yaml", "emu-2-draw2", "2")]
-    assert testbed.compared == [["emu", "emu-draw1", "emu-draw2"], ["emu-2", "emu-2-draw1", "emu-2-draw2"]]
+    assert testbed.compared == [["emu-1", "emu-1-draw1", "emu-1-draw2"], ["emu-2", "emu-2-draw1", "emu-2-draw2"]]
     assert [r["emu_draws"] for r in records] == testbed.compared
     # the default: five draws
     testbed.verdicts, testbed.compared = [True, True], []
@@ -133,6 +135,7 @@ def test_a_run_whose_host_speed_cannot_be_timed_is_predicted_as_calibrated_and_s
     testbed.verdicts = [True, True]
     records = _validate(tmp_path, "--draws", "1")
     assert [(r["emu"], r["host_factor"]) for r in records] == [("emu", 1.0), ("emu", 1.0)]
+    assert records[0]["warnings"][0].startswith("run 1: the host's speed could not be timed again")
     assert records[1]["warnings"][0].startswith("run 2: the host's speed could not be timed again")
     assert testbed.predictions == [("profile.yaml", "emu")]
 
