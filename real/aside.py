@@ -17,6 +17,8 @@ import queue
 import threading
 from typing import Any, Callable
 
+from dtemu.host.thread_name import name_this_thread
+
 NICE = 19
 
 
@@ -39,6 +41,7 @@ class Aside:
         self._jobs.join()
 
     def _work(self) -> None:
+        name_this_thread("dtemu-aside")
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         except (OSError, AttributeError):  # not allowed, or not Linux: it runs at the rank's priority

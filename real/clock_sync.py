@@ -8,9 +8,9 @@ machines whose clocks are off by a second, an ESync client would then look a
 second slow (issue 28, part 4).  So every transport measures each peer's offset
 with NTP's four timestamps and reads source timestamps on its own clock:
 
-- it pings on ``ctl/clock`` (``real.wire.Tick``: ``t1``, its own wall clock);
-- every peer answers it at once (``t1`` echoed, ``t2`` when the ping was taken,
-  ``t3`` when answered, both on the peer's clock);
+- it ticks on ``ctl/clock`` (``real.wire.Tick``): a ping at ``t1``, its own wall clock;
+- every peer answers it in its own next tick (``t1`` echoed, ``t2`` when the ping was taken, both
+  on the peer's clock; the answering tick's own ``t1`` is ``t3``);
 - the answer is taken at ``t4``, and then::
 
       delay  = (t4 - t1) - (t3 - t2)          # the round trip, less the peer's time
@@ -18,19 +18,24 @@ with NTP's four timestamps and reads source timestamps on its own clock:
 
   exact when both halves of the trip take equally long; off by at most half
   the delay otherwise.  Of a peer's last ``KEEP`` answers the one with the
-  least delay gives its offset (a queued answer only lengthens the delay).
+  least delay gives its offset (a queued answer only lengthens the delay; an answer held until
+  the peer's next tick does not, since ``t3 - t2`` takes it out).
+
+Answers ride in ticks because a DDS topic delivers every sample to every reader: an answer of its
+own to each ping was N^2 samples a period for every node to wake for and take (10 ranks: 25-34
+wake-ups and 0.005 CPU s a second each, 4% of a testbed site's 0.533 CPU; entry 52 of the notebook).
+A tick is one sample a node a period, whatever it answers.
 
 Pings go every ``FAST_S`` for the first ``FAST_PINGS``, then every ``SLOW_S``
-(clocks drift slowly); a ping from a peer that has not answered yet is followed
-by one of ours at once.  Until a peer has answered, its offset is 0.  A role's
+(clocks drift slowly); a tick from a peer that has not answered yet is followed
+by one of ours at once (answering it).  Until a peer has answered, its offset is 0.  A role's
 barrier (real.primitives' ``wait_peers``) waits, at most ``WAIT_S``, for its
 peers' first answers; a message that still arrived before its sender's is read
 on our clock when the role takes it, if the answer has come by then
 (``DdsTransport.recv`` never waits for one: anyone can publish under a name
-that never answers).  An
-answer that is not to a ping of ours, or in a sealed run does not carry a valid
-tag, is counted (``stats["clock_refused"]``) and dropped: anyone on the domain
-can publish a Tick.
+that never answers).  A tick that in a sealed run does not carry a valid tag, and an answer
+to us that is not to a ping of ours, is counted (``stats["clock_refused"]``) and dropped: anyone
+on the domain can publish a Tick.
 
 ``DTEMU_CLOCK_SKEW_S`` sets this process's clock off by that many seconds
 (source timestamps, ticks, and the rank's own clock, ``real.primitives``): it
@@ -53,8 +58,9 @@ from cyclonedds.topic import Topic
 from cyclonedds.util import duration
 
 from dtemu.core.wire import frame_auth
+from dtemu.host.thread_name import name_this_thread
 from dtemu.real.dds_support import _delete_entity
-from dtemu.real.wire import Tick
+from dtemu.real.wire import Tick, TickAnswer
 
 log = logging.getLogger("dtemu.real.clock_sync")
 
@@ -123,8 +129,11 @@ class ClockExchange:
         self.skew = skew  # ns: this clock's error, injected
         stats.setdefault("clock_samples", 0)
         stats.setdefault("clock_refused", 0)
+        stats.setdefault("clock_ticks", 0)  # ticks this node wrote
+        stats.setdefault("clock_taken", 0)  # peers' ticks it took: N - 1 a period (answers ride in them)
         self.offsets = Offsets()
-        self._sent: deque = deque(maxlen=_OUTSTANDING)  # t1 of our recent pings
+        self._sent: deque = deque(maxlen=_OUTSTANDING)  # t1 of our recent ticks (pings)
+        self._pending: dict[str, tuple[int, int]] = {}  # peer -> its latest ping's t1, when we took it
         self._answered = threading.Condition()  # notified on each answer taken
         self._last_ping = 0.0
         self._closing = False
@@ -167,26 +176,28 @@ class ClockExchange:
         """A time ``peer`` read on its clock (ns), on ours (s since the epoch)."""
         return peer_ns / 1e9 - self.offsets.offset(peer)
 
-    def _write(self, dst: str, t1: int, t2: int = 0, t3: int = 0) -> None:
-        tag = frame_auth.tick_tag(self._fkey, self.node, dst, t1, t2, t3) if self._fkey else b""
-        self._writer.write(Tick(src=self.node, dst=dst, t1=t1, t2=t2, t3=t3, tag=tag), timestamp=self.wall_ns())
-
-    def _ping(self) -> None:
+    def _tick(self) -> None:
+        """Ping, and answer every ping taken since the last tick (each peer's latest)."""
         self._last_ping = time.monotonic()
+        answers, self._pending = [TickAnswer(dst=p, t1=a, t2=b) for p, (a, b) in self._pending.items()], {}
         t1 = self.wall_ns()
         self._sent.append(t1)
-        self._write("", t1)
+        tag = frame_auth.tick_tag(self._fkey, self.node, t1, [(x.dst, x.t1, x.t2) for x in answers]) \
+            if self._fkey else b""
+        self._writer.write(Tick(src=self.node, t1=t1, answers=answers, tag=tag), timestamp=self.wall_ns())
+        self.stats["clock_ticks"] += 1
 
     def _run(self) -> None:
-        pings, next_ping = 0, time.monotonic()
+        name_this_thread("dtemu-clock")
+        ticks, next_tick = 0, time.monotonic()
         while not self._closing:
             try:
                 now = time.monotonic()
-                if now >= next_ping:
-                    self._ping()
-                    pings += 1
-                    next_ping = now + (FAST_S if pings < FAST_PINGS else SLOW_S)
-                self._ws.wait(duration(seconds=max(0.001, next_ping - time.monotonic())))
+                if now >= next_tick:
+                    self._tick()
+                    ticks += 1
+                    next_tick = now + (FAST_S if ticks < FAST_PINGS else SLOW_S)
+                self._ws.wait(duration(seconds=max(0.001, next_tick - time.monotonic())))
                 if not self._closing:
                     self._take()
             except Exception:  # never die: a clock that is not synchronised only keeps offset 0
@@ -201,22 +212,24 @@ class ClockExchange:
             taken = self.wall_ns()
             if not isinstance(tick, Tick) or tick.src in ("", self.node):
                 continue
-            if tick.dst not in ("", self.node):
-                continue  # an answer to someone else
-            if self._fkey and not hmac.compare_digest(
-                    bytes(tick.tag), frame_auth.tick_tag(self._fkey, tick.src, tick.dst, tick.t1, tick.t2, tick.t3)):
+            self.stats["clock_taken"] += 1
+            if self._fkey and not hmac.compare_digest(bytes(tick.tag), frame_auth.tick_tag(
+                    self._fkey, tick.src, tick.t1, [(x.dst, x.t1, x.t2) for x in tick.answers])):
                 self.stats["clock_refused"] += 1
                 continue
-            if tick.dst == "":
-                self._write(tick.src, tick.t1, taken, self.wall_ns())  # a ping: answer at once
-                if not self.known(tick.src) and time.monotonic() - self._last_ping > 0.005:
-                    self._ping()  # a new peer: ping it now rather than at the next tick
-            elif tick.t1 in self._sent and self.offsets.add(tick.src, tick.t1, tick.t2, tick.t3, taken):
-                self.stats["clock_samples"] += 1
-                with self._answered:  # (DdsTransport.recv may wait for it)
-                    self._answered.notify_all()
-            else:
-                self.stats["clock_refused"] += 1
+            if tick.src in self._pending or len(self._pending) < MAX_PEERS:
+                self._pending[tick.src] = (tick.t1, taken)  # answered in our next tick
+            for ans in tick.answers:
+                if ans.dst != self.node:
+                    continue  # an answer to someone else
+                if ans.t1 in self._sent and self.offsets.add(tick.src, ans.t1, ans.t2, tick.t1, taken):
+                    self.stats["clock_samples"] += 1
+                    with self._answered:  # (DdsTransport.recv may wait for it)
+                        self._answered.notify_all()
+                else:
+                    self.stats["clock_refused"] += 1
+            if not self.known(tick.src) and time.monotonic() - self._last_ping > 0.005:
+                self._tick()  # a new peer: answer and ping it now rather than at the next tick
 
     def close(self) -> None:
         """Stop the thread; the transport deletes the participant, and these entities with it."""

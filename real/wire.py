@@ -34,7 +34,7 @@ copy.  Decoding is strict: anything that is not a well-formed ``Frame`` raises
 # No ``from __future__ import annotations`` here: cyclonedds resolves the IDL field
 # annotations at run time and cannot resolve string annotations.
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cyclonedds.idl import IdlStruct
 from cyclonedds.idl._support import Endianness
@@ -131,23 +131,33 @@ INVALID_HELLO = Hello(node="")
 
 
 @dataclass
-class Tick(IdlStruct, typename="dtemu.Tick"):
-    """One half of NTP's exchange (real.clock_sync): a ping (``dst`` empty; ``t1``, the pinger's
-    wall clock in ns) or an answer to ``dst`` (``t1`` echoed, ``t2`` when the answerer took the
-    ping and ``t3`` when it answered, on its own clock).  In a sealed run ``tag`` authenticates
-    the rest (``core.wire.frame_auth.tick_tag``).  Anything that does not decode, or names no sensible
-    node, decodes as ``INVALID_TICK`` (``src == ""``)."""
-    src: str
-    dst: str = ""
+class TickAnswer(IdlStruct, typename="dtemu.TickAnswer"):
+    """One peer's ping answered: its ``t1`` echoed, and ``t2``, when the answerer took it (its clock)."""
+    dst: str
     t1: uint64 = 0
     t2: uint64 = 0
-    t3: uint64 = 0
+
+
+MAX_TICK_ANSWERS = 4096  # real.clock_sync.MAX_PEERS: a tick answers at most as many peers as a node keeps
+
+
+@dataclass
+class Tick(IdlStruct, typename="dtemu.Tick"):
+    """A node's clock tick (real.clock_sync): a ping at ``t1`` (its wall clock, ns) that also
+    answers every ping it has taken since its last tick, one ``TickAnswer`` a peer; ``t1`` is each
+    answer's ``t3``.  One sample a node a tick, so each node takes N - 1 a period where answers on
+    their own were N^2.  In a sealed run ``tag`` authenticates the rest
+    (``core.wire.frame_auth.tick_tag``).  Anything that does not decode, or names no sensible node,
+    decodes as ``INVALID_TICK`` (``src == ""``)."""
+    src: str
+    t1: uint64 = 0
+    answers: sequence[TickAnswer, MAX_TICK_ANSWERS] = field(default_factory=list)
     tag: sequence[uint8] = b""
 
     @classmethod
     def deserialize(cls, data, has_header: bool = True, use_version_2: bool | None = None) -> "Tick":
         tick = _lenient(cls, data, has_header, use_version_2)
-        ok = tick is not None and valid_name(tick.src) and (tick.dst == "" or valid_name(tick.dst))
+        ok = tick is not None and valid_name(tick.src) and all(valid_name(a.dst) for a in tick.answers)
         return tick if ok else INVALID_TICK
 
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("cyclonedds")
 
 from dtemu.real.clock_sync import Offsets  # noqa: E402
-from dtemu.real.wire import INVALID_TICK, Tick  # noqa: E402
+from dtemu.real.wire import INVALID_TICK, Tick, TickAnswer  # noqa: E402
 from helpers import DATA, Ranks, needs_mnist, new_domain, scenario_file  # noqa: E402
 
 TOPIC = "train/client_update"
@@ -46,10 +46,11 @@ def test_ntp_arithmetic_by_hand():
 
 
 def test_a_tick_that_does_not_decode_is_invalid_not_an_exception():
-    good = Tick(src="a", dst="b", t1=1, t2=2, t3=3, tag=b"x")
+    good = Tick(src="a", t1=1, answers=[TickAnswer(dst="b", t1=2, t2=3)], tag=b"x")
     assert Tick.deserialize(good.serialize()) == good
     assert Tick.deserialize(b"\x00\x01\x00\x00garbage") is INVALID_TICK
     assert Tick.deserialize(Tick(src="a\nb").serialize()) is INVALID_TICK
+    assert Tick.deserialize(Tick(src="a", answers=[TickAnswer(dst="")]).serialize()) is INVALID_TICK
 
 
 class _Clock:
@@ -126,6 +127,31 @@ def test_transfer_times_do_not_see_a_clock_error(skew):
         b.close()
 
 
+def test_each_node_takes_one_sample_a_peer_a_tick_whatever_it_answers():
+    """Answers ride in the answering node's own tick: with three nodes, each takes no more samples
+    than its two peers wrote ticks (an answer of its own to every ping was one more sample for
+    every node to take per pair: N^2 a period), and every pair's clocks are measured both ways."""
+    from dtemu.real.transport import DdsTransport
+
+    domain = new_domain()
+    nodes = {n: DdsTransport(n, domain_id=domain, subscribe=[TOPIC]) for n in "abc"}
+    try:
+        deadline = time.monotonic() + 20
+        while not all(t.clock.known(p) for n, t in nodes.items() for p in nodes if p != n) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert all(t.clock.known(p) for n, t in nodes.items() for p in nodes if p != n)
+        time.sleep(0.3)  # a few more ticks, some answering
+    finally:
+        for t in nodes.values():
+            t.close()
+    stats = {n: t.stats for n, t in nodes.items()}  # (closed: every count is final)
+    for n in nodes:
+        written = sum(stats[p]["clock_ticks"] for p in nodes if p != n)
+        assert 0 < stats[n]["clock_taken"] <= written, (n, stats)
+        assert stats[n]["clock_samples"] >= 2
+
+
 def test_a_forged_answer_moves_no_clock_in_a_sealed_run():
     """Anyone on the domain can publish a Tick: one under another key is counted and dropped."""
     from cyclonedds.domain import DomainParticipant
@@ -143,7 +169,8 @@ def test_a_forged_answer_moves_no_clock_in_a_sealed_run():
         w = DataWriter(dp, Topic(dp, CLOCK, Tick))
         now = time.time_ns()
         for t1 in list(b.clock._sent)[-4:]:  # answers to b's own pings, in a's name, unsigned
-            w.write(Tick(src="a", dst="b", t1=t1, t2=now + 10**12, t3=now + 10**12, tag=b"\0" * 16))
+            w.write(Tick(src="a", t1=now + 10**12, answers=[TickAnswer(dst="b", t1=t1, t2=now + 10**12)],
+                         tag=b"\0" * 16))
         deadline = time.monotonic() + 10
         while b.stats["clock_refused"] < refused + 1 and time.monotonic() < deadline:
             time.sleep(0.02)

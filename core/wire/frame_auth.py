@@ -70,12 +70,19 @@ def stream_tag(fkey: bytes, sender: str, receiver: str, nonce: bytes) -> bytes:
     return h.digest()
 
 
-def tick_tag(fkey: bytes, src: str, dst: str, t1: int, t2: int, t3: int) -> bytes:
-    """Authenticates one half of a clock exchange (real.clock_sync): who, to whom, and its times."""
+def tick_tag(fkey: bytes, src: str, t1: int, answers) -> bytes:
+    """Authenticates a clock tick (real.clock_sync): who, when, and every answer it carries
+    (``answers``: (dst, t1, t2) each, in order)."""
     h = hashlib.blake2b(key=fkey, digest_size=TAG_BYTES, person=b"dtemu-tick")
-    h.update(struct.pack("<QQQ", t1, t2, t3))
-    for s in (src, dst):
+
+    def name(s: str) -> None:
         b = s.encode()
         h.update(struct.pack("<H", len(b)))
         h.update(b)
+
+    name(src)
+    h.update(struct.pack("<QI", t1, len(answers)))
+    for dst, a1, a2 in answers:
+        name(dst)
+        h.update(struct.pack("<QQ", a1, a2))
     return h.digest()
