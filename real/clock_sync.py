@@ -60,7 +60,7 @@ from cyclonedds.util import duration
 from dtemu.core.wire import frame_auth
 from dtemu.host.thread_name import name_this_thread
 from dtemu.real.dds_support import _delete_entity
-from dtemu.real.wire import Tick, TickAnswer
+from dtemu.real.wire import MAX_TICK_ANSWERS, Tick, TickAnswer
 
 log = logging.getLogger("dtemu.real.clock_sync")
 
@@ -70,7 +70,8 @@ KEEP = 8
 FAST_PINGS, FAST_S, SLOW_S = 20, 0.05, 2.0
 WAIT_S = 2.0  # the most a barrier waits for its peers' first answers (one that never answers stays at 0)
 _OUTSTANDING = 32  # pings whose answers are still taken
-MAX_PEERS = 4096  # clocks kept: an unsealed domain's answers may claim any number of names
+# clocks kept, and pings answered in one tick: an unsealed domain's answers may claim any number of names
+MAX_PEERS = MAX_TICK_ANSWERS
 
 
 def skew_ns() -> int:
@@ -135,7 +136,7 @@ class ClockExchange:
         self._sent: deque = deque(maxlen=_OUTSTANDING)  # t1 of our recent ticks (pings)
         self._pending: dict[str, tuple[int, int]] = {}  # peer -> its latest ping's t1, when we took it
         self._answered = threading.Condition()  # notified on each answer taken
-        self._last_ping = 0.0
+        self._last_tick = 0.0
         self._closing = False
         qos = Qos(Policy.Reliability.BestEffort, Policy.History.KeepLast(64))
         topic = Topic(participant, CLOCK, Tick)
@@ -178,7 +179,7 @@ class ClockExchange:
 
     def _tick(self) -> None:
         """Ping, and answer every ping taken since the last tick (each peer's latest)."""
-        self._last_ping = time.monotonic()
+        self._last_tick = time.monotonic()
         answers, self._pending = [TickAnswer(dst=p, t1=a, t2=b) for p, (a, b) in self._pending.items()], {}
         t1 = self.wall_ns()
         self._sent.append(t1)
@@ -228,7 +229,7 @@ class ClockExchange:
                         self._answered.notify_all()
                 else:
                     self.stats["clock_refused"] += 1
-            if not self.known(tick.src) and time.monotonic() - self._last_ping > 0.005:
+            if not self.known(tick.src) and time.monotonic() - self._last_tick > 0.005:
                 self._tick()  # a new peer: answer and ping it now rather than at the next tick
 
     def close(self) -> None:

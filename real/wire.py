@@ -138,7 +138,7 @@ class TickAnswer(IdlStruct, typename="dtemu.TickAnswer"):
     t2: uint64 = 0
 
 
-MAX_TICK_ANSWERS = 4096  # real.clock_sync.MAX_PEERS: a tick answers at most as many peers as a node keeps
+MAX_TICK_ANSWERS = 4096  # a tick answers at most this many peers (real.clock_sync keeps as many clocks)
 
 
 @dataclass
