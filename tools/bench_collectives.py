@@ -101,8 +101,14 @@ DEFAULT_SIZES = (100_000, 1_000_000, 4_000_000)
 
 
 def _one_thread() -> None:
+    """One thread for the arithmetic, and malloc set as a rank's (host.heap, as real.cli does): both
+    backends' buffers come from a heap that is kept, not mapped and faulted in anew each operation."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
+    from dtemu.host import heap
+
+    if heap.keep():
+        heap.pretouch(heap.pretouch_mb(processes=4))
 
 
 def _vector(rank: int, n: int):
@@ -138,6 +144,7 @@ def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stam
     out: dict[str, list[float]] = {}
     for n in sizes:
         vec = _vector(rank, n)
+        payload = vec.tobytes()   # allgather's input, made before the clock as gloo's tensor is
         expected = _expected_mean(world, n)
         expected32 = mean32_in_rank_order([_vector(r, n) for r in range(world)])
         for op in ops:
@@ -150,7 +157,7 @@ def _dds_role(ctx, rank, world, names, sizes, repeats, warmup, frame_bytes, stam
                 c0 = time.process_time()
                 t0 = time.perf_counter()
                 if op == "allgather":
-                    got = yield from coll.allgather(rnd, "ag", vec.tobytes(), ctx.now() + 60.0)
+                    got = yield from coll.allgather(rnd, "ag", payload, ctx.now() + 60.0)
                 else:
                     got, _ = yield from coll.allreduce_mean(rnd, vec, ctx.now() + 60.0, op)
                 dt = time.perf_counter() - t0
