@@ -70,6 +70,52 @@ def test_malformed_and_stale_frames_are_counted_not_fatal():
     assert coll.counts["stale"] == 1
 
 
+def _lent(frame: bytes) -> Message:
+    """A frame as real mode lends it (real.shm's slot, real.stream's receive buffer): a read-only array."""
+    arr = np.frombuffer(bytearray(frame), np.uint8)
+    arr.flags.writeable = False
+    return Message(COLL_FRAMES, "w1", memoryview(arr))
+
+
+def test_lent_frames_are_copied_into_their_place_once_and_not_held():
+    import weakref
+
+    payload = bytes(range(256)) * 4 + b"tail"
+    frames = frames_of(1, 2, 1, "grad", payload, 100)
+    coll = Collective(RecordingContext(), 0, ["w0", "w1"], frame_bytes=100)
+    handle = drive(coll.start_allgather(1, "grad", b"mine"), [])
+    lent = [_lent(f) for f in frames]
+    held = [weakref.ref(m.data.obj) for m in lent]
+    order = [3, 0, len(frames) - 1, *range(1, len(frames) - 1)]   # the last (short) frame early
+    for i in order:
+        if i in (1, 2):   # a few come as immutable messages (inline in DDS), the rest lent
+            coll._file(Message(COLL_FRAMES, "w1", frames[i]))
+        else:
+            coll._file(lent[i])
+    del lent
+    assert all(ref() is None for ref in held[3:])   # no lent buffer is held by the assembly
+    got = coll.collect(handle)[1]
+    assert got == payload and not isinstance(got, bytes)   # the buffer it was copied into, not a join
+    assert coll.counts["malformed"] == 0
+
+
+def test_a_frame_that_does_not_fit_its_payload_s_cut_is_refused_and_changes_nothing():
+    ctx = RecordingContext()
+    coll = Collective(ctx, 0, ["w0", "w1"], frame_bytes=64)
+    good = frames_of(1, 2, 1, "grad", b"a" * 64 + b"b" * 64 + b"c" * 10, 64)
+    odd = [encode_frame(Frame(0, 1, "grad", 0, 1, 2, 1, 3, 138, b"x" * 60)),   # shorter than frame 0
+           encode_frame(Frame(0, 1, "grad", 0, 1, 2, 2, 3, 138, b"y" * 12)),   # a last frame of 12, not 10
+           encode_frame(Frame(0, 1, "grad", 1, 1, 2, 1, 3, 138, b"z" * 30))]   # (another part) 3 x 30 < 138
+    handle = drive(coll.start_allgather(1, "grad", b"mine"), [])
+    coll._file(_lent(good[0]))
+    for f in odd:
+        coll._file(_lent(f))
+    assert coll.counts["malformed"] == 3
+    for f in good[1:]:
+        coll._file(_lent(f))
+    assert coll.collect(handle)[1] == b"a" * 64 + b"b" * 64 + b"c" * 10
+
+
 def test_declared_sizes_are_bounded_before_allocation():
     huge = encode_frame(Frame(0, 1, "grad", 0, 1, 2, 0, 1, 2**40, b""))
     with pytest.raises(FrameError, match="more than"):

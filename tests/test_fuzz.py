@@ -192,7 +192,8 @@ def test_size_bounds_hold_even_with_permissive_limits():
     update = messages.encode(messages.ClientUpdate(1, 1, "c1", 10, "delta", 1, 0.5, fp32))
     assert peak_bytes(lambda: codecs.decode(messages.decode(update).packet, max_dim=1 << 32)) < SMALL_PEAK
 
-    frame = encode_frame(Frame(0, 5, "grad", 0, 1, 2, 0, 1 << 31, 1 << 31, bytes(40)))
+    # frame 0 of 53,687,092 of 40 bytes each: a cut that fits the 2 GiB it claims
+    frame = encode_frame(Frame(0, 5, "grad", 0, 1, 2, 0, -(-(1 << 31) // 40), 1 << 31, bytes(40)))
     assert len(frame) < 100 and decode_frame(frame, world=2, max_total=1 << 40).total == 1 << 31
     coll = Collective(RecordingContext(), 0, ["w0", "w1"], max_payload=1 << 40)
     assert peak_bytes(lambda: coll._file(Message(COLL_FRAMES, "w1", frame))) < SMALL_PEAK

@@ -68,6 +68,20 @@ def mean_in_rank_order(payloads: list[bytes]) -> np.ndarray:
     return total.astype(np.float32)
 
 
+def _owned(payload):
+    """A complete payload as the caller may keep it: one assembled (bytes, or a writable view of the
+    buffer its frames were copied into) as it is; a read-only view (of a message, or of a buffer
+    the transport lends: real.shm, real.stream) copied."""
+    if isinstance(payload, bytes) or isinstance(payload, memoryview) and _assembled(payload):
+        return payload
+    return bytes(payload)
+
+
+def _assembled(view: memoryview) -> bool:
+    """Whether ``view`` is an ``Assembly``'s payload: over an array of its own, which nothing lends."""
+    return isinstance(view.obj, np.ndarray) and view.obj.flags.writeable and not view.readonly
+
+
 @dataclass
 class Handle:
     round: int
@@ -196,7 +210,7 @@ class Collective:
         """The payloads of ``handle`` in rank order (this rank's own included)."""
         out = {self.rank: handle.own}
         for r in handle.ranks:
-            out[r] = bytes(self._done.pop((handle.round, handle.name, handle.part, r)))
+            out[r] = _owned(self._done.pop((handle.round, handle.name, handle.part, r)))
         self._finished_rounds.add((handle.round, handle.name, handle.part))
         return [out[r] for r in sorted(out)]
 
@@ -334,7 +348,7 @@ class Collective:
         handle = Handle(round_, name, part, b"", (rank,), self.ctx.now())
         yield from self.wait(handle, deadline, what="ring allreduce")
         self._finished_rounds.add((round_, name, part))
-        return bytes(self._done.pop((round_, name, part, rank)))
+        return _owned(self._done.pop((round_, name, part, rank)))
 
     # --- piece by piece (core.ddp.pipelined) ----------------------------
     def wait_any(self, keys, deadline: float | None, what: str, started: float):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from dtemu.core.errors import FrameError
 from dtemu.core.runtime.requests import Buffers
 from dtemu.core.wire import envelope
@@ -97,32 +99,73 @@ def split_payload(payload: bytes, frame_bytes: int) -> list[bytes]:
 
 @dataclass
 class Assembly:
-    """One payload's frames as they come, checked against one another; joined once complete."""
+    """One payload's frames as they come, checked against one another; whole once complete.
+
+    A payload is cut alike on every sender (``split_payload``): every frame but the last has one
+    length, so a frame's place follows from its number and length, and a frame that does not fit
+    that cut is refused.  A view of an immutable message is kept as it is and joined once at the
+    end; a frame in a buffer the transport lends (real mode's shared-memory slot, its stream's
+    receive buffer) is copied into its place in the payload at once, its only copy, so that the
+    lent buffer is not held until the whole payload is in (copying it out and joining again was
+    two copies of every byte an allgather received)."""
 
     total: int
     count: int
-    parts: dict[int, bytes] = field(default_factory=dict)
+    parts: dict[int, bytes] = field(default_factory=dict)   # seq -> its bytes (placed ones: a view of _into)
     size: int = 0
+    step: int = 0        # the length of every frame but the last (0: none of those came yet)
+    last: int = -1       # the last frame's length (-1: it has not come)
+    _into: memoryview | None = None   # the payload, where lent frames were copied
 
     def add(self, f: Frame) -> None:
         if (f.total, f.seq_count) != (self.total, self.count):
             raise FrameError("frame disagrees with earlier frames of its payload on size or count")
         if f.seq in self.parts:
             return  # a duplicate: the first copy stands
+        n = len(f.data)
         # Check before counting: a refused frame must leave the assembly as it was,
         # or the intact frames after it would be refused too.
-        if self.size + len(f.data) > self.total:
+        if self.size + n > self.total:
             raise FrameError("frames add up to more than their payload's size")
-        self.size += len(f.data)
-        # A view of an immutable message is kept as it is (the payload joins them once); a view of
-        # a buffer the transport lends (real mode's shared-memory pool) is copied, so that it is
-        # not held until the whole payload is in.
+        self.step, self.last = self._cut(f.seq, n)
+        self.size += n
         owner = f.data.obj if isinstance(f.data, memoryview) else f.data
-        self.parts[f.seq] = f.data if isinstance(owner, bytes) else bytes(f.data)
+        if isinstance(owner, bytes):
+            self.parts[f.seq] = f.data
+            return
+        if self._into is None:
+            # np.empty: no page is touched (or zeroed) before a frame's bytes land on it, so a frame
+            # that claims a large payload holds no more memory than the frames that came
+            self._into = memoryview(np.empty(self.total, np.uint8))
+        at = self.total - n if f.seq == self.count - 1 else f.seq * n
+        self._into[at:at + n] = f.data
+        self.parts[f.seq] = self._into[at:at + n]
+
+    def _cut(self, seq: int, n: int) -> tuple[int, int]:
+        """(step, last) with a frame of ``n`` bytes at ``seq``; FrameError if it does not fit the cut."""
+        is_last = seq == self.count - 1
+        step, last = (self.step, n) if is_last else (n, self.last)
+        if not is_last and self.step and n != self.step:
+            raise FrameError(f"frame {seq} has {n} bytes, its payload's other frames {self.step}")
+        if self.count == 1 and n != self.total:
+            raise FrameError(f"a payload of one frame has {n} bytes, not {self.total}")
+        if step:
+            rest = self.total - (self.count - 1) * step   # what the last frame must hold
+            if not 0 < rest <= step or last >= 0 and last != rest:
+                raise FrameError(f"frames of {step} bytes do not cut a payload of {self.total} into {self.count}")
+        return step, last
 
     @property
     def complete(self) -> bool:
         return len(self.parts) == self.count and self.size == self.total
 
-    def payload(self) -> bytes:
-        return b"".join(self.parts[i] for i in range(self.count))
+    def payload(self) -> bytes | memoryview:
+        """The whole payload: joined bytes, or (where lent frames were copied into place) a writable view."""
+        if self._into is None:
+            return b"".join(self.parts[i] for i in range(self.count))
+        for seq, part in self.parts.items():   # the frames that were kept as views go into place too
+            if not (isinstance(part, memoryview) and part.obj is self._into.obj):
+                at = self.total - len(part) if seq == self.count - 1 else seq * len(part)
+                self._into[at:at + len(part)] = part
+        self.parts.clear()
+        return self._into
