@@ -33,6 +33,17 @@ def test_round_trip_gives_message_sender_and_round():
     assert (opened.data, opened.sender, opened.round) == (b"payload\x00", "client1", 3)
 
 
+def test_a_message_sealed_as_its_pieces_is_the_message_sealed_whole():
+    from dtemu.core.runtime.requests import Buffers
+
+    head, body = b"frame header", bytes(range(256)) * 300
+    whole = Sealer(KEY, "w1", 1).seal("coll/frames", 5, head + body)
+    pieces = Sealer(KEY, "w1", 1).seal("coll/frames", 5, Buffers(head, memoryview(body)))
+    assert isinstance(pieces, Buffers) and bytes(pieces) == whole
+    assert pieces.parts[-1].obj is body   # the body itself: not copied to be sealed
+    assert Sealer(KEY, "w0").open("coll/frames", "w1", bytes(pieces)).data == head + body
+
+
 def test_wrong_key_tampering_wrong_topic_and_spoofed_sender_are_forged():
     msg = sealed()[0]
     assert reason(lambda: Sealer(b"k" * 32, "controller").open(TOPIC, "client1", msg)) == "forged"

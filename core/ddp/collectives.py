@@ -177,7 +177,7 @@ class Collective:
         for seq, chunk in enumerate(chunks):
             frame = encode_frame(Frame(group, round_, name, part, self.rank, self.world,
                                        seq, len(chunks), len(payload), chunk),
-                                 pieces=len(chunk) >= PIECES_FROM and not self.ctx.sealed)
+                                 pieces=len(chunk) >= PIECES_FROM)
             frame = self.ctx.seal(COLL_FRAMES, round_, frame)   # (the identity without a key)
             receivers = yield Send(COLL_FRAMES, frame, to=to)
             sent += len(frame) * receivers
