@@ -128,6 +128,7 @@ def _timed_together(scenario: Scenario, barrier, results, sample=None, group=Non
     steps: list[float] = []
     first: list[float] = []
     timeout = together_timeout_s(group.cpus if group else None)
+    barrier.wait(timeout=timeout)   # every process imported and in its share (measured_together)
     cost = measured_s_per_sample(scenario, barrier, steps=3 * STEPS, sample=sample, step_times=steps,
                                  barrier_timeout_s=timeout, first_steps=first, pretouch_mb=pretouch_mb)
     steady = statistics.median(steps)
@@ -187,8 +188,12 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     touch = heap.pretouch_mb(processes=len(groups) * per_group)   # as `real launch` gives its ranks
     procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g, touch, i), daemon=True)
              for i, g in enumerate(groups) for _ in range(per_group)]
-    for p in procs:
-        p.start()
+    # Started outside this process's own share (a calibration's, emu validate's re-timing): each
+    # imports torch at the box's pace, joins its group, and waits for the others there before it
+    # builds anything, so that nothing timed runs beside an import
+    with cpu_shares.unconfined():
+        for p in procs:
+            p.start()
     try:
         got = _gathered(procs, results, share)
         # a machine's time for its processes' steps (host.machine_pace): its slowest process's

@@ -42,6 +42,29 @@ def _ours(tag: str) -> tuple[set, set]:
             {g for g in cpu_shares.groups() if g.startswith(tag + "-")})
 
 
+def _cpu_group_of(pid: int) -> str:
+    return next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if "cpu" in line.split(":", 2)[1].split(","))
+
+
+def test_a_confined_process_starts_its_children_outside_its_share():
+    """A calibration's timing children start where the calibration came from, not in its share (ten
+    importing torch inside one 0.145 share took 100 s), and the calibration goes back into it."""
+    came_from = _cpu_group_of(os.getpid())
+    with cpu_shares.unconfined():   # (not confined: nothing moves)
+        assert _cpu_group_of(os.getpid()) == came_from
+    with cpu_shares.confined(0.2, tag=f"dtm{os.getpid()}-unconfined") as share:
+        with cpu_shares.unconfined():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert os.getpid() in share.tasks() and child.pid not in share.tasks()
+            assert _cpu_group_of(child.pid) == came_from
+        finally:
+            child.kill()
+            child.wait()
+    assert _cpu_group_of(os.getpid()) == came_from
+
+
 def test_machines_are_isolated_shaped_capped_and_removed():
     with M.Machines(_two_machines(mbps=25.0, cpus=0.3)) as m:
         assert _ours(m.tag) == ({f"{m.tag}-sw", f"{m.tag}-m0", f"{m.tag}-m1"}, {f"{m.tag}-m0", f"{m.tag}-m1"})
