@@ -198,7 +198,7 @@ def unconfined():
     """This process back in the groups ``confined`` took it from for a while, then in its share
     again (nothing where it is not confined).  For starting child processes that time a step in
     shares of their own: a child starts in its parent's group, and ten of them importing torch
-    inside one 0.145 share took 100 s before any joined its own (Flower's re-timing: 6.5 min)."""
+    inside one 0.145 share took 100 s before any joined its own (Flower's re-timing: 6.5-7.7 min)."""
     if not _came_from:
         yield
         return

@@ -137,9 +137,13 @@ class Assembly:
             # np.empty: no page is touched (or zeroed) before a frame's bytes land on it, so a frame
             # that claims a large payload holds no more memory than the frames that came
             self._into = memoryview(np.empty(self.total, np.uint8))
-        at = self.total - n if f.seq == self.count - 1 else f.seq * n
+        at = self._place(f.seq, n)
         self._into[at:at + n] = f.data
         self.parts[f.seq] = self._into[at:at + n]
+
+    def _place(self, seq: int, n: int) -> int:
+        """Where frame ``seq`` of ``n`` bytes starts in the payload (its cut checked by ``_cut``)."""
+        return self.total - n if seq == self.count - 1 else seq * n
 
     def _cut(self, seq: int, n: int) -> tuple[int, int]:
         """(step, last) with a frame of ``n`` bytes at ``seq``; FrameError if it does not fit the cut."""
@@ -165,7 +169,7 @@ class Assembly:
             return b"".join(self.parts[i] for i in range(self.count))
         for seq, part in self.parts.items():   # the frames that were kept as views go into place too
             if not (isinstance(part, memoryview) and part.obj is self._into.obj):
-                at = self.total - len(part) if seq == self.count - 1 else seq * len(part)
+                at = self._place(seq, len(part))
                 self._into[at:at + len(part)] = part
         self.parts.clear()
         return self._into
