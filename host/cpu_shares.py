@@ -26,6 +26,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from dtemu.host import cpu_sets
+
 ROOT = Path(os.environ.get("DTEMU_CGROUP_ROOT", "/sys/fs/cgroup"))
 HIERARCHIES = ("cpu", "cpuacct")
 PARENT = "dtemu"
@@ -63,20 +65,29 @@ def period_for(cpus: float, period_us: int = PERIOD_US) -> int:
 
 
 class CpuGroup:
-    """One machine's CPU share.  ``cpus`` of 1.5 is one and a half cores' worth of time a period."""
+    """One machine's CPU share.  ``cpus`` of 1.5 is one and a half cores' worth of time a period;
+    ``cpu``: the one CPU it runs on (host.cpu_sets), None for wherever the kernel puts it."""
 
-    def __init__(self, name: str, cpus: float, period_us: int = PERIOD_US):
+    def __init__(self, name: str, cpus: float, period_us: int = PERIOD_US, cpu: int | None = None):
         if cpus <= 0:
             raise CpuShareError(f"a CPU share must be positive, not {cpus}")
         self.name = name
         self.cpus = float(cpus)
         self.period_us = period_for(self.cpus, int(period_us))
         self.quota_us = round(self.cpus * self.period_us)
+        self.cpu = cpu
         self.paths = {h: ROOT / h / PARENT / name for h in HIERARCHIES}
+        if cpu is not None:
+            self.paths[cpu_sets.HIERARCHY] = cpu_sets.root() / PARENT / name
 
     def create(self) -> "CpuGroup":
-        for path in self.paths.values():
-            path.mkdir(parents=True, exist_ok=True)
+        for h in HIERARCHIES:
+            self.paths[h].mkdir(parents=True, exist_ok=True)
+        if self.cpu is not None:
+            try:
+                cpu_sets.create(self.paths[cpu_sets.HIERARCHY], self.cpu)
+            except OSError as err:
+                raise CpuShareError(f"cannot put {self.name} on CPU {self.cpu}: {err}") from err
         cpu = self.paths["cpu"]
         # The period first: a quota over the old (100 ms) period could be refused as too large below it.
         _write(cpu / "cpu.cfs_period_us", str(self.period_us))
@@ -147,7 +158,8 @@ def groups() -> list[str]:
 
 
 def remove_named(name: str) -> None:
-    remove_group({h: ROOT / h / PARENT / name for h in HIERARCHIES})
+    paths = {h: ROOT / h / PARENT / name for h in HIERARCHIES}
+    remove_group({**paths, cpu_sets.HIERARCHY: cpu_sets.root() / PARENT / name})
 
 
 OWNER = re.compile(r"^dtm(\d+)-")   # every group's name starts with its maker's pid

@@ -179,11 +179,13 @@ def measured_together(scenario: Scenario, ranks: int, sample=None, share: float 
     ``step_times``: each machine's timed steps are appended to it (a list each: ``machine_steps``);
     ``warmups``: each fresh process's first steps' seconds beyond a steady one, step by step (a list
     each: ``warmup_of``)."""
-    from dtemu.host import cpu_shares, heap
+    from dtemu.host import cpu_sets, cpu_shares, heap
 
     ctx = multiprocessing.get_context("spawn")
-    groups = [cpu_shares.CpuGroup(f"dtm{os.getpid()}-together{i}", share).create() if share else None
-              for i in range(max(1, ranks // per_group))]
+    n = max(1, ranks // per_group)
+    on = cpu_sets.place([share] * n, [per_group] * n) if share else [None] * n   # as the testbed's machines
+    groups = [cpu_shares.CpuGroup(f"dtm{os.getpid()}-together{i}", share, cpu=on[i]).create() if share else None
+              for i in range(n)]
     barrier, results = ctx.Barrier(len(groups) * per_group), ctx.Queue()
     touch = heap.pretouch_mb(processes=len(groups) * per_group)   # as `real launch` gives its ranks
     procs = [ctx.Process(target=_timed_together, args=(scenario, barrier, results, sample, g, touch, i), daemon=True)

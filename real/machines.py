@@ -16,7 +16,7 @@ import os
 import signal
 
 from dtemu.core.runtime.machine_plan import Plan
-from dtemu.host import cpu_shares
+from dtemu.host import cpu_sets, cpu_shares
 from dtemu.host.cpu_shares import CpuGroup
 
 from . import machine_net
@@ -46,7 +46,9 @@ class Machines:
         self.plan = p
         self.tag = tag or f"dtm{os.getpid()}"
         self.net = MachineNet(self.tag, p.links, mtu, labels=p.machines)
-        self.groups = [CpuGroup(f"{self.tag}-m{i}", c) for i, c in enumerate(p.cpus)]
+        # a machine of several ranks on a CPU of its own where its share fits (host.cpu_sets)
+        on = cpu_sets.place(p.cpus, [len(p.nodes_on(i)) for i in range(len(p.machines))])
+        self.groups = [CpuGroup(f"{self.tag}-m{i}", c, cpu=on[i]) for i, c in enumerate(p.cpus)]
         self.monitor: Monitor | None = None
         self.swept: list[str] = []
 
@@ -117,7 +119,9 @@ class Machines:
         return self.monitor
 
     def describe(self) -> dict:
-        return {"kind": "netns", "machines": self.plan.describe(), "time_scale": self.plan.scale,
+        machines = [{**m, "cpu": g.cpu if g.cpu is not None else "any"} for m, g in zip(self.plan.describe(), self.groups)]
+        return {"kind": "netns", "machines": machines, "time_scale": self.plan.scale,
+                "cpu_pinning": cpu_sets.unavailable() or "machines of several ranks, where their share fits",
                 "cpu_period_us": max(g.period_us for g in self.groups), "netem": self.net.netem,
                 "latency": "netem" if self.net.netem else "held by the receiving rank (no netem)",
                 "not_applied": sorted({k for a in self.net.applied() for k in a["not_applied"]} - {"latency_ms"}),

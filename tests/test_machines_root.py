@@ -86,6 +86,34 @@ def test_machines_are_isolated_shaped_capped_and_removed():
     assert p.wait(timeout=5) == -signal.SIGKILL
 
 
+def test_a_machine_of_several_ranks_runs_on_a_cpu_of_its_own_and_leaves_no_cpuset():
+    """Its processes share one CPU, as one machine's (three trainers over two CPUs took 1/2, 1/4 and 1/4
+    of their share); a machine of one rank runs anywhere; a killed launch's cpusets are swept too."""
+    from dtemu.host import cpu_sets
+    if cpu_sets.unavailable() or len(cpu_sets.usable()) < 2:
+        pytest.skip(f"no two CPUs to pin to: {cpu_sets.unavailable() or cpu_sets.usable()}")
+    plan = Plan(machines=["site", "lone"], of_node={"w0": 0, "w1": 0, "lone": 1},
+                links=[LinkSpec(20.0, 20.0, 0.0), LinkSpec(20.0, 20.0, 0.0)], cpus=[0.4, 0.4], scale=1.0)
+    with M.Machines(plan) as m:
+        assert [g.cpu for g in m.groups] == [cpu_sets.usable()[0], None]
+        assert [d["cpu"] for d in m.describe()["machines"]] == [cpu_sets.usable()[0], "any"]
+        ranks = [subprocess.Popen(m.command(n, [sys.executable, "-c", BUSY.format(s=30)]), preexec_fn=m.preexec(n))
+                 for n in ("w0", "w1", "lone")]
+        time.sleep(0.3)
+        assert [os.sched_getaffinity(p.pid) for p in ranks] == [{m.groups[0].cpu}] * 2 + [set(cpu_sets.usable())]
+        pinned = m.groups[0].paths[cpu_sets.HIERARCHY]
+        assert pinned.exists()
+    assert not pinned.exists()
+    for p in ranks:
+        assert p.wait(timeout=5) == -signal.SIGKILL
+    # a group left by a maker that no longer runs (a pid past the kernel's largest) goes with its cpuset
+    dead = f"dtm{4194304 + 7}-left"
+    left = cpu_shares.CpuGroup(dead, 0.3, cpu=cpu_sets.usable()[0]).create()
+    assert left.paths[cpu_sets.HIERARCHY].exists()
+    assert f"cgroup {dead}" in cpu_shares.sweep()
+    assert not any(path.exists() for path in left.paths.values())
+
+
 def _busy_machines(m: M.Machines, seconds: float, hogs: int) -> dict:
     monitor = m.start_monitor()
     ranks = [subprocess.Popen(m.command(node, [sys.executable, "-c", BUSY.format(s=seconds)]),
