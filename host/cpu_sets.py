@@ -11,7 +11,8 @@ testbed it was why a geo site's three workers finished a round 0.07-0.08 s apart
 workers' mean was not.
 
 So a machine that hosts more than one process gets a CPU of its own where its share fits beside the
-shares already placed there (the largest first, each on the CPU with the most room left): a cgroup-v1
+shares already placed there (those of the most processes first, then the largest share, each on the
+CPU with the most room left): a cgroup-v1
 ``cpuset`` group of that CPU (host.cpu_shares.CpuGroup).  A machine of one process, or one whose
 share fits on no CPU, runs where the kernel puts it, as before: pinned beside a CPU that is full, a
 single-threaded process gets half of that CPU, not its share.  The calibration's machines
@@ -64,14 +65,17 @@ def usable() -> list[int]:
 
 
 def place(shares: list[float], processes: list[int], cpus: list[int] | None = None) -> list[int | None]:
-    """Each machine's CPU (None: wherever the kernel puts it): machines of more than one process,
-    the largest share first, each on the CPU with the most room left, if its share fits there."""
+    """Each machine's CPU (None: wherever the kernel puts it): machines of more than one process, those
+    of the most processes first (the more there are, the more a spread share favours one of them),
+    then the largest share, each on the CPU with the most room left, if its share fits there.  (By
+    share alone, the held-out geo row's central machine, its master and global PS, took the CPU one
+    of its sites of four needed, and that site's workers still took 1/2, 1/4 and 1/4 of it.)"""
     cpus = usable() if cpus is None else cpus
     out: list[int | None] = [None] * len(shares)
     if not cpus or unavailable():
         return out
     room = {c: CAPACITY for c in cpus}
-    for m in sorted(range(len(shares)), key=lambda m: -shares[m]):
+    for m in sorted(range(len(shares)), key=lambda m: (-processes[m], -shares[m])):
         if processes[m] < 2:
             continue
         cpu = max(cpus, key=lambda c: room[c])   # (the first of equals: the lowest number)

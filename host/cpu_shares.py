@@ -8,9 +8,11 @@ that ran out of quota waited for the next period); at 5 ms, four capped processe
 within 10% of one alone (DEVELOPERS.md's facts of this machine).  The kernel's smallest quota is
 1 ms, so a share under 0.2 of a core takes a period just long enough to hold it (0.145: 6.9 ms):
 rounded up to 1 ms of 5, the Flower row's eleven machines of 0.145 each got 0.2 and ran a call
-1.38x faster than their share says (notebook entry 39).
+1.38x faster than their share says (notebook entry 39).  A machine of several processes may also
+be given one CPU to run on (``cpu``: a ``cpuset`` group, host.cpu_sets), so that they share it as one
+machine's processes do.
 
-Every group is ``dtemu/dtm<pid>-<name>`` under each hierarchy, <pid> its maker's, so that ``sweep``
+Every group is ``dtemu/dtm<pid>-<name>`` under each hierarchy (and ``cpuset``'s, where pinned), <pid> its maker's, so that ``sweep``
 finds and removes what a killed launch or calibration left.  A group reads what the monitors
 (real.monitors) need: CPU used and time throttled by its quota; ``sched_s`` reads each of its
 threads' time on a CPU and time runnable but waiting (``/proc/<tid>/schedstat``).

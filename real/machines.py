@@ -119,8 +119,9 @@ class Machines:
         return self.monitor
 
     def describe(self) -> dict:
-        machines = [{**m, "cpu": g.cpu if g.cpu is not None else "any"} for m, g in zip(self.plan.describe(), self.groups)]
-        return {"kind": "netns", "machines": machines, "time_scale": self.plan.scale,
+        return {"kind": "netns", "machines": self.plan.describe(), "time_scale": self.plan.scale,
+                "machine_cpus": {name: g.cpu if g.cpu is not None else "any"
+                                 for name, g in zip(self.plan.machines, self.groups)},
                 "cpu_pinning": cpu_sets.unavailable() or "machines of several ranks, where their share fits",
                 "cpu_period_us": max(g.period_us for g in self.groups), "netem": self.net.netem,
                 "latency": "netem" if self.net.netem else "held by the receiving rank (no netem)",

@@ -7,8 +7,10 @@ def test_machines_of_several_processes_get_a_cpu_of_their_own_where_their_share_
     monkeypatch.setattr(cpu_sets, "unavailable", lambda: None)
     # the held-out geo row: two sites of four ranks, the central machine of two; three 0.533 shares
     assert cpu_sets.place([0.533, 0.533, 0.533], [4, 4, 2], cpus=[0, 1]) == [0, 1, None]
+    # ... in the plan's order too: the machines of the most processes first
+    assert cpu_sets.place([0.533, 0.533, 0.533], [2, 4, 4], cpus=[0, 1]) == [None, 0, 1]
     # the largest share first, each on the CPU with the most room left
-    assert cpu_sets.place([0.2, 0.7, 0.3, 0.25], [2, 3, 2, 2], cpus=[0, 1]) == [1, 0, 1, 1]
+    assert cpu_sets.place([0.2, 0.7, 0.3, 0.25], [2, 2, 2, 2], cpus=[0, 1]) == [1, 0, 1, 1]
     # ten small machines alternate, and no CPU holds more than a CPU's worth
     on = cpu_sets.place([0.145] * 10, [2] * 10, cpus=[0, 1])
     assert on == [0, 1] * 5

@@ -96,7 +96,7 @@ def test_a_machine_of_several_ranks_runs_on_a_cpu_of_its_own_and_leaves_no_cpuse
                 links=[LinkSpec(20.0, 20.0, 0.0), LinkSpec(20.0, 20.0, 0.0)], cpus=[0.4, 0.4], scale=1.0)
     with M.Machines(plan) as m:
         assert [g.cpu for g in m.groups] == [cpu_sets.usable()[0], None]
-        assert [d["cpu"] for d in m.describe()["machines"]] == [cpu_sets.usable()[0], "any"]
+        assert m.describe()["machine_cpus"] == {"site": cpu_sets.usable()[0], "lone": "any"}
         ranks = [subprocess.Popen(m.command(n, [sys.executable, "-c", BUSY.format(s=30)]), preexec_fn=m.preexec(n))
                  for n in ("w0", "w1", "lone")]
         time.sleep(0.3)
