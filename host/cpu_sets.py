@@ -68,8 +68,8 @@ def place(shares: list[float], processes: list[int], cpus: list[int] | None = No
     """Each machine's CPU (None: wherever the kernel puts it): machines of more than one process, those
     of the most processes first (the more there are, the more a spread share favours one of them),
     then the largest share, each on the CPU with the most room left, if its share fits there.  (By
-    share alone, the held-out geo row's central machine, its master and global PS, took the CPU one
-    of its sites of four needed, and that site's workers still took 1/2, 1/4 and 1/4 of it.)"""
+    share alone, the held-out geo row's central machine, its master and global PS, took a CPU that
+    a site of four ranks needed, and that site's workers still took 1/2, 1/4 and 1/4 of its share.)"""
     cpus = usable() if cpus is None else cpus
     out: list[int | None] = [None] * len(shares)
     if not cpus or unavailable():
