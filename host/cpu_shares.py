@@ -12,8 +12,8 @@ rounded up to 1 ms of 5, the Flower row's eleven machines of 0.145 each got 0.2 
 be given one CPU to run on (``cpu``: a ``cpuset`` group, host.cpu_sets), so that they share it as one
 machine's processes do.
 
-Every group is ``dtemu/dtm<pid>-<name>`` under each hierarchy (and ``cpuset``'s, where pinned), <pid> its maker's, so that ``sweep``
-finds and removes what a killed launch or calibration left.  A group reads what the monitors
+Every group is ``dtemu/dtm<pid>-<name>`` under each hierarchy (and ``cpuset``'s, where pinned),
+<pid> its maker's, so that ``sweep`` finds and removes what a killed launch or calibration left.  A group reads what the monitors
 (real.monitors) need: CPU used and time throttled by its quota; ``sched_s`` reads each of its
 threads' time on a CPU and time runnable but waiting (``/proc/<tid>/schedstat``).
 """
