@@ -78,9 +78,7 @@ class CpuGroup:
         self.period_us = period_for(self.cpus, int(period_us))
         self.quota_us = round(self.cpus * self.period_us)
         self.cpu = cpu
-        self.paths = {h: ROOT / h / PARENT / name for h in HIERARCHIES}
-        if cpu is not None:
-            self.paths[cpu_sets.HIERARCHY] = cpu_sets.root() / PARENT / name
+        self.paths = _paths_of(name, pinned=cpu is not None)
 
     def create(self) -> "CpuGroup":
         for h in HIERARCHIES:
@@ -159,9 +157,16 @@ def groups() -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.exists() else []
 
 
-def remove_named(name: str) -> None:
+def _paths_of(name: str, pinned: bool) -> dict[str, Path]:
+    """A group's directory in each hierarchy it is in (``cpuset``'s too where ``pinned``)."""
     paths = {h: ROOT / h / PARENT / name for h in HIERARCHIES}
-    remove_group({**paths, cpu_sets.HIERARCHY: cpu_sets.root() / PARENT / name})
+    if pinned:
+        paths[cpu_sets.HIERARCHY] = cpu_sets.root() / PARENT / name
+    return paths
+
+
+def remove_named(name: str) -> None:
+    remove_group(_paths_of(name, pinned=True))   # (a cpuset that is not there is skipped)
 
 
 OWNER = re.compile(r"^dtm(\d+)-")   # every group's name starts with its maker's pid
